@@ -1,0 +1,5 @@
+import sys
+
+from ftprof.cli.main import main
+
+sys.exit(main())

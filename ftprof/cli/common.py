@@ -1,0 +1,85 @@
+"""The common argument group, generated from the config dataclasses (each option is defined once, in config.py).
+
+Options default to ``argparse.SUPPRESS``: the namespace holds only what the user typed, and the dataclass defaults
+fill the rest, so there is exactly one place where a default lives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+import typing
+from dataclasses import MISSING, fields
+from typing import Any
+
+from ftprof.config import SECTIONS, RunConfig
+
+SECTION_TITLES = {"model": "model", "data": "data", "method": "method options (LoRA, bitsandbytes, GPTQ)",
+                  "train": "training", "output": "output and device"}
+POSITIONAL = {"method"}  # given as a subcommand argument, not an option
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Usage errors print one line naming the problem (and where --help is), then exit 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(2)
+
+
+def _base_type(annotation: Any) -> Any:
+    """int/float/str/bool/tuple from annotations such as Optional[int] or Optional[tuple[str, ...]]."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _base_type(args[0])
+    if origin is tuple:
+        return tuple
+    return annotation
+
+
+def _help(f, base: Any) -> str:
+    text = f.metadata.get("help", "")
+    if f.default is not MISSING and f.default is not None:
+        shown = f.default if base is not bool else ("on" if f.default else "off")
+        text += f" (default: {shown})"
+    return text.replace("%", "%%")
+
+
+def add_field_option(group, f, hints: dict[str, Any]) -> None:
+    base = _base_type(hints[f.name])
+    flag = "--" + f.name.replace("_", "-")
+    kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": _help(f, base)}
+    if base is bool:
+        kwargs["action"] = argparse.BooleanOptionalAction
+    else:
+        kwargs["type"] = str if base is tuple else base
+        if f.metadata.get("choices"):
+            kwargs["choices"] = f.metadata["choices"]
+        if f.metadata.get("metavar"):
+            kwargs["metavar"] = f.metadata["metavar"]
+    group.add_argument(flag, **kwargs)
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, skip: set[str] = frozenset()) -> None:
+    """The options shared by every subcommand that runs training (train, profile; bench reuses the names)."""
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(SECTION_TITLES[section])
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            if f.name not in POSITIONAL and f.name not in skip:
+                add_field_option(group, f, hints)
+
+
+def config_from_args(args: argparse.Namespace, extra_keys: set[str] = frozenset()) -> RunConfig:
+    """RunConfig from a parsed namespace: only options the user gave, over the dataclass defaults."""
+    known = {f.name for cls in SECTIONS.values() for f in fields(cls)}
+    given = {k: v for k, v in vars(args).items() if k in known and k not in extra_keys}
+    return RunConfig.from_flat(given)
+
+
+def option_names() -> list[str]:
+    """Every common option's long name, as the CLI spells it."""
+    return ["--" + f.name.replace("_", "-") for cls in SECTIONS.values() for f in fields(cls)
+            if f.name not in POSITIONAL]

@@ -1,0 +1,36 @@
+"""The `ftprof` console script: a root parser with one module per subcommand."""
+
+from __future__ import annotations
+
+import sys
+
+from ftprof.cli.common import OneLineErrorParser
+from ftprof.cli.train import train_parser
+from ftprof.errors import FtprofError
+
+
+def build_parser() -> OneLineErrorParser:
+    from ftprof import __version__
+
+    parser = OneLineErrorParser(prog="ftprof", description="Measure fine-tuning: speed, memory, where the time goes.")
+    parser.add_argument("--version", action="version", version=f"ftprof {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                       parser_class=OneLineErrorParser)
+    train_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except FtprofError as exc:
+        print(f"ftprof {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ftprof: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""Run configuration: small dataclasses that validate themselves.
+
+Every option is defined once, here, as a dataclass field with its help text. The CLI builds its argument groups
+from these fields (``ftprof/cli/common.py``) and sweep files use the same names in snake_case, so a field name is
+also its long option name (``lora_r`` <-> ``--lora-r``). Names are unique across sections so a flat mapping
+(``RunConfig.from_flat``) is unambiguous.
+
+Nothing here imports torch or argparse, and nothing here touches the filesystem: checks that need I/O (does the
+dataset exist, does the sequence fit the model) live in ``ftprof.preflight``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
+
+from ftprof.errors import ConfigError
+
+SCHEMA_VERSION = 1
+
+METHODS = ("full", "lora", "qlora", "gptq-lora")
+LORA_METHODS = ("lora", "qlora", "gptq-lora")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+OPTIMIZERS = ("adamw", "paged_adamw_8bit")
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Aliases accepted for memory logging: the names users of the earlier benchmark scripts know.
+MEMORY_LOGGING_ALIASES = {"nvidia": "nvml", "huggingface": "torch"}
+MEMORY_LOGGING = ("none", "torch", "nvml", "all")
+
+
+def option(default: Any = None, help: str = "", *, choices: tuple | None = None, metavar: str | None = None,
+           default_factory: Any = None) -> Any:
+    """A dataclass field that also describes its command-line option."""
+    meta = {"help": help, "choices": choices, "metavar": metavar}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+def _one_of(name: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        hint = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+        extra = f" (did you mean '{hint[0]}'?)" if hint else ""
+        raise ConfigError(f"{name}: '{value}' is not one of {', '.join(map(str, allowed))}{extra}")
+
+
+@dataclass
+class ModelConfig:
+    model: str = option("tiny", "built-in preset name, local checkpoint directory, or hub id", metavar="NAME|DIR|ID")
+    dtype: str = option("auto", "parameter/compute dtype; auto = float32 on CPU, bfloat16 on CUDA", choices=DTYPES)
+    gradient_checkpointing: bool = option(False, "recompute activations in backward (activation checkpointing)")
+    attn_implementation: str = option("sdpa", "attention kernel passed to transformers",
+                                      choices=("sdpa", "eager", "flash_attention_2"))
+
+    def __post_init__(self) -> None:
+        _require(bool(self.model), "--model must not be empty")
+        _one_of("--dtype", self.dtype, DTYPES)
+
+
+@dataclass
+class DataConfig:
+    dataset: str = option("synthetic", "'synthetic' (learnable token stream), a .txt file, or a .jsonl file",
+                          metavar="synthetic|FILE")
+    text_field: str = option("text", "field holding the text in each .jsonl record")
+    seq_len: int = option(128, "tokens per sequence")
+    batch_size: int = option(2, "sequences per micro-batch (per device)")
+    packing: bool = option(False, "concatenate documents into full sequences instead of padding each one")
+
+    def __post_init__(self) -> None:
+        _require(self.seq_len >= 2, f"--seq-len must be at least 2, got {self.seq_len}")
+        _require(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
+        _require(bool(self.dataset), "--dataset must not be empty")
+
+
+@dataclass
+class MethodConfig:
+    method: str = option("qlora", "fine-tuning method", choices=METHODS)
+    lora_r: Optional[int] = option(None, "LoRA rank (default 16)")
+    lora_alpha: Optional[float] = option(None, "LoRA alpha (default 2 * rank)")
+    lora_dropout: Optional[float] = option(None, "LoRA dropout (default 0.0)")
+    lora_targets: Optional[tuple[str, ...]] = option(
+        None, "comma-separated module names to adapt, or all-linear (default: the seven projections)",
+        metavar="NAMES")
+    quant_type: Optional[str] = option(None, "bitsandbytes 4-bit type (qlora; default nf4)", choices=("nf4", "fp4"))
+    double_quant: Optional[bool] = option(None, "quantize the quantization constants too (qlora; default on)")
+    compute_dtype: Optional[str] = option(None, "dtype of the 4-bit matmuls (qlora; default: the run dtype)",
+                                          choices=DTYPES[1:])
+    quant_storage: Optional[str] = option(None, "storage dtype of packed 4-bit weights (qlora; default: the run "
+                                          "dtype, so FSDP can shard them beside the other parameters)",
+                                          choices=("uint8",) + DTYPES[1:])
+    gptq_bits: Optional[int] = option(None, "GPTQ bits (gptq-lora; default 4)", choices=(2, 3, 4, 8))
+    gptq_group_size: Optional[int] = option(None, "GPTQ group size (gptq-lora; default 128, -1 = per channel)")
+    gptq_backend: Optional[str] = option(None, "GPTQModel kernel (gptq-lora; default gptq_torch, which trains)",
+                                         choices=("gptq_torch", "gptq_triton", "auto_trainable", "gptq_exllama_v2",
+                                                  "gptq_marlin"))
+    gptq_calibration_samples: Optional[int] = option(None, "calibration sequences when quantizing a preset "
+                                                     "(gptq-lora; default 32)")
+
+    def __post_init__(self) -> None:
+        _one_of("method", self.method, METHODS)
+        if isinstance(self.lora_targets, str):
+            self.lora_targets = tuple(t.strip() for t in self.lora_targets.split(",") if t.strip())
+        elif isinstance(self.lora_targets, list):
+            self.lora_targets = tuple(self.lora_targets)
+        self._check_applicable()
+        if self.lora_r is not None:
+            _require(self.lora_r >= 1, f"--lora-r must be at least 1, got {self.lora_r}")
+        if self.lora_dropout is not None:
+            _require(0.0 <= self.lora_dropout < 1.0, f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.lora_targets is not None:
+            _require(len(self.lora_targets) > 0, "--lora-targets must name at least one module")
+        if self.gptq_group_size is not None:
+            _require(self.gptq_group_size == -1 or self.gptq_group_size >= 16,
+                     f"--gptq-group-size must be -1 or >= 16, got {self.gptq_group_size}")
+        if self.gptq_calibration_samples is not None:
+            _require(self.gptq_calibration_samples >= 1, "--gptq-calibration-samples must be at least 1")
+
+    def _check_applicable(self) -> None:
+        """Reject options that the chosen method would silently ignore."""
+        groups = {
+            "lora": (LORA_METHODS, ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")),
+            "bitsandbytes": (("qlora",), ("quant_type", "double_quant", "compute_dtype", "quant_storage")),
+            "GPTQ": (("gptq-lora",), ("gptq_bits", "gptq_group_size", "gptq_backend", "gptq_calibration_samples")),
+        }
+        for label, (methods, names) in groups.items():
+            if self.method in methods:
+                continue
+            given = [n for n in names if getattr(self, n) is not None]
+            if given:
+                flag = "--" + given[0].replace("_", "-")
+                raise ConfigError(f"{flag} is a {label} option and does not apply to method '{self.method}'")
+
+    def resolved(self, run_dtype: str) -> "MethodConfig":
+        """Fill method defaults (done once the run dtype is known) so config.json records what ran."""
+        values = dataclasses.asdict(self)
+        if self.method in LORA_METHODS:
+            r = self.lora_r or 16
+            values.update(lora_r=r, lora_alpha=self.lora_alpha if self.lora_alpha is not None else 2.0 * r,
+                          lora_dropout=self.lora_dropout or 0.0,
+                          lora_targets=self.lora_targets or DEFAULT_LORA_TARGETS)
+        if self.method == "qlora":
+            values.update(quant_type=self.quant_type or "nf4",
+                          double_quant=True if self.double_quant is None else self.double_quant,
+                          compute_dtype=self.compute_dtype or run_dtype,
+                          quant_storage=self.quant_storage or run_dtype)
+        if self.method == "gptq-lora":
+            values.update(gptq_bits=self.gptq_bits or 4, gptq_group_size=self.gptq_group_size or 128,
+                          gptq_backend=self.gptq_backend or "gptq_torch",
+                          gptq_calibration_samples=self.gptq_calibration_samples or 32)
+        return MethodConfig(**values)
+
+
+@dataclass
+class TrainConfig:
+    grad_accum: int = option(1, "micro-batches per optimizer step")
+    max_steps: int = option(10, "optimizer steps to run")
+    warmup_steps: int = option(2, "first steps excluded from steady-state figures (reported separately)")
+    lr: float = option(2e-4, "learning rate (constant)")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    max_grad_norm: float = option(0.0, "clip gradients to this norm; 0 disables clipping")
+    optimizer: str = option("adamw", "adamw (fused on CUDA) or bitsandbytes' paged 8-bit AdamW", choices=OPTIMIZERS)
+    seed: int = option(0, "seed for weights, data and dropout")
+
+    def __post_init__(self) -> None:
+        _require(self.grad_accum >= 1, f"--grad-accum must be at least 1, got {self.grad_accum}")
+        _require(self.max_steps >= 1, f"--max-steps must be at least 1, got {self.max_steps}")
+        _require(self.warmup_steps >= 0, f"--warmup-steps must be >= 0, got {self.warmup_steps}")
+        _require(self.lr > 0, f"--lr must be positive, got {self.lr}")
+        _require(self.max_grad_norm >= 0, f"--max-grad-norm must be >= 0, got {self.max_grad_norm}")
+        _one_of("--optimizer", self.optimizer, OPTIMIZERS)
+
+
+@dataclass
+class OutputConfig:
+    output_dir: str = option("runs", "parent directory of run directories")
+    run_name: Optional[str] = option(None, "run directory name (default: <method>-<model>-<timestamp>)")
+    device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    memory_logging: str = option("torch", "memory sources to record: torch (allocator stats), nvml (device "
+                                 "sampler), all, none; aliases: huggingface=torch, nvidia=nvml",
+                                 choices=MEMORY_LOGGING + tuple(MEMORY_LOGGING_ALIASES))
+    alloc_conf: Optional[str] = option(None, "PYTORCH_ALLOC_CONF for the run (default: the environment's, else "
+                                       "expandable_segments:True); recorded in env.json")
+    quiet: bool = option(False, "no progress bar or summary table")
+
+    def __post_init__(self) -> None:
+        self.memory_logging = MEMORY_LOGGING_ALIASES.get(self.memory_logging, self.memory_logging)
+        _one_of("--memory-logging", self.memory_logging, MEMORY_LOGGING)
+        dev = self.device
+        ok = dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())
+        _require(ok, f"--device: '{dev}' is not auto, cpu, cuda or cuda:N")
+        if self.run_name is not None:
+            _require(bool(self.run_name) and "/" not in self.run_name and self.run_name not in (".", ".."),
+                     f"--run-name: '{self.run_name}' is not a plain directory name")
+
+
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "method": MethodConfig, "train": TrainConfig,
+            "output": OutputConfig}
+
+
+@dataclass
+class RunConfig:
+    """Everything one run needs. ``ftprof.train(RunConfig(...))`` runs it."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        _require(self.train.warmup_steps < self.train.max_steps or self.train.max_steps == 1,
+                 f"--warmup-steps ({self.train.warmup_steps}) must be below --max-steps ({self.train.max_steps}) "
+                 "so that some steps are measured")
+
+    @classmethod
+    def from_flat(cls, values: dict[str, Any]) -> "RunConfig":
+        """Build from option names (snake_case long names, as in sweep files and argparse namespaces)."""
+        owner = flat_field_owners()
+        unknown = [k for k in values if k not in owner]
+        if unknown:
+            hint = difflib.get_close_matches(unknown[0], list(owner), n=1)
+            extra = f" (did you mean '{hint[0]}'?)" if hint else ""
+            raise ConfigError(f"unknown option '{unknown[0]}'{extra}")
+        parts: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+        for key, value in values.items():
+            parts[owner[key]][key] = value
+        try:
+            return cls(**{s: SECTIONS[s](**kw) for s, kw in parts.items()})
+        except TypeError as exc:  # a wrong type that slipped past the parser, e.g. from Python callers
+            raise ConfigError(str(exc)) from None
+
+    def to_flat(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for section in SECTIONS:
+            out.update(dataclasses.asdict(getattr(self, section)))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+        version = data.get("schema_version", SCHEMA_VERSION)
+        _require(version <= SCHEMA_VERSION, f"config schema_version {version} is newer than this ftprof "
+                 f"({SCHEMA_VERSION})")
+        flat: dict[str, Any] = {}
+        for section in SECTIONS:
+            flat.update(data.get(section, {}))
+        if isinstance(flat.get("lora_targets"), list):
+            flat["lora_targets"] = tuple(flat["lora_targets"])
+        return cls.from_flat(flat)
+
+    def replace(self, **flat: Any) -> "RunConfig":
+        """A copy with some options changed, by flat name."""
+        values = self.to_flat()
+        values.update(flat)
+        return RunConfig.from_flat(values)
+
+
+def flat_field_owners() -> dict[str, str]:
+    """Map each option name to its section."""
+    return {f.name: section for section, cls in SECTIONS.items() for f in fields(cls)}

@@ -1,0 +1,95 @@
+"""Terminal output: a rich progress bar while training and a summary table at the end."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from ftprof.config import RunConfig
+from ftprof.results.schema import RunResult
+
+GIB = 1024 ** 3
+
+
+def fmt_gib(value: int | None) -> str:
+    return "-" if value is None else f"{value / GIB:.2f}"
+
+
+def fmt_num(value: float | None, spec: str = ",.0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def fmt_pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+class RunDisplay:
+    def __init__(self, cfg: RunConfig, quiet: bool = False, console: Console | None = None):
+        self.cfg = cfg
+        self.quiet = quiet
+        self.console = console or Console(highlight=False)
+        self.progress: Progress | None = None
+
+    def log(self, message: str) -> None:
+        if not self.quiet:
+            self.console.print(f"[dim]ftprof:[/dim] {message}")
+
+    def start(self, trainer) -> None:
+        if self.quiet:
+            return
+        c = trainer.counts
+        self.log(f"{self.cfg.method.method} on {self.cfg.model.model} ({c.total / 1e6:,.1f}M params, "
+                 f"{c.trainable_total / 1e6:,.2f}M trainable) | {trainer.device_name} {self.cfg.model.dtype} | "
+                 f"batch {self.cfg.data.batch_size}x{self.cfg.train.grad_accum} seq {self.cfg.data.seq_len} | "
+                 f"run dir {trainer.run_dir}")
+        self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeRemainingColumn(), console=self.console,
+                                 transient=False)
+        self.task = self.progress.add_task("train", total=self.cfg.train.max_steps, info="")
+        self.progress.start()
+
+    def on_step(self, record) -> None:
+        if self.progress is None:
+            return
+        tps = record.tokens / record.step_time_s if record.step_time_s > 0 else 0.0
+        warm = " (warm-up)" if record.warmup else ""
+        self.progress.update(self.task, advance=1,
+                             info=f"loss {record.loss:.4f} | {tps:,.0f} tok/s | {record.step_time_s:.3f} s{warm}")
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def summary(self, res: RunResult) -> None:
+        if self.quiet:
+            return
+        self.console.print(summary_table(res))
+        if res.status != "ok":
+            self.console.print(f"[bold red]{res.status}[/bold red]: {res.error_type}: {res.error_message}")
+
+
+def summary_table(res: RunResult) -> Table:
+    ok = res.status == "ok"
+    table = Table(title=f"ftprof {res.method} on {res.model} [{'green' if ok else 'red'}]{res.status}[/]",
+                  show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("device", f"{res.device_name} x{res.world_size}"),
+        ("steps (steady / warm-up)", f"{res.steady_steps} / {len(res.warmup_step_times_s)}"),
+        ("tokens/s (global)", fmt_num(res.tokens_per_s)),
+        ("tokens/s per GPU", fmt_num(res.tokens_per_s_per_gpu)),
+        ("real tokens/s", fmt_num(res.real_tokens_per_s)),
+        ("step time p50 / p90 (s)", f"{fmt_num(res.step_time_p50_s, '.4f')} / {fmt_num(res.step_time_p90_s, '.4f')}"),
+        ("MFU / HFU", f"{fmt_pct(res.mfu)} / {fmt_pct(res.hfu)}"),
+        ("loss first -> last", f"{fmt_num(res.loss_first, '.4f')} -> {fmt_num(res.loss_last, '.4f')}"),
+        ("torch peak allocated / reserved (GiB)",
+         f"{fmt_gib(res.torch_peak_allocated)} / {fmt_gib(res.torch_peak_reserved)}"),
+        ("host peak RSS (GiB)", fmt_gib(res.host_peak_rss)),
+        ("run dir", res.run_dir),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table

@@ -1,0 +1,275 @@
+"""One instrumented training loop for every method: setup, train_step, optimizer_step, teardown.
+
+Forward, backward and the optimizer step run inside ``torch.profiler.record_function`` labels
+(``ftprof/forward``, ``ftprof/backward``, ``ftprof/optimizer_step``) so traces show them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import time
+import traceback
+from typing import Callable, Iterator
+
+import torch
+from torch.profiler import record_function
+
+from ftprof import metrics
+from ftprof.config import RunConfig
+from ftprof.data import count_tokens, make_batches
+from ftprof.models.methods import LoadContext, get_strategy
+from ftprof.models.tokenizer import build_tokenizer
+from ftprof.preflight import Preflight
+from ftprof.profiling.memory import MemoryTracker
+from ftprof.profiling.noop import NullProfiler
+from ftprof.results.env import collect_env
+from ftprof.results.run_dir import RunDirWriter, make_run_dir
+from ftprof.results.schema import RunResult, StepRecord
+from ftprof.runtime import allocator_setting, torch_dtype
+
+# Write steps.csv after every step for short runs, then every STEPS_FLUSH_EVERY steps (and at the end).
+STEPS_FLUSH_EVERY = 10
+
+
+def _now() -> str:
+    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+class StepTimer:
+    """Wall time of one optimizer step, with device synchronisation (CUDA events on GPU)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def start(self) -> None:
+        if self.cuda:
+            self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        if self.cuda:
+            self._end.record()
+            self._end.synchronize()  # sync point: the step's kernels must finish before we read the time
+            return self._start.elapsed_time(self._end) / 1000.0
+        return time.perf_counter() - self._t0
+
+
+class Trainer:
+    def __init__(self, pre: Preflight, *, log: Callable[[str], None] = print, profiler=None,
+                 on_step: Callable[[StepRecord], None] | None = None):
+        self.pre = pre
+        self.cfg: RunConfig = pre.config
+        self.device = pre.device
+        self.dtype = torch_dtype(pre.dtype)
+        self.log = log
+        self.profiler = profiler or NullProfiler()
+        self.on_step = on_step
+        self.steps: list[StepRecord] = []
+        self.memory = MemoryTracker(self.device)
+        self.strategy = get_strategy(self.cfg.method.method)
+        self.started_at = _now()
+
+    # ---------------------------------------------------------------- setup
+    def setup(self) -> None:
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        self.run_dir = make_run_dir(cfg.output.output_dir, cfg.output.run_name, cfg.method.method, cfg.model.model)
+        self.writer = RunDirWriter(self.run_dir)
+        self.writer.write_config(cfg.to_dict())
+        self.writer.write_env(collect_env(allocator_setting()))
+        torch.manual_seed(cfg.train.seed)
+        self.tokenizer = self._tokenizer()
+        vocab = self.pre.source.config.vocab_size
+        self.batches: Iterator[dict] = make_batches(cfg.data, self.tokenizer, vocab, cfg.train.seed)
+        ctx = LoadContext(cfg, self.pre.source, self.device, self.dtype, self.tokenizer, self._calibration, self.log)
+        with self.memory.stage("load"):
+            model = self.strategy.load(ctx)
+        with self.memory.stage("method_setup"):
+            model = self.strategy.apply(model, cfg)
+            if cfg.model.gradient_checkpointing:
+                # Non-reentrant checkpointing needs no input-grad trick for frozen embeddings (LoRA methods).
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(model, "config"):
+                model.config.use_cache = False
+            model.train()  # HF models start in eval mode, where gradient checkpointing silently does nothing
+            self.model = model
+            self.params = [p for p in model.parameters() if p.requires_grad]
+            self.optimizer = self._optimizer()
+        # Adapters are fp32 master weights: run their matmuls in the run dtype under autocast.
+        use_autocast = self.strategy.uses_lora and self.dtype != torch.float32
+        self.autocast = (lambda: torch.autocast(self.device.type, dtype=self.dtype)) if use_autocast \
+            else contextlib.nullcontext
+        self.counts = metrics.count_params(model)
+        layers, attn_dim = metrics.attention_dims(self.pre.source.config)
+        self.flops_token = metrics.flops_per_token(self.counts, layers, attn_dim, cfg.data.seq_len)
+        self.recompute_token = metrics.recompute_flops_per_token(self.counts, layers, attn_dim, cfg.data.seq_len) \
+            if cfg.model.gradient_checkpointing else 0.0
+        self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        self.timer = StepTimer(self.device)
+        self.setup_time = time.perf_counter() - t0
+
+    def _tokenizer(self):
+        if self.pre.source.kind == "preset":
+            return build_tokenizer()
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(self.pre.source.name)
+        except Exception:  # noqa: BLE001 - a checkpoint without a tokenizer still trains on synthetic data
+            if self.cfg.data.dataset != "synthetic":
+                raise
+            self.log("no tokenizer beside the model; using ftprof's built-in tokenizer for synthetic data")
+            return build_tokenizer()
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        return tok
+
+    def _calibration(self) -> list[torch.Tensor]:
+        """GPTQ calibration sequences, from the run's own data stream (a fresh iterator, same seed)."""
+        n = self.cfg.method.gptq_calibration_samples
+        stream = make_batches(self.cfg.data, self.tokenizer, self.pre.source.config.vocab_size, self.cfg.train.seed)
+        rows: list[torch.Tensor] = []
+        while len(rows) < n:
+            batch = next(stream)
+            for ids, mask in zip(batch["input_ids"], batch["attention_mask"]):
+                rows.append(ids[mask.bool()])
+        return rows[:n]
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        t = self.cfg.train
+        if t.optimizer == "paged_adamw_8bit":
+            import bitsandbytes as bnb
+
+            return bnb.optim.PagedAdamW8bit(self.params, lr=t.lr, weight_decay=t.weight_decay)
+        fused = self.device.type == "cuda" and all(p.is_floating_point() for p in self.params)
+        return torch.optim.AdamW(self.params, lr=t.lr, weight_decay=t.weight_decay, fused=fused or None)
+
+    # ---------------------------------------------------------------- one step
+    def _stage(self, name: str, first: bool):
+        return self.memory.stage(name) if first else contextlib.nullcontext()
+
+    def train_step(self, first: bool = False) -> tuple[torch.Tensor, int, int]:
+        """Forward and backward over grad_accum micro-batches. Returns (summed loss tensor, tokens, real tokens)."""
+        accum = self.cfg.train.grad_accum
+        loss_sum = torch.zeros((), device=self.device)
+        tokens = real = 0
+        for micro in range(accum):
+            batch = next(self.batches)
+            n, r = count_tokens(batch)
+            tokens, real = tokens + n, real + r
+            batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+            with self._stage("first_forward", first and micro == 0), record_function("ftprof/forward"), \
+                    self.autocast():
+                loss = self.model(**batch).loss
+            with self._stage("first_backward", first and micro == 0), record_function("ftprof/backward"):
+                (loss / accum).backward()
+            loss_sum += loss.detach()
+        return loss_sum / accum, tokens, real
+
+    def optimizer_step(self, first: bool = False) -> None:
+        with self._stage("first_optimizer_step", first), record_function("ftprof/optimizer_step"):
+            if self.cfg.train.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(self.params, self.cfg.train.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self, index: int) -> StepRecord:
+        first = index == 1
+        self.memory.reset_peak()
+        self.timer.start()
+        loss, tokens, real = self.train_step(first)
+        self.optimizer_step(first)
+        seconds = self.timer.stop()
+        mem = self.memory.current()
+        record = StepRecord(step=index, loss=float(loss), step_time_s=seconds, tokens=tokens, real_tokens=real,
+                            lr=self.cfg.train.lr, warmup=index <= self.cfg.train.warmup_steps,
+                            mem_allocated=mem["allocated"], mem_peak_allocated=mem["peak_allocated"],
+                            mem_reserved=mem["reserved"], mem_peak_reserved=mem["peak_reserved"])
+        self.steps.append(record)
+        return record
+
+    # ---------------------------------------------------------------- loop
+    def train_loop(self) -> None:
+        max_steps = self.cfg.train.max_steps
+        steady_before = None
+        with self.profiler:
+            for index in range(1, max_steps + 1):
+                if index == 2:
+                    steady_before = self.memory._allocated()
+                    self.memory.reset_peak()
+                record = self.step(index)
+                self.profiler.step()
+                if index <= 50 or index % STEPS_FLUSH_EVERY == 0 or index == max_steps:
+                    self.writer.write_steps(self.steps)
+                if self.on_step:
+                    self.on_step(record)
+        if steady_before is not None:
+            self.memory.close_stage("steady_state", steady_before)
+
+    # ---------------------------------------------------------------- results
+    def result(self, status: str, exc: BaseException | None = None) -> RunResult:
+        cfg = self.cfg
+        res = RunResult(status=status, run_dir=str(getattr(self, "run_dir", "")), method=cfg.method.method,
+                        model=cfg.model.model, device=str(self.device),
+                        device_name=getattr(self, "device_name", str(self.device)), started_at=self.started_at,
+                        finished_at=_now(), steps_completed=len(self.steps), seq_len=cfg.data.seq_len,
+                        batch_size=cfg.data.batch_size, grad_accum=cfg.train.grad_accum,
+                        setup_time_s=getattr(self, "setup_time", None))
+        self._fill_throughput(res)
+        self._fill_memory(res)
+        if exc is not None:
+            res.error_type = type(exc).__name__
+            res.error_message = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__
+            res.error_tail = "".join(traceback.format_exception(exc)[-8:])[-4000:]
+        res.artifacts = {"config": "config.json", "env": "env.json", "steps": "steps.csv",
+                         **self.profiler.artifacts()}
+        return res
+
+    def _fill_throughput(self, res: RunResult) -> None:
+        if self.steps:
+            res.loss_first, res.loss_last = self.steps[0].loss, self.steps[-1].loss
+            res.tokens_per_step = self.steps[-1].tokens
+        res.warmup_step_times_s = [s.step_time_s for s in self.steps if s.warmup]
+        steady = [s for s in self.steps if not s.warmup]
+        if hasattr(self, "counts"):
+            res.params_total, res.params_trainable = self.counts.total, self.counts.trainable_total
+            res.params_trainable_matmul, res.params_frozen_matmul = (self.counts.trainable_matmul,
+                                                                     self.counts.frozen_matmul)
+            res.flops_per_token, res.recompute_flops_per_token = self.flops_token, self.recompute_token
+            res.peak_flops = metrics.peak_flops(self.device_name) if self.device.type == "cuda" else None
+        stats = metrics.step_stats([s.step_time_s for s in steady])
+        if stats is None:
+            if self.steps:
+                res.notes.append("every step was a warm-up step: no steady-state figures")
+            return
+        res.steady_steps = stats.count
+        res.step_time_p50_s, res.step_time_p90_s = stats.median, stats.p90
+        res.step_time_mean_s, res.step_time_std_s = stats.mean, stats.stdev
+        # Throughput over the steady window: total tokens / total time (robust to uneven steps).
+        secs = sum(s.step_time_s for s in steady)
+        res.tokens_per_s, res.tokens_per_s_per_gpu = metrics.throughput(sum(s.tokens for s in steady), secs,
+                                                                        res.world_size)
+        res.real_tokens_per_s, res.real_tokens_per_s_per_gpu = metrics.throughput(
+            sum(s.real_tokens for s in steady), secs, res.world_size)
+        res.mfu = metrics.utilization(res.flops_per_token, res.tokens_per_s_per_gpu, res.peak_flops)
+        res.hfu = metrics.utilization(res.flops_per_token + res.recompute_flops_per_token,
+                                      res.tokens_per_s_per_gpu, res.peak_flops)
+
+    def _fill_memory(self, res: RunResult) -> None:
+        summary = self.memory.summary()
+        res.torch_peak_allocated = summary.pop("torch_peak_allocated")
+        res.torch_peak_reserved = summary.pop("torch_peak_reserved")
+        res.host_peak_rss = summary.pop("host_peak_rss")
+        res.memory_stages = summary
+        if res.torch_peak_reserved is not None and res.torch_peak_allocated is not None:
+            res.fragmentation = res.torch_peak_reserved - res.torch_peak_allocated
+
+    def teardown(self, result: RunResult) -> RunResult:
+        if hasattr(self, "writer"):
+            self.writer.write_steps(self.steps)
+            self.writer.write_memory_stages(self.memory.stage_rows())
+            self.writer.write_result(result)
+        return result

@@ -1,0 +1,127 @@
+"""The one place where throughput, step-time statistics, FLOPs, MFU and HFU are computed.
+
+Conventions (../shared/DESIGN.md):
+- model FLOPs per token = 6 * N_trainable + 4 * N_frozen + 12 * L * d * T, where N counts matmul weights only
+  (embedding lookups excluded; a tied lm_head counts once, as a matmul), L layers, d = heads * head_dim, T = seq len.
+  6N: forward 2N + weight-grad 2N + input-grad 2N; frozen weights need no weight-grad, hence 4N. The attention term
+  is the full (non-causal) QK^T and AV cost, forward and backward.
+- activation checkpointing recomputes the forward: not counted in MFU, counted in HFU (+2N per token + 4*L*d*T).
+- peak: dense bf16 tensor-core rate of the device, from a table; unknown device -> MFU left empty, never guessed.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from torch import nn
+
+# Dense bf16 peak FLOP/s by device-name substring (first match wins; order matters: "H100 PCIe" before "H100").
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("GH200", 989e12), ("H800", 989e12),
+    ("A100", 312e12), ("A800", 312e12), ("L40S", 362e12), ("A10G", 70e12), ("L4", 121e12), ("B200", 2250e12),
+)
+
+
+def peak_flops(device_name: str | None) -> float | None:
+    if not device_name:
+        return None
+    for key, value in PEAK_BF16_FLOPS:
+        if key in device_name:
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    trainable_matmul: int  # N_trainable
+    frozen_matmul: int  # N_frozen
+    trainable_total: int  # every trainable parameter (for "x% trainable" displays)
+    total: int  # logical parameter count (quantized weights counted as their unpacked size)
+
+
+def _linear_shape(module: nn.Module) -> tuple[int, int] | None:
+    """(in, out) for nn.Linear and quantized linears (bitsandbytes Linear4bit, GPTQModel QuantLinear)."""
+    fin, fout = getattr(module, "in_features", None), getattr(module, "out_features", None)
+    if isinstance(fin, int) and isinstance(fout, int) and hasattr(module, "forward"):
+        return fin, fout
+    return None
+
+
+def _is_leaf_linear(module: nn.Module) -> bool:
+    # Containers such as PEFT LoRA layers look like linears too; their base and adapter linears are counted instead.
+    return _linear_shape(module) is not None and not any(_linear_shape(c) for c in module.children())
+
+
+def count_params(model: nn.Module) -> ParamCounts:
+    trainable_mm = frozen_mm = other = 0
+    seen: set[int] = set()  # tied parameters (lm_head <-> embeddings) count once, as the matmul
+    modules = list(model.modules())
+    for module in filter(_is_leaf_linear, modules):
+        weight = getattr(module, "weight", None)  # GPTQ QuantLinear has no `weight` (packed qweight): frozen
+        key = id(weight) if weight is not None else id(module)
+        if key in seen:
+            continue
+        seen.add(key)
+        fin, fout = _linear_shape(module)
+        if weight is not None and weight.requires_grad:
+            trainable_mm += fin * fout
+        else:
+            frozen_mm += fin * fout
+    for module in modules:
+        if _linear_shape(module) is None:
+            for p in module.parameters(recurse=False):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    other += p.numel()
+    trainable_total = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return ParamCounts(trainable_mm, frozen_mm, trainable_total, trainable_mm + frozen_mm + other)
+
+
+def attention_dims(config) -> tuple[int, int]:
+    """(layers, heads * head_dim) from a transformers config."""
+    layers = config.num_hidden_layers
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return layers, heads * head_dim
+
+
+def flops_per_token(params: ParamCounts, layers: int, attn_dim: int, seq_len: int) -> float:
+    return 6.0 * params.trainable_matmul + 4.0 * params.frozen_matmul + 12.0 * layers * attn_dim * seq_len
+
+
+def recompute_flops_per_token(params: ParamCounts, layers: int, attn_dim: int, seq_len: int) -> float:
+    """Extra FLOPs of activation checkpointing: one more forward of every layer."""
+    return 2.0 * (params.trainable_matmul + params.frozen_matmul) + 4.0 * layers * attn_dim * seq_len
+
+
+@dataclass(frozen=True)
+class StepStats:
+    median: float
+    p90: float
+    mean: float
+    stdev: float
+    count: int
+
+
+def step_stats(times: list[float]) -> StepStats | None:
+    if not times:
+        return None
+    ordered = sorted(times)
+    p90 = ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
+    stdev = statistics.stdev(ordered) if len(ordered) > 1 else 0.0
+    return StepStats(statistics.median(ordered), p90, statistics.fmean(ordered), stdev, len(ordered))
+
+
+def throughput(tokens_per_step: float, step_time_s: float, world_size: int = 1) -> tuple[float, float]:
+    """(global tokens/s, per-GPU tokens/s) for a step of ``tokens_per_step`` tokens on each of ``world_size`` ranks."""
+    per_rank = tokens_per_step / step_time_s
+    return per_rank * world_size, per_rank
+
+
+def utilization(flops_token: float, tokens_per_s_per_device: float, peak: float | None) -> float | None:
+    """Fraction of peak (0..1): MFU with model FLOPs, HFU with model + recompute FLOPs."""
+    if peak is None:
+        return None
+    return flops_token * tokens_per_s_per_device / peak

@@ -1,0 +1,93 @@
+"""GPTQ 4-bit bases through GPTQModel: quantize a model once (cached), load a GPTQ checkpoint with a kernel that trains.
+
+Known traps this module steps around (measured):
+- GPTQModel's thread pool raises on a 2-core machine unless GPTQMODEL_CPU_WORKERS >= 2.
+- Quantizing needs a tokenizer saved beside the model.
+- BACKEND.AUTO picks Machete on Hopper, which downloads CUTLASS at first use and fails offline: we always name
+  the backend, and default to gptq_torch, the kernel whose backward works on torch 2.11 (triton and
+  auto_trainable fail there with "returned an incorrect number of gradients").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ftprof.config import MethodConfig
+from ftprof.runtime import quiet_import
+
+CACHE_ENV = "FTPROF_CACHE_DIR"
+QUANTIZER_VERSION = 1  # bump when the way ftprof quantizes changes, so old cache entries are not reused
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "ftprof") / "gptq"
+
+
+def _ensure_workers() -> None:
+    os.environ["GPTQMODEL_CPU_WORKERS"] = str(max(2, int(os.environ.get("GPTQMODEL_CPU_WORKERS", "0") or 0)))
+
+
+def cache_key(config, method: MethodConfig, seed: int, seq_len: int) -> str:
+    """Hash of everything that determines the quantized weights."""
+    arch = config.to_dict()
+    for volatile in ("_name_or_path", "transformers_version", "dtype", "torch_dtype", "architectures"):
+        arch.pop(volatile, None)
+    payload = json.dumps({"arch": arch, "bits": method.gptq_bits, "group_size": method.gptq_group_size,
+                          "samples": method.gptq_calibration_samples, "calib_len": seq_len, "seed": seed,
+                          "v": QUANTIZER_VERSION}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def ensure_quantized(build_model, tokenizer, label: str, key: str, method: MethodConfig, calibration,
+                     device: torch.device, log=print) -> Path:
+    """Return the cached GPTQ checkpoint for ``key``, quantizing ``build_model()`` with GPTQ first if needed.
+
+    The directory is written under a temporary name and renamed into place, so an interrupted quantization never
+    leaves a half checkpoint that a later run would trust.
+    """
+    target = cache_root() / f"{label}-{key}"
+    if (target / "quantize_config.json").is_file():
+        return target
+    _ensure_workers()
+    with quiet_import():
+        from gptqmodel import BACKEND, GPTQModel, QuantizeConfig
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{label}-", dir=target.parent))
+    try:
+        src, out = work / "fp", work / "gptq"
+        model = build_model()
+        model.save_pretrained(src)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        tokenizer.save_pretrained(src)  # GPTQModel needs a tokenizer beside the model
+        sequences = calibration()
+        log(f"quantizing {label} to {method.gptq_bits}-bit GPTQ (group {method.gptq_group_size}, "
+            f"{len(sequences)} calibration sequences); cached at {target}")
+        qcfg = QuantizeConfig(bits=method.gptq_bits, group_size=method.gptq_group_size)
+        gm = GPTQModel.load(str(src), qcfg, device=str(device))
+        calib = [{"input_ids": ids.view(1, -1), "attention_mask": torch.ones(1, ids.numel(), dtype=torch.long)}
+                 for ids in sequences]
+        gm.quantize(calib, batch_size=1, backend=BACKEND(method.gptq_backend))
+        gm.save(str(out))
+        del gm
+        os.replace(out, target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def load_gptq(path: str | Path, backend: str, device: torch.device):
+    """Load a GPTQ checkpoint as a transformers model whose linears are GPTQModel QuantLinear modules."""
+    _ensure_workers()
+    with quiet_import():
+        from gptqmodel import BACKEND, GPTQModel
+    gm = GPTQModel.load(str(path), device=str(device), backend=BACKEND(backend))
+    return gm.model

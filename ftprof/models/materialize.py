@@ -1,0 +1,58 @@
+"""Build a model from a config with random weights directly on the target device.
+
+Parameters are created on the meta device first (buffers such as rotary frequencies stay real), then each one is
+allocated and initialised on the device. An optional ``replace_linear`` hook may swap a freshly initialised linear
+layer for another module (QLoRA quantizes it to 4 bits there), so a 70B model never exists in 16-bit form: peak
+memory is the quantized model plus one layer's weight.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+LinearHook = Callable[[str, nn.Linear], Optional[nn.Module]]
+
+
+def _init_(name: str, module: nn.Module, param: torch.Tensor, std: float, gen: torch.Generator) -> None:
+    """HF-style init: normal(0, std) for matmul/embedding weights, zero biases, ones for norm scales."""
+    with torch.no_grad():
+        if isinstance(module, (nn.Linear, nn.Embedding)) and name == "weight":
+            param.normal_(0.0, std, generator=gen)
+        elif name == "weight" and param.dim() == 1:
+            param.fill_(1.0)
+        else:
+            param.zero_()
+
+
+def build_random_model(config, device: torch.device, dtype: torch.dtype, *, seed: int = 0,
+                       attn_implementation: str = "sdpa", replace_linear: LinearHook | None = None) -> nn.Module:
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    std = float(getattr(config, "initializer_range", 0.02))
+    done: dict[int, nn.Parameter] = {}  # tied parameters (lm_head <-> embeddings) are materialized once
+    for mod_name, module in list(model.named_modules()):
+        for p_name, param in list(module.named_parameters(recurse=False)):
+            if id(param) in done:
+                module._parameters[p_name] = done[id(param)]
+                continue
+            if not param.is_meta:
+                continue
+            new = nn.Parameter(torch.empty(param.shape, dtype=dtype, device=device), requires_grad=param.requires_grad)
+            _init_(p_name, module, new, std, gen)
+            done[id(param)] = new
+            module._parameters[p_name] = new
+        for b_name, buf in list(module.named_buffers(recurse=False)):
+            module._buffers[b_name] = buf.to(device)
+        if replace_linear is not None and isinstance(module, nn.Linear):
+            replacement = replace_linear(mod_name, module)
+            if replacement is not None:
+                parent_name, _, child = mod_name.rpartition(".")
+                setattr(model.get_submodule(parent_name) if parent_name else model, child, replacement)
+    return model

@@ -1,0 +1,61 @@
+"""Checks that need a little I/O (configs, paths, installed packages), run before anything big loads.
+
+Each failure is a ConfigError with one line naming the problem.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+from ftprof.config import RunConfig
+from ftprof.data import check_dataset
+from ftprof.errors import ConfigError
+from ftprof.models.source import ModelSource, resolve_model_source
+
+
+@dataclass
+class Preflight:
+    source: ModelSource
+    device: object  # torch.device
+    dtype: str  # resolved dtype name
+    config: RunConfig  # with method defaults and dtype filled in
+
+
+def _need_package(module: str, method: str, extra: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(f"method '{method}' needs the '{module}' package: pip install 'ftprof[{extra}]'")
+
+
+def preflight(cfg: RunConfig) -> Preflight:
+    from ftprof.runtime import resolve_device, resolve_dtype_name
+
+    method = cfg.method.method
+    if method == "qlora":
+        _need_package("bitsandbytes", method, "all")
+    if method == "gptq-lora":
+        _need_package("gptqmodel", method, "gptq")
+    if cfg.train.optimizer == "paged_adamw_8bit":
+        _need_package("bitsandbytes", "paged_adamw_8bit", "all")
+
+    source = resolve_model_source(cfg.model.model)
+    if source.max_positions is not None and cfg.data.seq_len > source.max_positions:
+        raise ConfigError(f"--seq-len {cfg.data.seq_len} exceeds the {source.max_positions} positions of model "
+                          f"'{cfg.model.model}'")
+    if source.is_gptq_checkpoint and method != "gptq-lora":
+        raise ConfigError(f"--model '{cfg.model.model}' is a GPTQ checkpoint: use method gptq-lora")
+    qc = getattr(source.config, "quantization_config", None)
+    if qc is not None and not source.is_gptq_checkpoint and method != "qlora":
+        raise ConfigError(f"--model '{cfg.model.model}' is already quantized; method '{method}' needs a 16-bit "
+                          "checkpoint")
+    check_dataset(cfg.data)
+
+    device = resolve_device(cfg.output.device)
+    if cfg.train.optimizer == "paged_adamw_8bit" and device.type != "cuda":
+        raise ConfigError("--optimizer paged_adamw_8bit needs a CUDA device (paged memory is CUDA unified memory)")
+    if cfg.model.attn_implementation == "flash_attention_2" and device.type != "cuda":
+        raise ConfigError("--attn-implementation flash_attention_2 needs a CUDA device")
+    dtype = resolve_dtype_name(cfg.model.dtype, device)
+    resolved = RunConfig(model=cfg.model.__class__(**{**vars(cfg.model), "dtype": dtype}), data=cfg.data,
+                         method=cfg.method.resolved(dtype), train=cfg.train, output=cfg.output)
+    return Preflight(source, device, dtype, resolved)

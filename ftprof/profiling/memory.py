@@ -1,0 +1,97 @@
+"""Memory per stage: torch allocator stats on CUDA, process RSS on CPU. Bytes everywhere.
+
+Stages: load, method_setup, first_forward, first_backward, first_optimizer_step, steady_state. At each stage
+boundary the torch peak counters are reset, so each stage's peak is its own; the run's peak is the max over stages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import sys
+from dataclasses import asdict, dataclass
+
+import psutil
+import torch
+
+STAGES = ("load", "method_setup", "first_forward", "first_backward", "first_optimizer_step", "steady_state")
+
+
+@dataclass
+class StageMemory:
+    stage: str
+    allocated_before: int
+    allocated_after: int
+    peak_allocated: int
+    reserved_after: int
+    peak_reserved: int
+    rss_after: int
+
+    @property
+    def delta(self) -> int:
+        return self.allocated_after - self.allocated_before
+
+
+def _peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
+
+
+class MemoryTracker:
+    """Records memory per stage. On CPU, 'allocated' is the process RSS (no allocator stats exist)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.stages: list[StageMemory] = []
+        self._proc = psutil.Process()
+
+    def _allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device) if self.cuda else self._proc.memory_info().rss
+
+    def reset_peak(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def current(self) -> dict[str, int]:
+        """Allocator state now and peaks since the last reset (CUDA), or RSS (CPU)."""
+        if self.cuda:
+            return {"allocated": torch.cuda.memory_allocated(self.device),
+                    "peak_allocated": torch.cuda.max_memory_allocated(self.device),
+                    "reserved": torch.cuda.memory_reserved(self.device),
+                    "peak_reserved": torch.cuda.max_memory_reserved(self.device)}
+        rss = self._proc.memory_info().rss
+        return {"allocated": rss, "peak_allocated": rss, "reserved": rss, "peak_reserved": rss}
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        # Sync so the 'before' numbers do not include work still queued from the previous stage.
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        before = self._allocated()
+        self.reset_peak()
+        yield
+        self.close_stage(name, before)
+
+    def close_stage(self, name: str, before: int) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        now = self.current()
+        peak_alloc = now["peak_allocated"] if self.cuda else max(now["allocated"], before)
+        self.stages.append(StageMemory(name, before, now["allocated"], peak_alloc, now["reserved"],
+                                       now["peak_reserved"], self._proc.memory_info().rss))
+
+    def summary(self) -> dict[str, int | None]:
+        """Run-level fields (DESIGN.md names) plus per-stage deltas and peaks."""
+        out: dict[str, int | None] = {
+            "torch_peak_allocated": max((s.peak_allocated for s in self.stages), default=None) if self.cuda else None,
+            "torch_peak_reserved": max((s.peak_reserved for s in self.stages), default=None) if self.cuda else None,
+            "host_peak_rss": _peak_rss_bytes(),
+        }
+        for s in self.stages:
+            out[f"mem_{s.stage}_delta"] = s.delta
+            out[f"mem_{s.stage}_peak"] = s.peak_allocated
+        return out
+
+    def stage_rows(self) -> list[dict]:
+        return [asdict(s) | {"delta": s.delta} for s in self.stages]

@@ -1,0 +1,56 @@
+"""The run directory (format in ../shared/DESIGN.md): naming and the files every run writes."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from pathlib import Path
+
+from ftprof.results.schema import STEP_COLUMNS, RunResult, StepRecord
+from ftprof.results.store import write_csv_atomic, write_json_atomic
+
+CONFIG, ENV, STEPS, RESULT, MEMORY_STAGES = "config.json", "env.json", "steps.csv", "result.json", "memory_stages.csv"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text.strip("/")).strip("-")[-48:] or "model"
+
+
+def default_run_name(method: str, model: str, now: _dt.datetime | None = None) -> str:
+    now = now or _dt.datetime.now()
+    return f"{method}-{_slug(Path(model).name if '/' in model else model)}-{now:%Y%m%d-%H%M%S}"
+
+
+def make_run_dir(output_dir: str, run_name: str | None, method: str, model: str) -> Path:
+    """An explicit run name is reused as is (re-running overwrites it); a default name never collides."""
+    parent = Path(output_dir).expanduser()
+    if run_name:
+        path = parent / run_name
+    else:
+        base = default_run_name(method, model)
+        path, n = parent / base, 2
+        while path.exists():
+            path, n = parent / f"{base}-{n}", n + 1
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+class RunDirWriter:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def write_config(self, config: dict) -> None:
+        write_json_atomic(self.path / CONFIG, config)
+
+    def write_env(self, env: dict) -> None:
+        write_json_atomic(self.path / ENV, env)
+
+    def write_steps(self, steps: list[StepRecord]) -> None:
+        write_csv_atomic(self.path / STEPS, (s.to_dict() for s in steps), STEP_COLUMNS)
+
+    def write_memory_stages(self, rows: list[dict]) -> None:
+        if rows:
+            write_csv_atomic(self.path / MEMORY_STAGES, rows)
+
+    def write_result(self, result: RunResult) -> None:
+        write_json_atomic(self.path / RESULT, result.to_dict())

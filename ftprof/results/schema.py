@@ -1,0 +1,117 @@
+"""What a run records: one StepRecord per optimizer step, one RunResult per run. Both flatten to plain dicts.
+
+Units: bytes for memory, seconds for time, tokens/s for throughput, fractions (0..1) for MFU/HFU.
+Bump SCHEMA_VERSION when a field changes meaning; readers skip versions newer than theirs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Optional
+
+from ftprof.config import SCHEMA_VERSION
+
+STATUSES = ("ok", "oom_device", "oom_host", "timeout", "interrupted", "error")
+
+
+@dataclass
+class StepRecord:
+    step: int  # 1-based optimizer step
+    loss: float
+    step_time_s: float
+    tokens: int  # positions fed to the model in this step (all micro-batches), on this rank
+    real_tokens: int  # non-padding positions carrying a label
+    lr: float
+    warmup: bool  # excluded from steady-state figures
+    mem_allocated: int
+    mem_peak_allocated: int
+    mem_reserved: int
+    mem_peak_reserved: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+STEP_COLUMNS = [f.name for f in fields(StepRecord)]
+
+
+@dataclass
+class RunResult:
+    status: str
+    run_dir: str
+    method: str
+    model: str
+    device: str
+    device_name: str
+    world_size: int = 1
+    started_at: str = ""
+    finished_at: str = ""
+    steps_completed: int = 0
+    # per-step work
+    seq_len: int = 0
+    batch_size: int = 0
+    grad_accum: int = 1
+    tokens_per_step: int = 0  # per rank
+    # throughput (steady state: warm-up steps excluded)
+    tokens_per_s: Optional[float] = None  # global = sum over ranks
+    tokens_per_s_per_gpu: Optional[float] = None
+    real_tokens_per_s: Optional[float] = None
+    real_tokens_per_s_per_gpu: Optional[float] = None
+    step_time_p50_s: Optional[float] = None
+    step_time_p90_s: Optional[float] = None
+    step_time_mean_s: Optional[float] = None
+    step_time_std_s: Optional[float] = None
+    steady_steps: int = 0
+    warmup_step_times_s: list[float] = field(default_factory=list)
+    loss_first: Optional[float] = None
+    loss_last: Optional[float] = None
+    # FLOPs
+    params_total: Optional[int] = None
+    params_trainable: Optional[int] = None
+    params_trainable_matmul: Optional[int] = None
+    params_frozen_matmul: Optional[int] = None
+    flops_per_token: Optional[float] = None
+    recompute_flops_per_token: Optional[float] = None
+    peak_flops: Optional[float] = None
+    mfu: Optional[float] = None
+    hfu: Optional[float] = None
+    # memory (bytes)
+    torch_peak_allocated: Optional[int] = None
+    torch_peak_reserved: Optional[int] = None
+    host_peak_rss: Optional[int] = None
+    nvml_device_used_peak: Optional[int] = None
+    nvml_process_used_peak: Optional[int] = None
+    non_torch_overhead: Optional[int] = None  # nvml_process - torch_reserved
+    fragmentation: Optional[int] = None  # torch_reserved - torch_allocated
+    memory_stages: dict[str, Any] = field(default_factory=dict)
+    setup_time_s: Optional[float] = None
+    # failure
+    error_type: Optional[str] = None
+    error_message: Optional[str] = None
+    error_tail: Optional[str] = None
+    artifacts: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_flat(self) -> dict[str, Any]:
+        """One level deep: nested dicts become prefixed keys (memory_stages.load_delta -> memory_stages_load_delta)."""
+        out: dict[str, Any] = {}
+        for key, value in self.to_dict().items():
+            if isinstance(value, dict):
+                for sub, v in value.items():
+                    out[f"{key}_{sub}"] = v
+            else:
+                out[key] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunResult":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})

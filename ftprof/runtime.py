@@ -1,0 +1,111 @@
+"""Process-level settings that change what is measured: allocator config, device, dtype, noisy imports.
+
+Importing peft imports gptqmodel whenever it is installed, and gptqmodel's import sets PYTORCH_ALLOC_CONF
+(expandable segments, split size, GC threshold) and CUDA_DEVICE_ORDER and prints banners. Left alone, that silently
+changes CUDA memory behaviour for every method. ftprof therefore decides the allocator config itself, before CUDA is
+initialised, restores it after any such import, and records what was in effect (env.json).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+from dataclasses import dataclass
+
+DEFAULT_ALLOC_CONF = "expandable_segments:True"
+_GUARDED_ENV = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_DEVICE_ORDER")
+
+
+@dataclass
+class AllocatorSetting:
+    value: str
+    source: str  # "option" | "environment" | "ftprof default"
+    overridden_by_import: dict  # variable -> value a library import tried to set (and we reverted)
+
+
+# torchao (imported by gptqmodel and transformers when installed) registers enums that make torch log a deprecation
+# warning at import; it is noise to an ftprof user.
+logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+
+_setting: AllocatorSetting | None = None
+_tampering: dict[str, str] = {}
+
+
+def pin_allocator_config(requested: str | None) -> AllocatorSetting:
+    """Choose PYTORCH_ALLOC_CONF for this process. Must run before the first CUDA allocation."""
+    global _setting
+    if requested:
+        value, source = requested, "option"
+    elif os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):
+        value = os.environ.get("PYTORCH_ALLOC_CONF") or os.environ["PYTORCH_CUDA_ALLOC_CONF"]
+        source = "environment"
+    else:
+        value, source = DEFAULT_ALLOC_CONF, "ftprof default"
+    os.environ["PYTORCH_ALLOC_CONF"] = value
+    os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)  # the older name; one source of truth
+    _setting = AllocatorSetting(value, source, _tampering)
+    return _setting
+
+
+def allocator_setting() -> AllocatorSetting | None:
+    return _setting
+
+
+@contextlib.contextmanager
+def quiet_import():
+    """Import noisy libraries (peft -> gptqmodel): swallow banners, revert the environment they change."""
+    before = {k: os.environ.get(k) for k in _GUARDED_ENV}
+    sink = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(sink):
+            yield
+    finally:
+        for key, old in before.items():
+            new = os.environ.get(key)
+            if new != old:
+                _tampering[key] = new or ""
+                if old is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = old
+
+
+def import_peft():
+    """Import peft with gptqmodel's side effects undone."""
+    with quiet_import():
+        import peft
+    return peft
+
+
+def resolve_device(requested: str):
+    import torch
+
+    from ftprof.errors import ConfigError
+
+    if requested == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    if requested.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {requested}: CUDA is not available on this machine")
+        dev = torch.device(requested)
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {requested}: only {torch.cuda.device_count()} CUDA device(s) visible")
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def resolve_dtype_name(requested: str, device) -> str:
+    """auto = float32 on CPU (bf16 matmuls are ~6x slower on CPUs without AVX-512), bfloat16 on CUDA."""
+    if requested != "auto":
+        return requested
+    return "bfloat16" if device.type == "cuda" else "float32"
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+            "uint8": torch.uint8}[name]
