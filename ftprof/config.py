@@ -137,7 +137,7 @@ class MethodConfig:
                 flag = "--" + given[0].replace("_", "-")
                 raise ConfigError(f"{flag} is a {label} option and does not apply to method '{self.method}'")
 
-    def resolved(self, run_dtype: str) -> "MethodConfig":
+    def resolved(self, run_dtype: str) -> MethodConfig:
         """Fill method defaults (done once the run dtype is known) so config.json records what ran."""
         values = dataclasses.asdict(self)
         if self.method in LORA_METHODS:
@@ -221,7 +221,7 @@ class RunConfig:
                  "so that some steps are measured")
 
     @classmethod
-    def from_flat(cls, values: dict[str, Any]) -> "RunConfig":
+    def from_flat(cls, values: dict[str, Any]) -> RunConfig:
         """Build from option names (snake_case long names, as in sweep files and argparse namespaces)."""
         owner = flat_field_owners()
         unknown = [k for k in values if k not in owner]
@@ -247,7 +247,7 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         version = data.get("schema_version", SCHEMA_VERSION)
         _require(version <= SCHEMA_VERSION, f"config schema_version {version} is newer than this ftprof "
                  f"({SCHEMA_VERSION})")
@@ -258,7 +258,7 @@ class RunConfig:
             flat["lora_targets"] = tuple(flat["lora_targets"])
         return cls.from_flat(flat)
 
-    def replace(self, **flat: Any) -> "RunConfig":
+    def replace(self, **flat: Any) -> RunConfig:
         """A copy with some options changed, by flat name."""
         values = self.to_flat()
         values.update(flat)

@@ -7,8 +7,8 @@ taken), shape [batch_size, seq_len]. Batches repeat forever; the trainer decides
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -45,7 +45,7 @@ def check_dataset(data: DataConfig) -> None:
                               "(see --text-field)")
 
 
-def _synthetic_cycle(vocab_size: int, seed: int) -> torch.Tensor:
+def _synthetic_cycle(vocab_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A fixed successor table: token -> next token. A model learns it quickly, so loss visibly falls."""
     n = min(SYNTHETIC_STATES, vocab_size - 3)
     gen = torch.Generator().manual_seed(1234 + seed)

@@ -12,6 +12,7 @@ import contextlib
 import io
 import logging
 import os
+import warnings
 from dataclasses import dataclass
 
 DEFAULT_ALLOC_CONF = "expandable_segments:True"
@@ -28,6 +29,8 @@ class AllocatorSetting:
 # torchao (imported by gptqmodel and transformers when installed) registers enums that make torch log a deprecation
 # warning at import; it is noise to an ftprof user.
 logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "No CUDA runtime is found" on CPU hosts
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
 _setting: AllocatorSetting | None = None
 _tampering: dict[str, str] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ftprof.cli.common import OneLineErrorParser, add_common_arguments, config_from_args
+from ftprof.cli.common import add_common_arguments, config_from_args
 from ftprof.config import METHODS
 
 EXIT_CODES = {"ok": 0, "error": 1, "oom_device": 3, "oom_host": 3, "timeout": 4, "interrupted": 130}

@@ -10,7 +10,7 @@ import contextlib
 import datetime as _dt
 import time
 import traceback
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch.profiler import record_function
@@ -134,7 +134,7 @@ class Trainer:
         rows: list[torch.Tensor] = []
         while len(rows) < n:
             batch = next(stream)
-            for ids, mask in zip(batch["input_ids"], batch["attention_mask"]):
+            for ids, mask in zip(batch["input_ids"], batch["attention_mask"], strict=False):
                 rows.append(ids[mask.bool()])
         return rows[:n]
 

@@ -72,11 +72,13 @@ def ensure_quantized(build_model, tokenizer, label: str, key: str, method: Metho
         log(f"quantizing {label} to {method.gptq_bits}-bit GPTQ (group {method.gptq_group_size}, "
             f"{len(sequences)} calibration sequences); cached at {target}")
         qcfg = QuantizeConfig(bits=method.gptq_bits, group_size=method.gptq_group_size)
-        gm = GPTQModel.load(str(src), qcfg, device=str(device))
+        with quiet_import():  # GPTQModel prints hundreds of progress lines per layer
+            gm = GPTQModel.load(str(src), qcfg, device=str(device))
         calib = [{"input_ids": ids.view(1, -1), "attention_mask": torch.ones(1, ids.numel(), dtype=torch.long)}
                  for ids in sequences]
-        gm.quantize(calib, batch_size=1, backend=BACKEND(method.gptq_backend))
-        gm.save(str(out))
+        with quiet_import():
+            gm.quantize(calib, batch_size=1, backend=BACKEND(method.gptq_backend))
+            gm.save(str(out))
         del gm
         os.replace(out, target)
     finally:
@@ -89,5 +91,6 @@ def load_gptq(path: str | Path, backend: str, device: torch.device):
     _ensure_workers()
     with quiet_import():
         from gptqmodel import BACKEND, GPTQModel
-    gm = GPTQModel.load(str(path), device=str(device), backend=BACKEND(backend))
+
+        gm = GPTQModel.load(str(path), device=str(device), backend=BACKEND(backend))
     return gm.model

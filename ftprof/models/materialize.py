@@ -8,7 +8,8 @@ memory is the quantized model plus one layer's weight.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import torch
 from torch import nn
@@ -27,13 +28,23 @@ def _init_(name: str, module: nn.Module, param: torch.Tensor, std: float, gen: t
             param.zero_()
 
 
-def build_random_model(config, device: torch.device, dtype: torch.dtype, *, seed: int = 0,
-                       attn_implementation: str = "sdpa", replace_linear: LinearHook | None = None) -> nn.Module:
+def empty_model(config, dtype: torch.dtype, attn_implementation: str = "sdpa") -> nn.Module:
+    """The model with parameters on the meta device (no memory) and real buffers (rotary tables)."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    # init_empty_weights loses the lm_head <-> embedding tie (seen with transformers 5.23): restore it while the
+    # parameters are still meta, so the tied weight is materialized once.
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    return model
+
+
+def build_random_model(config, device: torch.device, dtype: torch.dtype, *, seed: int = 0,
+                       attn_implementation: str = "sdpa", replace_linear: LinearHook | None = None) -> nn.Module:
+    model = empty_model(config, dtype, attn_implementation)
     gen = torch.Generator(device=device).manual_seed(seed)
     std = float(getattr(config, "initializer_range", 0.02))
     done: dict[int, nn.Parameter] = {}  # tied parameters (lm_head <-> embeddings) are materialized once

@@ -13,8 +13,8 @@ run dtype, adapters are kept in fp32 (master weights) and the forward runs under
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -22,7 +22,7 @@ from torch import nn
 from ftprof.config import RunConfig
 from ftprof.models.materialize import build_random_model
 from ftprof.models.source import ModelSource
-from ftprof.runtime import import_peft, torch_dtype
+from ftprof.runtime import import_peft, quiet_import, torch_dtype
 
 
 @dataclass
@@ -82,7 +82,9 @@ class LoRA:
         # autocast_adapter_dtype=True (default) keeps adapters in fp32: master weights for the optimizer.
         # The matmuls still run in the run dtype because the forward runs under autocast (engine/trainer.py).
         try:
-            return peft.get_peft_model(model, lora_cfg)
+            # get_peft_model imports gptqmodel lazily (to dispatch GPTQ layers): guard the environment again.
+            with quiet_import():
+                return peft.get_peft_model(model, lora_cfg)
         except ValueError as exc:
             from ftprof.errors import ConfigError
 

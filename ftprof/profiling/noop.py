@@ -11,7 +11,7 @@ class NullProfiler:
 
     enabled = False
 
-    def __enter__(self) -> "NullProfiler":
+    def __enter__(self) -> NullProfiler:
         return self
 
     def __exit__(self, *exc) -> None:

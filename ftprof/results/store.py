@@ -7,8 +7,9 @@ import io
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
@@ -22,12 +23,12 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        with_suppressed_unlink(tmp)
+        _unlink_quietly(tmp)
         raise
     return path
 
 
-def with_suppressed_unlink(tmp: str) -> None:
+def _unlink_quietly(tmp: str) -> None:
     try:
         os.unlink(tmp)
     except FileNotFoundError:

@@ -1,0 +1,71 @@
+import subprocess
+import sys
+
+import pytest
+
+from ftprof.cli.common import config_from_args, option_names
+from ftprof.cli.main import build_parser, main
+
+REQUIRED_OPTIONS = ["--model", "--dataset", "--seq-len", "--batch-size", "--grad-accum", "--max-steps",
+                    "--warmup-steps", "--lr", "--seed", "--dtype", "--gradient-checkpointing", "--packing",
+                    "--optimizer", "--lora-r", "--lora-alpha", "--lora-dropout", "--lora-targets", "--quant-type",
+                    "--double-quant", "--compute-dtype", "--gptq-bits", "--gptq-group-size", "--gptq-backend",
+                    "--output-dir", "--run-name", "--device"]
+
+
+def test_common_group_has_every_required_option():
+    names = option_names()
+    assert [o for o in REQUIRED_OPTIONS if o not in names] == []
+
+
+def test_train_parses_into_run_config():
+    args = build_parser().parse_args(["train", "qlora", "--model", "llama-1b", "--batch-size", "8", "--seq-len",
+                                      "1024", "--max-steps", "20", "--gradient-checkpointing", "--no-double-quant",
+                                      "--lora-targets", "q_proj,v_proj", "--lr", "1e-4"])
+    cfg = config_from_args(args)
+    assert cfg.method.method == "qlora" and cfg.model.model == "llama-1b"
+    assert (cfg.data.batch_size, cfg.data.seq_len, cfg.train.max_steps) == (8, 1024, 20)
+    assert cfg.model.gradient_checkpointing is True and cfg.method.double_quant is False
+    assert cfg.method.lora_targets == ("q_proj", "v_proj") and cfg.train.lr == 1e-4
+
+
+def test_untyped_options_keep_dataclass_defaults():
+    cfg = config_from_args(build_parser().parse_args(["train", "full"]))
+    assert cfg.data.seq_len == 128 and cfg.model.model == "tiny" and cfg.method.lora_r is None
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["train", "dora"], "invalid choice: 'dora'"),
+    (["train", "lora", "--batch-size", "two"], "invalid int value: 'two'"),
+    (["train", "lora", "--quant-type", "nf3"], "invalid choice"),
+    (["train"], "the following arguments are required: method"),
+])
+def test_parse_errors_are_one_line(argv, fragment, capsys):
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and "\n" not in err
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["train", "lora", "--gptq-bits", "4"], "--gptq-bits is a GPTQ option"),
+    (["train", "full", "--model", "llama-9b"], "--model: 'llama-9b' is not a preset"),
+    (["train", "full", "--model", "./no/such/dir"], "is not a directory"),
+    (["train", "full", "--dataset", "missing.jsonl"], "does not exist"),
+    (["train", "full", "--seq-len", "4096"], "--seq-len 4096 exceeds the 2048 positions"),
+    (["train", "full", "--batch-size", "0"], "--batch-size must be at least 1"),
+    (["train", "full", "--device", "cpu", "--optimizer", "paged_adamw_8bit"], "needs a CUDA device"),
+])
+def test_user_errors_exit_2_with_one_line(argv, fragment, capsys, tmp_path):
+    code = main(argv + ["--output-dir", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert fragment in err and "\n" not in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []  # nothing was started
+
+
+def test_help_runs_as_module():
+    out = subprocess.run([sys.executable, "-m", "ftprof", "train", "full", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    assert "--lora-r" in out.stdout and "{full,lora,qlora,gptq-lora}" in out.stdout

@@ -1,0 +1,33 @@
+import os
+
+import pytest
+
+import ftprof.runtime  # noqa: F401 - quiets noisy library loggers before they import
+from ftprof.config import RunConfig
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache(tmp_path_factory):
+    """GPTQ checkpoints quantized by tests go to a session temp dir, not the user's cache."""
+    os.environ["FTPROF_CACHE_DIR"] = str(tmp_path_factory.mktemp("ftprof-cache"))
+    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
+    yield
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def tiny_config(tmp_path, method="full", **flat) -> RunConfig:
+    """A quick run on the tiny preset: CPU, quiet, into tmp_path."""
+    values = dict(method=method, model="tiny", seq_len=32, batch_size=4, max_steps=4, warmup_steps=1,
+                  output_dir=str(tmp_path), quiet=True, device="cpu")
+    values.update(flat)
+    return RunConfig.from_flat(values)

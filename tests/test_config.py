@@ -1,0 +1,86 @@
+import pytest
+
+from ftprof.config import DEFAULT_LORA_TARGETS, MethodConfig, RunConfig, flat_field_owners
+from ftprof.errors import ConfigError
+
+
+def test_defaults_are_valid_and_round_trip():
+    cfg = RunConfig()
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg
+    assert RunConfig.from_flat(cfg.to_flat()) == cfg
+
+
+def test_option_names_are_unique_across_sections():
+    owners = flat_field_owners()
+    assert len(owners) == sum(1 for _ in owners)  # dict keys: duplicates would have collapsed
+    assert owners["lora_r"] == "method" and owners["seq_len"] == "data" and owners["lr"] == "train"
+
+
+@pytest.mark.parametrize("flat, fragment", [
+    ({"method": "dora"}, "method: 'dora' is not one of"),
+    ({"batch_size": 0}, "--batch-size must be at least 1"),
+    ({"seq_len": 1}, "--seq-len must be at least 2"),
+    ({"grad_accum": 0}, "--grad-accum"),
+    ({"max_steps": 0}, "--max-steps"),
+    ({"lr": -1.0}, "--lr must be positive"),
+    ({"dtype": "fp8"}, "--dtype"),
+    ({"optimizer": "sgd"}, "--optimizer"),
+    ({"device": "tpu"}, "--device"),
+    ({"warmup_steps": 5, "max_steps": 5}, "--warmup-steps (5) must be below --max-steps (5)"),
+    ({"method": "lora", "gptq_bits": 4}, "--gptq-bits is a GPTQ option and does not apply to method 'lora'"),
+    ({"method": "qlora", "gptq_group_size": 64}, "--gptq-group-size is a GPTQ option"),
+    ({"method": "full", "lora_r": 8}, "--lora-r is a lora option and does not apply to method 'full'"),
+    ({"method": "lora", "quant_type": "nf4"}, "--quant-type is a bitsandbytes option"),
+    ({"method": "lora", "lora_dropout": 1.5}, "--lora-dropout"),
+    ({"method": "gptq-lora", "gptq_group_size": 3}, "--gptq-group-size must be -1 or >= 16"),
+    ({"memory_logging": "everything"}, "--memory-logging"),
+    ({"run_name": "a/b"}, "--run-name"),
+    ({"lora_rr": 8}, "unknown option 'lora_rr' (did you mean 'lora_r'?)"),
+])
+def test_bad_values_are_one_line_errors(flat, fragment):
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_flat(flat)
+    assert fragment in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_method_suggests_closest():
+    with pytest.raises(ConfigError, match="did you mean 'qlora'"):
+        MethodConfig(method="qlorra")
+
+
+def test_method_defaults_resolve_per_method():
+    lora = MethodConfig(method="lora").resolved("bfloat16")
+    assert (lora.lora_r, lora.lora_alpha, lora.lora_dropout) == (16, 32.0, 0.0)
+    assert lora.lora_targets == DEFAULT_LORA_TARGETS and lora.quant_type is None and lora.gptq_bits is None
+    q = MethodConfig(method="qlora", lora_r=8).resolved("bfloat16")
+    assert (q.quant_type, q.double_quant, q.compute_dtype, q.quant_storage) == ("nf4", True, "bfloat16", "bfloat16")
+    assert q.lora_alpha == 16.0
+    g = MethodConfig(method="gptq-lora", gptq_bits=8).resolved("float32")
+    assert (g.gptq_bits, g.gptq_group_size, g.gptq_backend) == (8, 128, "gptq_torch")
+    full = MethodConfig(method="full").resolved("bfloat16")
+    assert full.lora_r is None and full.quant_type is None
+
+
+def test_lora_targets_parse_from_comma_list():
+    m = MethodConfig(method="lora", lora_targets="q_proj, v_proj")
+    assert m.lora_targets == ("q_proj", "v_proj")
+
+
+def test_memory_logging_aliases():
+    assert RunConfig.from_flat({"memory_logging": "nvidia"}).output.memory_logging == "nvml"
+    assert RunConfig.from_flat({"memory_logging": "huggingface"}).output.memory_logging == "torch"
+
+
+def test_replace_revalidates():
+    cfg = RunConfig.from_flat({"method": "lora"})
+    assert cfg.replace(lora_r=4).method.lora_r == 4
+    with pytest.raises(ConfigError):
+        cfg.replace(batch_size=0)
+
+
+def test_newer_schema_is_rejected():
+    data = RunConfig().to_dict()
+    data["schema_version"] = 999
+    with pytest.raises(ConfigError, match="newer"):
+        RunConfig.from_dict(data)

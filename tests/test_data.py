@@ -1,0 +1,67 @@
+import json
+
+import pytest
+
+from ftprof.config import DataConfig
+from ftprof.data import IGNORE_INDEX, check_dataset, count_tokens, make_batches
+from ftprof.errors import ConfigError
+from ftprof.models.tokenizer import build_tokenizer
+
+
+def test_synthetic_stream_is_learnable_and_deterministic():
+    data = DataConfig(seq_len=16, batch_size=3)
+    a, b = make_batches(data, None, 512, seed=1), make_batches(data, None, 512, seed=1)
+    first = next(a)
+    assert first["input_ids"].shape == (3, 16)
+    assert (first["input_ids"] == next(b)["input_ids"]).all()
+    # a fixed successor table: the same token is always followed by the same token
+    ids = first["input_ids"].flatten().tolist()
+    pairs = {}
+    for row in first["input_ids"].tolist():
+        for x, y in zip(row, row[1:], strict=False):
+            assert pairs.setdefault(x, y) == y
+    assert min(ids) >= 3
+    assert count_tokens(first) == (48, 45)
+
+
+def _write(path, lines):
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_jsonl_padding_masks_labels(tmp_path):
+    path = _write(tmp_path / "d.jsonl", [json.dumps({"text": "the model trains"}),
+                                         json.dumps({"text": "loss goes down as the optimizer updates weights"})])
+    data = DataConfig(dataset=path, seq_len=32, batch_size=2)
+    batch = next(make_batches(data, build_tokenizer(), 512, seed=0))
+    mask = batch["attention_mask"]
+    assert (batch["labels"][mask == 0] == IGNORE_INDEX).all()
+    assert (batch["labels"][mask == 1] == batch["input_ids"][mask == 1]).all()
+    tokens, real = count_tokens(batch)
+    assert tokens == 64 and 0 < real < 64
+
+
+def test_txt_packing_fills_every_position(tmp_path):
+    path = _write(tmp_path / "d.txt", ["the model trains on tokens and the loss goes down"] * 5)
+    data = DataConfig(dataset=path, seq_len=16, batch_size=2, packing=True)
+    batch = next(make_batches(data, build_tokenizer(), 512, seed=0))
+    assert batch["attention_mask"].all()
+    assert count_tokens(batch) == (32, 30)
+
+
+@pytest.mark.parametrize("content, name, fragment", [
+    (None, "missing.jsonl", "does not exist"),
+    ("", "empty.jsonl", "is empty"),
+    ("not json\n", "bad.jsonl", "line 1 is not JSON"),
+    ('{"body": "x"}\n', "field.jsonl", "no string field 'text'"),
+    ("x", "data.csv", "must be 'synthetic', a .txt file or a .jsonl file"),
+    (b"\xff\xfe\x00bad", "binary.txt", "cannot read"),
+])
+def test_bad_datasets(tmp_path, content, name, fragment):
+    path = tmp_path / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=fragment):
+        check_dataset(DataConfig(dataset=str(path)))
