@@ -95,6 +95,9 @@ class MethodConfig:
     quant_storage: Optional[str] = option(None, "storage dtype of packed 4-bit weights (qlora; default: the run "
                                           "dtype, so FSDP can shard them beside the other parameters)",
                                           choices=("uint8",) + DTYPES[1:])
+    kbit_prepare: Optional[bool] = option(None, "apply PEFT's prepare_model_for_kbit_training (the textbook recipe: "
+                                          "upcasts lm_head, embeddings and norms to fp32; slower, for comparison; "
+                                          "qlora/gptq-lora; default off)")
     gptq_bits: Optional[int] = option(None, "GPTQ bits (gptq-lora; default 4)", choices=(2, 3, 4, 8))
     gptq_group_size: Optional[int] = option(None, "GPTQ group size (gptq-lora; default 128, -1 = per channel)")
     gptq_backend: Optional[str] = option(None, "GPTQModel kernel (gptq-lora; default gptq_torch, which trains)",
@@ -127,6 +130,7 @@ class MethodConfig:
         groups = {
             "lora": (LORA_METHODS, ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")),
             "bitsandbytes": (("qlora",), ("quant_type", "double_quant", "compute_dtype", "quant_storage")),
+            "quantized-base": (("qlora", "gptq-lora"), ("kbit_prepare",)),
             "GPTQ": (("gptq-lora",), ("gptq_bits", "gptq_group_size", "gptq_backend", "gptq_calibration_samples")),
         }
         for label, (methods, names) in groups.items():
@@ -145,6 +149,8 @@ class MethodConfig:
             values.update(lora_r=r, lora_alpha=self.lora_alpha if self.lora_alpha is not None else 2.0 * r,
                           lora_dropout=self.lora_dropout or 0.0,
                           lora_targets=self.lora_targets or DEFAULT_LORA_TARGETS)
+        if self.method in ("qlora", "gptq-lora"):
+            values.update(kbit_prepare=bool(self.kbit_prepare))
         if self.method == "qlora":
             values.update(quant_type=self.quant_type or "nf4",
                           double_quant=True if self.double_quant is None else self.double_quant,

@@ -98,8 +98,9 @@ class Trainer:
             self.model = model
             self.params = [p for p in model.parameters() if p.requires_grad]
             self.optimizer = self._optimizer()
-        # Adapters are fp32 master weights: run their matmuls in the run dtype under autocast.
-        use_autocast = self.strategy.uses_lora and self.dtype != torch.float32
+        # Adapters are fp32 master weights: run their matmuls in the run dtype under autocast. The textbook recipe
+        # (kbit_prepare) runs without autocast, as it was written to: its fp32 upcasts then cost what they cost.
+        use_autocast = self.strategy.uses_lora and self.dtype != torch.float32 and not cfg.method.kbit_prepare
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=self.dtype)) if use_autocast \
             else contextlib.nullcontext
         self.counts = metrics.count_params(model)

@@ -79,6 +79,9 @@ class LoRA:
         lora_cfg = peft.LoraConfig(r=m.lora_r, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
                                    target_modules=targets, task_type="CAUSAL_LM", bias="none")
         model.requires_grad_(False)
+        if m.kbit_prepare:
+            # The textbook QLoRA recipe, kept for comparison only (see the module docstring for its cost).
+            model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
         # autocast_adapter_dtype=True (default) keeps adapters in fp32: master weights for the optimizer.
         # The matmuls still run in the run dtype because the forward runs under autocast (engine/trainer.py).
         try:

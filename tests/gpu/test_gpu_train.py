@@ -1,0 +1,91 @@
+"""GPU behaviour on a real CUDA device: every method on the llama-1b preset, CUDA memory stats, MFU, precision.
+
+Run on the GPU machine with ``pytest -m gpu``; skipped cleanly on CPU. Set FTPROF_GPU_RESULTS=path.jsonl to keep
+each run's headline figures.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+
+import ftprof
+from ftprof.config import METHODS, RunConfig
+
+pytestmark = pytest.mark.gpu
+
+_results: dict = {}  # method -> RunResult, shared by the tests of this module
+
+
+def gpu_config(tmp_path, method, **flat) -> RunConfig:
+    values = dict(method=method, model="llama-1b", seq_len=1024, batch_size=4, max_steps=8, warmup_steps=3,
+                  device="cuda", output_dir=str(tmp_path), quiet=True)
+    if method == "gptq-lora":
+        values["gptq_calibration_samples"] = 8
+    values.update(flat)
+    return RunConfig.from_flat(values)
+
+
+def _record(result):
+    path = os.environ.get("FTPROF_GPU_RESULTS")
+    if path:
+        with open(path, "a") as fh:
+            fh.write(json.dumps(result.to_dict()) + "\n")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return _results
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_llama_1b_trains_on_gpu(tmp_path, method, runs):
+    result = ftprof.train(gpu_config(tmp_path, method))
+    _record(result)
+    assert result.status == "ok", result.error_tail
+    runs[method] = result
+    assert torch.isfinite(torch.tensor(result.loss_last))
+    assert result.device_name and "cuda" in result.device
+    assert result.torch_peak_allocated > 0 and result.torch_peak_reserved >= result.torch_peak_allocated
+    assert result.memory_stages["mem_load_delta"] > 0
+    assert result.tokens_per_s > 0 and result.step_time_p50_s > 0
+    if result.peak_flops is not None:
+        assert 0.01 < result.mfu < 1.0
+    env = json.loads((tmp_path / result.run_dir.split("/")[-1] / "env.json").read_text())
+    assert env["gpus"] and env["gpus"][0]["name"]
+    assert env["pytorch_alloc_conf"] == "expandable_segments:True"
+
+
+def test_quantized_methods_use_less_memory_than_lora(runs):
+    if not {"lora", "qlora"} <= set(runs):
+        pytest.skip("needs the lora and qlora runs of this module")
+    assert runs["qlora"].torch_peak_allocated < runs["lora"].torch_peak_allocated
+    assert runs["lora"].torch_peak_allocated < runs["full"].torch_peak_allocated
+    if "gptq-lora" in runs:
+        assert runs["gptq-lora"].torch_peak_allocated < runs["lora"].torch_peak_allocated
+
+
+def test_qlora_bf16_path_has_no_fp32_gemms_on_gpu(tmp_path):
+    from tests.engine.test_precision import matmul_dtypes
+
+    dtypes = matmul_dtypes(gpu_config(tmp_path, "qlora", seq_len=256, batch_size=1))
+    assert dtypes and torch.float32 not in dtypes
+
+
+def test_textbook_recipe_shows_fp32_gemms_on_gpu(tmp_path):
+    from tests.engine.test_precision import matmul_dtypes
+
+    dtypes = matmul_dtypes(gpu_config(tmp_path, "qlora", seq_len=256, batch_size=1, kbit_prepare=True))
+    assert torch.float32 in dtypes
+
+
+def test_oom_is_recorded_as_oom_device(tmp_path):
+    # llama-8b full fine-tuning at this size needs far more than one GPU's memory.
+    result = ftprof.train(gpu_config(tmp_path, "full", model="llama-8b", batch_size=64, seq_len=4096, max_steps=3,
+                                     warmup_steps=1))
+    _record(result)
+    assert result.status == "oom_device"
+    assert result.error_type == "OutOfMemoryError"
+    saved = json.loads((tmp_path / result.run_dir.split("/")[-1] / "result.json").read_text())
+    assert saved["status"] == "oom_device"
