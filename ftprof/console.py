@@ -62,10 +62,16 @@ class RunDisplay:
             self.progress.stop()
             self.progress = None
 
+    def show(self, renderable) -> None:
+        if not self.quiet:
+            self.console.print(renderable)
+
     def summary(self, res: RunResult) -> None:
         if self.quiet:
             return
         self.console.print(summary_table(res))
+        for note in res.notes:
+            self.console.print(f"[dim]note:[/dim] {note}")
         if res.status != "ok":
             self.console.print(f"[bold red]{res.status}[/bold red]: {res.error_type}: {res.error_message}")
 

@@ -5,8 +5,9 @@ Each failure is a ConfigError with one line naming the problem.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ftprof.config import RunConfig
 from ftprof.data import check_dataset
@@ -20,6 +21,7 @@ class Preflight:
     device: object  # torch.device
     dtype: str  # resolved dtype name
     config: RunConfig  # with method defaults and dtype filled in
+    notes: list[str] = field(default_factory=list)  # adjustments the user should hear about
 
 
 def _need_package(module: str, method: str, extra: str) -> None:
@@ -56,6 +58,13 @@ def preflight(cfg: RunConfig) -> Preflight:
     if cfg.model.attn_implementation == "flash_attention_2" and device.type != "cuda":
         raise ConfigError("--attn-implementation flash_attention_2 needs a CUDA device")
     dtype = resolve_dtype_name(cfg.model.dtype, device)
-    resolved = RunConfig(model=cfg.model.__class__(**{**vars(cfg.model), "dtype": dtype}), data=cfg.data,
-                         method=cfg.method.resolved(dtype), train=cfg.train, output=cfg.output)
-    return Preflight(source, device, dtype, resolved)
+    notes: list[str] = []
+    train = cfg.train
+    prof = cfg.profiling
+    if prof.profile and train.max_steps < prof.total_steps:
+        notes.append(f"--max-steps raised from {train.max_steps} to {prof.total_steps} so that all "
+                     f"{prof.prof_repeat} profiling cycle(s) of {prof.cycle_steps} steps complete")
+        train = dataclasses.replace(train, max_steps=prof.total_steps)
+    resolved = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype), train=train,
+                                   method=cfg.method.resolved(dtype))
+    return Preflight(source, device, dtype, resolved, notes)

@@ -16,7 +16,8 @@ from typing import Any
 from ftprof.config import SECTIONS, RunConfig
 
 SECTION_TITLES = {"model": "model", "data": "data", "method": "method options (LoRA, bitsandbytes, GPTQ)",
-                  "train": "training", "output": "output and device"}
+                  "train": "training", "output": "output and device",
+                  "profiling": "profiling (torch.profiler; any --prof-* option turns profiling on)"}
 POSITIONAL = {"method"}  # given as a subcommand argument, not an option
 
 
@@ -47,9 +48,11 @@ def _help(f, base: Any) -> str:
     return text.replace("%", "%%")
 
 
-def add_field_option(group, f, hints: dict[str, Any]) -> None:
+def add_field_option(group, f, hints: dict[str, Any], aliases: dict[str, str] | None = None) -> None:
     base = _base_type(hints[f.name])
-    flag = "--" + f.name.replace("_", "-")
+    flags = ["--" + f.name.replace("_", "-")]
+    if aliases and f.name in aliases:
+        flags.append(aliases[f.name])
     kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": _help(f, base)}
     if base is bool:
         kwargs["action"] = argparse.BooleanOptionalAction
@@ -59,23 +62,26 @@ def add_field_option(group, f, hints: dict[str, Any]) -> None:
             kwargs["choices"] = f.metadata["choices"]
         if f.metadata.get("metavar"):
             kwargs["metavar"] = f.metadata["metavar"]
-    group.add_argument(flag, **kwargs)
+    group.add_argument(*flags, **kwargs)
 
 
-def add_common_arguments(parser: argparse.ArgumentParser, skip: set[str] = frozenset()) -> None:
+def add_common_arguments(parser: argparse.ArgumentParser, skip: set[str] = frozenset(),
+                         aliases: dict[str, str] | None = None) -> None:
     """The options shared by every subcommand that runs training (train, profile; bench reuses the names)."""
     for section, cls in SECTIONS.items():
         group = parser.add_argument_group(SECTION_TITLES[section])
         hints = typing.get_type_hints(cls)
         for f in fields(cls):
             if f.name not in POSITIONAL and f.name not in skip:
-                add_field_option(group, f, hints)
+                add_field_option(group, f, hints, aliases)
 
 
 def config_from_args(args: argparse.Namespace, extra_keys: set[str] = frozenset()) -> RunConfig:
     """RunConfig from a parsed namespace: only options the user gave, over the dataclass defaults."""
     known = {f.name for cls in SECTIONS.values() for f in fields(cls)}
     given = {k: v for k, v in vars(args).items() if k in known and k not in extra_keys}
+    if any(k.startswith("prof_") for k in given) and "profile" not in given:
+        given["profile"] = True  # `ftprof train qlora --prof-active-steps 2` profiles too
     return RunConfig.from_flat(given)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from ftprof.cli.common import OneLineErrorParser
+from ftprof.cli.profile import profile_parser
 from ftprof.cli.train import train_parser
 from ftprof.errors import FtprofError
 
@@ -17,6 +18,7 @@ def build_parser() -> OneLineErrorParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                        parser_class=OneLineErrorParser)
     train_parser(subparsers)
+    profile_parser(subparsers)
     return parser
 
 

@@ -2,9 +2,13 @@
 
 Bad input raises ConfigError before anything big loads. Failures during training (OOM, Ctrl-C, any error) do not
 raise: they become the result's status, and the run directory still holds everything recorded up to that point.
+With profiling on, the same loop runs under a TorchProfiler and each cycle's trace is summarized at the end.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 from ftprof.config import RunConfig
 from ftprof.errors import ConfigError
@@ -24,6 +28,56 @@ def classify_exception(exc: BaseException) -> str:
     return "error"
 
 
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _profile_dir(trainer) -> Path:
+    out = trainer.cfg.profiling.prof_output_dir
+    return Path(out).expanduser() if out else trainer.run_dir / "profile"
+
+
+def _build_profiler(trainer, log):
+    from ftprof.profiling.torch_profiler import TorchProfiler
+
+    cfg = trainer.cfg
+    meta = {"method": cfg.method.method, "model": cfg.model.model, "dtype": cfg.model.dtype,
+            "checkpointing": cfg.model.gradient_checkpointing, "active_steps": cfg.profiling.prof_active_steps,
+            "seq_len": cfg.data.seq_len, "batch_size": cfg.data.batch_size}
+    return TorchProfiler(cfg.profiling, _profile_dir(trainer), trainer.device, rank=rank(), log=log, metadata=meta)
+
+
+def _summarize(trainer, result: RunResult, display) -> None:
+    """Summarize every trace this run wrote; show the last one."""
+    from ftprof.profiling import summary_output
+    from ftprof.profiling.trace_summary import summarize
+
+    profile_dir = _profile_dir(trainer)
+    traces = sorted(profile_dir.glob("trace_rank*_cycle*.pt.trace.json.gz"))
+    summary = None
+    for trace in traces:
+        summary = summarize(trace, run_config=trainer.cfg.to_dict())
+        summary.profiler_overhead = result.profiling.get("profiler_overhead")
+        stem = trace.name.replace("trace_", "summary_").replace(".pt.trace.json.gz", "")
+        paths = summary_output.write(summary, profile_dir, stem)
+        result.artifacts.update({f"{stem}_json": os.path.relpath(paths["summary_json"], trainer.run_dir),
+                                 f"{stem}_md": os.path.relpath(paths["summary_md"], trainer.run_dir)})
+    if summary is not None:
+        summary_output.write(summary, profile_dir, "summary")  # the last cycle, under a name people look for
+        result.artifacts["summary"] = os.path.relpath(profile_dir / "summary.md", trainer.run_dir)
+        display.show(summary_output.rich_view(summary))
+
+
+def _oom_snapshot(trainer, result: RunResult) -> None:
+    from ftprof.profiling.memory import dump_oom_snapshot
+
+    if trainer.device.type != "cuda" or not hasattr(trainer, "run_dir"):
+        return
+    path = _profile_dir(trainer) / f"oom_snapshot_rank{rank()}.pickle"
+    if dump_oom_snapshot(path):
+        result.artifacts["oom_snapshot"] = os.path.relpath(path, trainer.run_dir)
+
+
 def train(cfg: RunConfig, *, quiet: bool | None = None, profiler=None) -> RunResult:
     # Before torch touches CUDA: the allocator reads PYTORCH_ALLOC_CONF at its first allocation.
     pin_allocator_config(cfg.output.alloc_conf)
@@ -33,9 +87,13 @@ def train(cfg: RunConfig, *, quiet: bool | None = None, profiler=None) -> RunRes
 
     pre = preflight(cfg)
     display = RunDisplay(pre.config, quiet=cfg.output.quiet if quiet is None else quiet)
+    for note in pre.notes:
+        display.log(note)
     trainer = Trainer(pre, log=display.log, profiler=profiler, on_step=display.on_step)
     try:
         trainer.setup()
+        if profiler is None and pre.config.profiling.profile and pre.config.profiling.profiles_rank(rank()):
+            trainer.profiler = _build_profiler(trainer, display.log)
         display.start(trainer)
         trainer.train_loop()
         result = trainer.result("ok")
@@ -46,7 +104,11 @@ def train(cfg: RunConfig, *, quiet: bool | None = None, profiler=None) -> RunRes
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - every failure becomes a recorded status
         display.stop()
         result = trainer.result(classify_exception(exc), exc)
+        if result.status == "oom_device":
+            _oom_snapshot(trainer, result)
     display.stop()
+    if trainer.profiler.enabled and result.status == "ok":
+        _summarize(trainer, result, display)
     trainer.teardown(result)
     display.summary(result)
     return result

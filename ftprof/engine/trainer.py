@@ -32,6 +32,18 @@ from ftprof.runtime import allocator_setting, torch_dtype
 STEPS_FLUSH_EVERY = 10
 
 
+def profiler_overhead(steps: list[StepRecord]) -> dict[str, float | None]:
+    """Median active-step time against median unprofiled steady step (same run): the profiler's cost."""
+    active = [s.step_time_s for s in steps if s.profiler_phase == "active" and not s.warmup]
+    plain = [s.step_time_s for s in steps if s.profiler_phase in ("", "wait") and not s.warmup]
+    a, p = metrics.step_stats(active), metrics.step_stats(plain)
+    if a is None or p is None:
+        return {"active_step_p50_s": a and a.median, "unprofiled_step_p50_s": p and p.median,
+                "profiler_overhead": None}
+    return {"active_step_p50_s": a.median, "unprofiled_step_p50_s": p.median,
+            "profiler_overhead": a.median / p.median - 1.0}
+
+
 def _now() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
@@ -179,6 +191,7 @@ class Trainer:
 
     def step(self, index: int) -> StepRecord:
         first = index == 1
+        phase = self.profiler.phase(index)
         self.memory.reset_peak()
         self.timer.start()
         loss, tokens, real = self.train_step(first)
@@ -187,6 +200,7 @@ class Trainer:
         mem = self.memory.current()
         record = StepRecord(step=index, loss=float(loss), step_time_s=seconds, tokens=tokens, real_tokens=real,
                             lr=self.cfg.train.lr, warmup=index <= self.cfg.train.warmup_steps,
+                            profiler_phase=phase,
                             mem_allocated=mem["allocated"], mem_peak_allocated=mem["peak_allocated"],
                             mem_reserved=mem["reserved"], mem_peak_reserved=mem["peak_reserved"])
         self.steps.append(record)
@@ -227,6 +241,10 @@ class Trainer:
             res.error_tail = "".join(traceback.format_exception(exc)[-8:])[-4000:]
         res.artifacts = {"config": "config.json", "env": "env.json", "steps": "steps.csv",
                          **self.profiler.artifacts()}
+        res.notes.extend(self.pre.notes)
+        if self.profiler.enabled:
+            res.profiling = {**self.profiler.resolved(), **profiler_overhead(self.steps)}
+            res.notes.extend(res.profiling.get("notes", []))
         return res
 
     def _fill_throughput(self, res: RunResult) -> None:
@@ -235,6 +253,12 @@ class Trainer:
             res.tokens_per_step = self.steps[-1].tokens
         res.warmup_step_times_s = [s.step_time_s for s in self.steps if s.warmup]
         steady = [s for s in self.steps if not s.warmup]
+        # Steps the profiler recorded (or warmed up on) run slower: keep them out of the headline figures.
+        unprofiled = [s for s in steady if s.profiler_phase in ("", "wait")]
+        if unprofiled and len(unprofiled) < len(steady):
+            res.notes.append(f"steady-state figures from {len(unprofiled)} unprofiled steps "
+                             f"({len(steady) - len(unprofiled)} profiled steps left out)")
+            steady = unprofiled
         if hasattr(self, "counts"):
             res.params_total, res.params_trainable = self.counts.total, self.counts.trainable_total
             res.params_trainable_matmul, res.params_frozen_matmul = (self.counts.trainable_matmul,

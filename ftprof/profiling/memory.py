@@ -95,3 +95,18 @@ class MemoryTracker:
 
     def stage_rows(self) -> list[dict]:
         return [asdict(s) | {"delta": s.delta} for s in self.stages]
+
+
+def dump_oom_snapshot(path) -> bool:
+    """Write the CUDA allocator state at an OOM (segments and blocks; stacks too if history was being recorded).
+
+    Called before the error is reported, while the allocator still holds the memory that did not fit.
+    """
+    try:
+        from pathlib import Path
+
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        torch.cuda.memory._dump_snapshot(str(path))
+        return True
+    except Exception:  # noqa: BLE001 - a failed snapshot must not hide the OOM itself
+        return False

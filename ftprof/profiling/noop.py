@@ -20,8 +20,11 @@ class NullProfiler:
     def step(self) -> None:
         return None
 
-    def is_active(self, step: int) -> bool:
-        return False
+    def phase(self, index: int) -> str:
+        return ""
+
+    def resolved(self) -> dict:
+        return {}
 
     def artifacts(self) -> dict[str, str]:
         return {}

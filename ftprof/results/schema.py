@@ -23,6 +23,7 @@ class StepRecord:
     real_tokens: int  # non-padding positions carrying a label
     lr: float
     warmup: bool  # excluded from steady-state figures
+    profiler_phase: str  # "", "wait", "warmup" or "active": where the step sat in the profiler schedule
     mem_allocated: int
     mem_peak_allocated: int
     mem_reserved: int
@@ -90,6 +91,7 @@ class RunResult:
     error_message: Optional[str] = None
     error_tail: Optional[str] = None
     artifacts: dict[str, str] = field(default_factory=dict)
+    profiling: dict[str, Any] = field(default_factory=dict)  # resolved profiler settings and overhead, when on
     notes: list[str] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
 

@@ -1,0 +1,331 @@
+"""Read a Chrome/Kineto trace (any torch.profiler trace, gzipped or not) and say where the time went.
+
+The trace is streamed (ijson): events are folded into counters as they are read, and only compact arrays of kernel
+intervals are kept (16 bytes per kernel), so a 1 GB trace does not become 1 GB of Python objects.
+
+Device time is attributed by kernel name to categories; on CPU-only traces (no kernels), the CPU operators' self
+time is used instead. Stage times come from ftprof's record_function labels (ftprof/forward, ftprof/backward,
+ftprof/optimizer_step): on the GPU timeline when the trace has gpu_user_annotation events, else on the CPU.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+from array import array
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import ijson
+import numpy as np
+from ijson.common import ObjectBuilder
+
+# Kernel (or CPU operator) name -> category. First match wins; order matters.
+CATEGORIES: tuple[tuple[str, re.Pattern], ...] = tuple((name, re.compile(rx, re.I)) for name, rx in (
+    ("communication", r"nccl|all_?reduce|all_?gather|reduce_?scatter|broadcast"),
+    ("quantize/dequantize", r"dequant|quantize|kDequantize|kQuantize|gemv_4bit|4bit|nf4|gptq|marlin|exllama|"
+                            r"machete|awq|int4|unpack"),
+    ("attention", r"flash|fmha|attention|sdpa|scaled_dot_product|softmax|cudnn.*mha"),
+    ("gemm", r"gemm|nvjet|cutlass|xmma|cublas|matmul|aten::mm$|aten::addmm|aten::bmm|aten::baddbmm|wgmma|splitk|"
+             r"mkldnn|aten::linear$"),
+    ("optimizer", r"adam|multi_tensor_apply|fused_adam|_foreach|optimizer|sgd"),
+    ("normalization", r"rms_?norm|layer_?norm|group_?norm|batch_?norm|aten::norm"),
+    ("memory copy", r"memcpy|memset|copy_|aten::to$|aten::_to_copy|contiguous|cat_?kernel|aten::cat"),
+    ("elementwise", r"elementwise|vectorized|unrolled|reduce|silu|gelu|mul|add|where|fill|index|embedding|"
+                    r"aten::"),
+))
+# fp32 GEMM kernels by name (cuBLAS/cuBLASLt/CUTLASS conventions) when operator dtypes are not in the trace.
+FP32_GEMM = re.compile(r"sgemm|f32f32|s1688|s16816gemm|tf32|nvjet_(sss|tst|sst|tss)|gemm_fp32|_fp32_|"
+                       r"cutlass_80_simt", re.I)
+STAGES = ("ftprof/forward", "ftprof/backward", "ftprof/optimizer_step")
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+LEAF_MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
+MATMUL_OPS = LEAF_MATMULS | {"aten::matmul", "aten::linear"}
+
+
+def categorize(name: str) -> str:
+    for cat, rx in CATEGORIES:
+        if rx.search(name):
+            return cat
+    return "other"
+
+
+@dataclass
+class Diagnosis:
+    code: str
+    severity: str  # "warning" | "info"
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TraceSummary:
+    trace: str
+    device_kind: str  # "gpu" or "cpu": which timeline the categories are measured on
+    window_us: float  # span of the recorded activity
+    busy_us: float  # union of kernel intervals (GPU) or thread busy time (CPU)
+    idle_share: float | None
+    categories_us: dict[str, float]
+    stages_us: dict[str, float]
+    stage_source: str
+    top_kernels: list[dict[str, Any]]
+    top_operators: list[dict[str, Any]]
+    host_device_copies: dict[str, Any]
+    fp32_gemm_us: float
+    gemm_us: float
+    verdict: str
+    diagnoses: list[Diagnosis]
+    metadata: dict[str, Any]
+    profiler_overhead: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _open(path: Path) -> BinaryIO:
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+
+
+def _union_us(starts: array, ends: array) -> float:
+    """Total length of the union of intervals (kernels on several streams overlap). Vectorized: 16 bytes/kernel."""
+    if not len(starts):
+        return 0.0
+    s, e = np.frombuffer(starts, dtype=np.float64), np.frombuffer(ends, dtype=np.float64)
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    opens = np.empty(len(s), dtype=bool)
+    opens[0] = True
+    opens[1:] = s[1:] > reach[:-1]  # a new busy segment starts where a kernel begins after all earlier ones end
+    first = np.flatnonzero(opens)
+    return float((np.maximum.reduceat(e, first) - s[first]).sum())
+
+
+class _Accumulator:
+    def __init__(self) -> None:
+        self.kernel_time: Counter = Counter()
+        self.kernel_count: Counter = Counter()
+        self.op_time: Counter = Counter()  # inclusive CPU operator time
+        self.op_count: Counter = Counter()
+        self.k_start, self.k_end = array("d"), array("d")
+        self.gpu_stage: Counter = Counter()
+        self.cpu_stage: Counter = Counter()
+        self.copies: Counter = Counter()
+        self.copy_us: Counter = Counter()
+        self.copy_bytes: Counter = Counter()
+        self.matmul_dtype_by_ext: dict[int, str] = {}
+        self.kernel_ext: dict[int, list[float]] = defaultdict(list)  # external id -> kernel durations (gemm)
+        self.cpu_ops: dict[tuple, tuple[array, array, list]] = {}  # (pid, tid) -> (ts, dur, names)
+        self.cpu_matmul_us: Counter = Counter()
+
+    def add(self, ev: dict[str, Any]) -> None:
+        ph, cat, name = ev.get("ph"), ev.get("cat", ""), ev.get("name", "")
+        if ph != "X":
+            return
+        dur = float(ev.get("dur", 0) or 0)
+        ts = float(ev.get("ts", 0) or 0)
+        args = ev.get("args") or {}
+        if cat in GPU_CATS:
+            self.kernel_time[name] += dur
+            self.kernel_count[name] += 1
+            self.k_start.append(ts)
+            self.k_end.append(ts + dur)
+            if cat == "gpu_memcpy":
+                kind = "HtoD" if "HtoD" in name else "DtoH" if "DtoH" in name else "other"
+                self.copies[kind] += 1
+                self.copy_us[kind] += dur
+                self.copy_bytes[kind] += int(args.get("bytes", 0) or 0)
+            elif cat == "kernel" and categorize(name) == "gemm" and "External id" in args:
+                self.kernel_ext[int(args["External id"])].append(dur)
+        elif cat == "gpu_user_annotation":
+            if name in STAGES:
+                self.gpu_stage[name] += dur
+        elif cat == "user_annotation":
+            if name in STAGES:
+                self.cpu_stage[name] += dur
+        elif cat == "cpu_op":
+            self.op_time[name] += dur
+            self.op_count[name] += 1
+            key = (ev.get("pid"), ev.get("tid"))
+            ts_a, dur_a, names = self.cpu_ops.setdefault(key, (array("d"), array("d"), []))
+            ts_a.append(ts)
+            dur_a.append(dur)
+            names.append(name)  # strings are interned by the parser's dict keys; names repeat heavily
+            if name in MATMUL_OPS and "Input type" in args:
+                types = [t for t in args["Input type"] if t]
+                dtype = types[-1] if types else ""
+                if "External id" in args:
+                    self.matmul_dtype_by_ext[int(args["External id"])] = dtype
+                if name in LEAF_MATMULS:  # CPU traces: matmul time by dtype (leaf ops only, no double count)
+                    self.cpu_matmul_us[dtype] += dur
+
+
+def _self_times(acc: _Accumulator) -> Counter:
+    """Self time per CPU operator: inclusive time minus the time of its direct children, per thread."""
+    self_time: Counter = Counter()
+    for ts_a, dur_a, names in acc.cpu_ops.values():
+        ts_np, dur_np = np.frombuffer(ts_a, dtype=np.float64), np.frombuffer(dur_a, dtype=np.float64)
+        order = np.lexsort((-dur_np, ts_np)).tolist()  # by start, longest (outermost) first
+        stack: list[list] = []  # [end, name, duration, child_time]
+        for i in order:
+            start = ts_a[i]
+            while stack and start >= stack[-1][0]:
+                _pop(stack, self_time)
+            stack.append([start + dur_a[i], names[i], dur_a[i], 0.0])
+        while stack:
+            _pop(stack, self_time)
+    return self_time
+
+
+def _pop(stack: list[list], self_time: Counter) -> None:
+    _, name, dur, child = stack.pop()
+    self_time[name] += max(0.0, dur - child)
+    if stack:
+        stack[-1][3] += dur
+
+
+def _read_metadata(path: Path) -> dict[str, Any]:
+    """Top-level keys written before traceEvents (Kineto puts its metadata, and ftprof's, there).
+
+    Stops at traceEvents, so it costs nothing on a large trace.
+    """
+    meta: dict[str, Any] = {}
+    builder, key = None, None
+    with _open(path) as fh:
+        for prefix, event, value in ijson.parse(fh, use_float=True):
+            if builder is None:
+                if prefix == "" and event == "map_key":
+                    if value == "traceEvents":
+                        break
+                    key = value
+                elif prefix == key and event in ("start_map", "start_array"):
+                    builder = ObjectBuilder()
+                    builder.event(event, value)
+                elif prefix == key:
+                    meta[key] = value
+                continue
+            if prefix == key and event in ("end_map", "end_array"):
+                builder.event(event, value)
+                meta[key] = builder.value
+                builder = None
+            else:
+                builder.event(event, value)
+    return meta
+
+
+def summarize(path: str | Path, run_config: dict | None = None) -> TraceSummary:
+    path = Path(path)
+    acc = _Accumulator()
+    with _open(path) as fh:
+        for ev in ijson.items(fh, "traceEvents.item", use_float=True):
+            acc.add(ev)
+    meta = _read_metadata(path)
+    ftmeta = meta.get("ftprof") if isinstance(meta.get("ftprof"), dict) else {}
+    dtype = (run_config or {}).get("model", {}).get("dtype") or ftmeta.get("dtype")
+    checkpointing = (run_config or {}).get("model", {}).get("gradient_checkpointing", ftmeta.get("checkpointing"))
+    gpu = len(acc.k_start) > 0
+    if gpu:
+        window = max(acc.k_end) - min(acc.k_start)
+        busy = _union_us(acc.k_start, acc.k_end)
+        cats: Counter = Counter()
+        for name, t in acc.kernel_time.items():
+            cats[categorize(name)] += t
+        times = acc.kernel_time
+    else:
+        self_t = _self_times(acc)
+        window = _cpu_window(acc)
+        busy = sum(self_t.values())
+        cats = Counter()
+        for name, t in self_t.items():
+            cats[categorize(name)] += t
+        times = self_t
+    stages = acc.gpu_stage if acc.gpu_stage else acc.cpu_stage
+    gemm_us, fp32_us = _gemm_split(acc, gpu, times)
+    summary = TraceSummary(
+        trace=str(path), device_kind="gpu" if gpu else "cpu", window_us=window, busy_us=busy,
+        idle_share=(1 - busy / window) if gpu and window > 0 else None,
+        categories_us=dict(cats.most_common()), stages_us={k: stages[k] for k in STAGES if k in stages},
+        stage_source="gpu_user_annotation" if acc.gpu_stage else "user_annotation (CPU)",
+        top_kernels=[{"name": n, "us": t, "count": acc.kernel_count[n]} for n, t in acc.kernel_time.most_common(15)],
+        top_operators=[{"name": n, "self_us" if not gpu else "inclusive_us": t, "count": acc.op_count[n]}
+                       for n, t in (times if not gpu else acc.op_time).most_common(15)],
+        host_device_copies={k: {"count": acc.copies[k], "us": acc.copy_us[k], "bytes": acc.copy_bytes[k]}
+                            for k in acc.copies},
+        fp32_gemm_us=fp32_us, gemm_us=gemm_us, verdict="", diagnoses=[], metadata=meta)
+    summary.verdict = _verdict(summary)
+    summary.diagnoses = diagnose(summary, dtype=dtype, checkpointing=checkpointing)
+    return summary
+
+
+def _cpu_window(acc: _Accumulator) -> float:
+    starts = [min(ts) for ts, _, _ in acc.cpu_ops.values() if len(ts)]
+    ends = [max(t + d for t, d in zip(ts, du, strict=True)) for ts, du, _ in acc.cpu_ops.values() if len(ts)]
+    return (max(ends) - min(starts)) if starts else 0.0
+
+
+def _gemm_split(acc: _Accumulator, gpu: bool, times: Counter) -> tuple[float, float]:
+    """(all GEMM time, fp32 GEMM time). Operator dtypes when the trace has shapes; kernel names otherwise."""
+    gemm = sum(t for n, t in times.items() if categorize(n) == "gemm")
+    if gpu and acc.matmul_dtype_by_ext:
+        fp32 = sum(sum(d) for ext, d in acc.kernel_ext.items() if acc.matmul_dtype_by_ext.get(ext) == "float")
+    elif gpu:
+        fp32 = sum(t for n, t in acc.kernel_time.items() if categorize(n) == "gemm" and FP32_GEMM.search(n))
+    else:  # CPU traces: operator dtypes (only with record_shapes)
+        fp32 = acc.cpu_matmul_us.get("float", 0.0)
+    return gemm, fp32
+
+
+def _verdict(s: TraceSummary) -> str:
+    if s.device_kind == "cpu":
+        return "CPU run: all compute on the host"
+    if s.idle_share is not None and s.idle_share > 0.3:
+        return f"CPU-bound: the GPU is idle {100 * s.idle_share:.0f}% of the recorded window"
+    return f"GPU-bound: the GPU is busy {100 * (1 - (s.idle_share or 0)):.0f}% of the recorded window"
+
+
+def diagnose(s: TraceSummary, dtype: str | None = None, checkpointing: bool | None = None) -> list[Diagnosis]:
+    out: list[Diagnosis] = []
+    total = sum(s.categories_us.values()) or 1.0
+    of_time = "of GPU kernel time" if s.device_kind == "gpu" else "of CPU operator time"
+    if s.fp32_gemm_us > 0 and (dtype in (None, "bfloat16", "float16")):
+        share = s.fp32_gemm_us / total
+        sev = "warning" if share > 0.02 else "info"
+        out.append(Diagnosis("fp32_gemm", sev, f"fp32 GEMMs take {100 * share:.1f}% {of_time} in a "
+                             f"{dtype or 'low-precision'} run: something was upcast (lm_head, adapters or "
+                             "embeddings, e.g. by prepare_model_for_kbit_training) or runs outside autocast",
+                             {"fp32_gemm_us": s.fp32_gemm_us, "gemm_us": s.gemm_us, "share": share}))
+    deq = s.categories_us.get("quantize/dequantize", 0.0)
+    if deq > 0:
+        share = deq / total
+        out.append(Diagnosis("dequantization", "warning" if share > 0.15 else "info",
+                             f"quantize/dequantize work takes {100 * share:.1f}% {of_time}",
+                             {"us": deq, "share": share}))
+    if s.idle_share is not None and s.idle_share > 0.1:
+        out.append(Diagnosis("gpu_idle", "warning" if s.idle_share > 0.3 else "info",
+                             f"the GPU is idle {100 * s.idle_share:.1f}% of the recorded window: launch overhead, "
+                             "host work or synchronisation between kernels",
+                             {"idle_us": s.window_us - s.busy_us, "window_us": s.window_us}))
+    copies = s.host_device_copies
+    n_copies = sum(v["count"] for v in copies.values())
+    if n_copies:
+        dtoh = copies.get("DtoH", {}).get("count", 0)
+        out.append(Diagnosis("host_device_copies", "warning" if dtoh > 2 * max(1, _steps(s)) else "info",
+                             f"{n_copies} host-device copies inside the recorded steps ({dtoh} device-to-host: "
+                             "each one can synchronise the host with the GPU)", copies))
+    if checkpointing:
+        fwd, bwd = s.stages_us.get("ftprof/forward", 0.0), s.stages_us.get("ftprof/backward", 0.0)
+        if fwd + bwd > 0:
+            share = fwd / (fwd + bwd + s.stages_us.get("ftprof/optimizer_step", 0.0))
+            out.append(Diagnosis("recomputation", "info", f"activation checkpointing recomputes the forward in "
+                                 f"backward: about {100 * share:.0f}% of step time (estimated as one more forward)",
+                                 {"forward_us": fwd, "backward_us": bwd, "share": share}))
+    return out
+
+
+def _steps(s: TraceSummary) -> int:
+    meta = s.metadata.get("ftprof")
+    return int(meta.get("active_steps", 1)) if isinstance(meta, dict) else 1

@@ -1,0 +1,142 @@
+"""The trace summary on hand-made GPU traces (known answers) and on real CPU traces from torch.profiler."""
+
+import gzip
+import json
+import tracemalloc
+
+import pytest
+import torch
+
+from ftprof.cli.main import main
+from ftprof.profiling.trace_summary import categorize, summarize
+
+
+def _kernel(name, ts, dur, **args):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 7, "args": args}
+
+
+def _write(path, events, **meta):
+    data = {"schemaVersion": 1, "traceEvents": events, **meta}
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "wt") as fh:
+        json.dump(data, fh)
+    return path
+
+
+def gpu_trace(path, fp32_name="sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32"):
+    events = [
+        # stages on the GPU timeline
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "ftprof/forward", "ts": 0, "dur": 400},
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "ftprof/backward", "ts": 400, "dur": 500},
+        _kernel("nvjet_hsh_256x128_64x4_2x1_v_bz_coopB_TNT", 0, 300),  # bf16 GEMM, 300 us
+        _kernel(fp32_name, 300, 100),  # fp32 GEMM, 100 us
+        _kernel("void kDequantizeBlockwise<__nv_bfloat16, 512, 64, 8, 2>", 400, 50),
+        _kernel("void at::native::vectorized_elementwise_kernel<4, silu>", 450, 50),
+        # 100 us gap: 500 -> 600
+        _kernel("void rms_norm_kernel<bf16>", 600, 100),
+        _kernel("flash_fwd_kernel<bf16>", 700, 150),
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)", "ts": 850, "dur": 50,
+         "args": {"bytes": 4}},
+        # overlapping kernel on another stream adds no busy time
+        _kernel("void at::native::vectorized_elementwise_kernel<4, add>", 860, 20),
+    ]
+    return _write(path, events, ftprof=json.dumps({"dtype": "bfloat16", "active_steps": 1}))
+
+
+def test_gpu_categories_idle_and_fp32_share(tmp_path):
+    s = summarize(gpu_trace(tmp_path / "t.json.gz"))
+    assert s.device_kind == "gpu"
+    cats = s.categories_us
+    assert cats["gemm"] == 400 and cats["quantize/dequantize"] == 50 and cats["attention"] == 150
+    assert cats["normalization"] == 100 and cats["memory copy"] == 50 and cats["elementwise"] == 70
+    assert s.window_us == 900 and s.busy_us == 800
+    assert s.idle_share == pytest.approx(100 / 900)
+    assert s.fp32_gemm_us == 100 and s.gemm_us == 400
+    assert s.stages_us == {"ftprof/forward": 400, "ftprof/backward": 500}
+    assert s.stage_source == "gpu_user_annotation"
+    codes = {d.code: d for d in s.diagnoses}
+    assert codes["fp32_gemm"].severity == "warning"
+    assert codes["fp32_gemm"].evidence["share"] == pytest.approx(100 / 820)
+    assert "fp32 GEMMs take 12.2%" in codes["fp32_gemm"].message
+    assert {"dequantization", "gpu_idle", "host_device_copies"} <= set(codes)
+    assert s.host_device_copies["DtoH"] == {"count": 1, "us": 50, "bytes": 4}
+    assert s.verdict.startswith("GPU-bound")
+
+
+def test_fp32_gemm_found_through_operator_dtypes(tmp_path):
+    # With record_shapes the launching operator's dtype decides, whatever the kernel is called.
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 10, "pid": 1, "tid": 1,
+         "args": {"Input type": ["float", "float"], "External id": 11}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 20, "dur": 10, "pid": 1, "tid": 1,
+         "args": {"Input type": ["c10::BFloat16", "c10::BFloat16"], "External id": 12}},
+        _kernel("some_gemm_kernel_a", 0, 70, **{"External id": 11}),
+        _kernel("some_gemm_kernel_b", 100, 30, **{"External id": 12}),
+    ]
+    s = summarize(_write(tmp_path / "t.json", events))
+    assert s.fp32_gemm_us == 70 and s.gemm_us == 100
+
+
+def test_bf16_only_trace_has_no_fp32_diagnosis(tmp_path):
+    s = summarize(gpu_trace(tmp_path / "t.json", fp32_name="nvjet_hsh_128x64_64x4_1x2_h_bz_TNN"))
+    assert s.fp32_gemm_us == 0
+    assert "fp32_gemm" not in {d.code for d in s.diagnoses}
+
+
+def test_categorize_examples():
+    assert categorize("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "communication"
+    assert categorize("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64>") == "gemm"
+    assert categorize("void multi_tensor_apply_kernel<FusedAdam>") == "optimizer"
+    assert categorize("aten::_fused_adamw_") == "optimizer"
+    assert categorize("aten::scaled_dot_product_attention") == "attention"
+
+
+def test_summary_streams_large_traces(tmp_path):
+    n = 150_000
+    # kernel events with the args Kineto writes (~400 bytes each, as in real traces)
+    args = {"queued": 0, "device": 0, "context": 1, "stream": 7, "correlation": 1234567, "registers per thread": 32,
+            "shared memory": 0, "blocks per SM": 132.5, "warps per SM": 16.0, "grid": [4096, 1, 1],
+            "block": [128, 1, 1], "est. achieved occupancy %": 100}
+    events = [_kernel(f"void at::native::vectorized_elementwise_kernel<{i % 50}>", 2 * i, 1, **args)
+              for i in range(n)]
+    path = _write(tmp_path / "big.json", events)
+    size = path.stat().st_size
+    tracemalloc.start()
+    s = summarize(path)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert s.busy_us == n and s.window_us == 2 * n - 1
+    assert peak < size / 3, (peak, size)  # far below the file: events are folded as they stream
+
+
+def test_real_cpu_trace_from_plain_torch_profiler(tmp_path, capsys):
+    """A trace ftprof did not write: a plain torch.profiler run of a small MLP."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    x = torch.randn(32, 64)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(3):
+            model(x).sum().backward()
+    trace = tmp_path / "plain.pt.trace.json"
+    prof.export_chrome_trace(str(trace))
+    assert main(["profile", "--summarize", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert "Where the time went" in out and "gemm" in out
+    data = json.loads((tmp_path / "plain.json").read_text()) if (tmp_path / "plain.json").exists() else \
+        json.loads(next(tmp_path.glob("*summary*.json")).read_text())
+    assert data["device_kind"] == "cpu" and data["categories_us"]["gemm"] > 0
+    # record_shapes gave operator dtypes: every matmul here is fp32
+    assert data["fp32_gemm_us"] > 0
+
+
+@pytest.mark.parametrize("content", [b"not a trace", b"\x1f\x8b\x08garbage"])
+def test_unreadable_trace_is_a_one_line_error(tmp_path, capsys, content):
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(content)
+    assert main(["profile", "--summarize", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot read" in err and "\n" not in err
+
+
+def test_missing_trace(tmp_path, capsys):
+    assert main(["profile", "--summarize", str(tmp_path / "nope.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
