@@ -91,5 +91,7 @@ def test_oom_is_recorded_as_oom_device(tmp_path):
     _record(result)
     assert result.status == "oom_device"
     assert result.error_type == "OutOfMemoryError"
-    saved = json.loads((tmp_path / result.run_dir.split("/")[-1] / "result.json").read_text())
+    run_dir = tmp_path / result.run_dir.split("/")[-1]
+    saved = json.loads((run_dir / "result.json").read_text())
     assert saved["status"] == "oom_device"
+    assert (run_dir / saved["artifacts"]["oom_snapshot"]).stat().st_size > 0

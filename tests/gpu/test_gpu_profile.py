@@ -1,0 +1,78 @@
+"""ftprof profile on a real GPU: CUDA kernels in the trace, memory snapshot and timeline, fp32-GEMM diagnosis.
+
+Set FTPROF_GPU_RESULTS=path.jsonl to keep each run's result, and FTPROF_GPU_ARTIFACTS=dir to keep summaries.
+"""
+
+import json
+import os
+import pickle
+import shutil
+
+import pytest
+
+import ftprof
+from ftprof.config import RunConfig
+
+pytestmark = pytest.mark.gpu
+
+
+def _cfg(tmp_path, method="qlora", **flat):
+    values = dict(method=method, model="llama-1b", seq_len=1024, batch_size=4, max_steps=10, warmup_steps=2,
+                  device="cuda", output_dir=str(tmp_path), quiet=True, profile=True, prof_wait_steps=2,
+                  prof_warmup_steps=1, prof_active_steps=2)
+    values.update(flat)
+    return RunConfig.from_flat(values)
+
+
+def _keep(result, run_dir, label):
+    path = os.environ.get("FTPROF_GPU_RESULTS")
+    if path:
+        with open(path, "a") as fh:
+            fh.write(json.dumps({"label": label, **result.to_dict()}) + "\n")
+    keep = os.environ.get("FTPROF_GPU_ARTIFACTS")
+    if keep:
+        shutil.copy(run_dir / "profile" / "summary.md", os.path.join(keep, f"{label}.summary.md"))
+
+
+def _summary(tmp_path, result):
+    run_dir = tmp_path / result.run_dir.split("/")[-1]
+    return run_dir, json.loads((run_dir / "profile" / "summary.json").read_text())
+
+
+def test_qlora_profile_on_gpu_has_kernels_snapshot_and_timeline(tmp_path):
+    result = ftprof.train(_cfg(tmp_path, prof_memory_snapshot=True, prof_memory_timeline=True))
+    assert result.status == "ok", result.error_tail
+    run_dir, summary = _summary(tmp_path, result)
+    _keep(result, run_dir, "qlora-ftprof-timeline")
+    assert summary["device_kind"] == "gpu" and summary["categories_us"]["gemm"] > 0
+    assert summary["categories_us"].get("quantize/dequantize", 0) > 0  # bitsandbytes dequantize kernels
+    assert set(summary["stages_us"]) == {"ftprof/forward", "ftprof/backward", "ftprof/optimizer_step"}
+    snap = pickle.loads((run_dir / "profile" / "memory_snapshot_rank0_cycle1.pickle").read_bytes())
+    assert snap["segments"] and snap["device_traces"]
+    assert (run_dir / "profile" / "memory_timeline_rank0_cycle1.html").stat().st_size > 1000 or \
+        (run_dir / "profile" / "memory_timeline_rank0_cycle1.json.gz").exists()
+
+
+@pytest.mark.parametrize("label, extra", [("qlora-ftprof", {}), ("qlora-textbook", {"kbit_prepare": True})])
+def test_fp32_gemm_diagnosis_tells_the_recipes_apart(tmp_path, label, extra):
+    result = ftprof.train(_cfg(tmp_path, **extra))
+    assert result.status == "ok", result.error_tail
+    run_dir, summary = _summary(tmp_path, result)
+    _keep(result, run_dir, label)
+    codes = {d["code"]: d for d in summary["diagnoses"]}
+    if extra:
+        assert codes["fp32_gemm"]["severity"] == "warning"
+        assert codes["fp32_gemm"]["evidence"]["share"] > 0.05
+    else:
+        assert "fp32_gemm" not in codes or codes["fp32_gemm"]["evidence"]["share"] < 0.02
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "gptq-lora"])
+def test_profile_every_method_on_gpu(tmp_path, method):
+    result = ftprof.train(_cfg(tmp_path, method, gptq_calibration_samples=8) if method == "gptq-lora"
+                          else _cfg(tmp_path, method))
+    assert result.status == "ok", result.error_tail
+    run_dir, summary = _summary(tmp_path, result)
+    _keep(result, run_dir, f"{method}-profile")
+    assert summary["device_kind"] == "gpu" and summary["busy_us"] > 0
+    assert result.profiling["profiler_overhead"] is not None
