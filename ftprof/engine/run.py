@@ -100,6 +100,7 @@ def train(cfg: RunConfig, *, quiet: bool | None = None, profiler=None) -> RunRes
     except ConfigError:
         display.stop()
         trainer.teardown(trainer.result("error"))
+        trainer.release()
         raise
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - every failure becomes a recorded status
         display.stop()
@@ -110,5 +111,6 @@ def train(cfg: RunConfig, *, quiet: bool | None = None, profiler=None) -> RunRes
     if trainer.profiler.enabled and result.status == "ok":
         _summarize(trainer, result, display)
     trainer.teardown(result)
+    trainer.release()
     display.summary(result)
     return result

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import gc
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -87,6 +88,7 @@ class Trainer:
     # ---------------------------------------------------------------- setup
     def setup(self) -> None:
         t0 = time.perf_counter()
+        gc.collect()  # leftovers of earlier runs in this process must not count as this run's memory
         cfg = self.cfg
         self.run_dir = make_run_dir(cfg.output.output_dir, cfg.output.run_name, cfg.method.method, cfg.model.model)
         self.writer = RunDirWriter(self.run_dir)
@@ -291,6 +293,14 @@ class Trainer:
         res.memory_stages = summary
         if res.torch_peak_reserved is not None and res.torch_peak_allocated is not None:
             res.fragmentation = res.torch_peak_reserved - res.torch_peak_allocated
+
+    def release(self) -> None:
+        """Free the model and optimizer now, so a next run in the same process starts from an empty device."""
+        for name in ("model", "optimizer", "params", "batches"):
+            self.__dict__.pop(name, None)
+        gc.collect()  # PEFT wrappers hold reference cycles: without this the weights outlive the run
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def teardown(self, result: RunResult) -> RunResult:
         if hasattr(self, "writer"):

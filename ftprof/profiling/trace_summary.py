@@ -5,7 +5,8 @@ intervals are kept (16 bytes per kernel), so a 1 GB trace does not become 1 GB o
 
 Device time is attributed by kernel name to categories; on CPU-only traces (no kernels), the CPU operators' self
 time is used instead. Stage times come from ftprof's record_function labels (ftprof/forward, ftprof/backward,
-ftprof/optimizer_step): on the GPU timeline when the trace has gpu_user_annotation events, else on the CPU.
+ftprof/optimizer_step): on GPU traces, each kernel counts for the stage whose CPU range contains its launch
+(matched by correlation id); on CPU traces, the ranges' own durations.
 """
 
 from __future__ import annotations
@@ -112,7 +113,6 @@ class _Accumulator:
         self.op_time: Counter = Counter()  # inclusive CPU operator time
         self.op_count: Counter = Counter()
         self.k_start, self.k_end = array("d"), array("d")
-        self.gpu_stage: Counter = Counter()
         self.cpu_stage: Counter = Counter()
         self.copies: Counter = Counter()
         self.copy_us: Counter = Counter()
@@ -121,6 +121,10 @@ class _Accumulator:
         self.kernel_ext: dict[int, list[float]] = defaultdict(list)  # external id -> kernel durations (gemm)
         self.cpu_ops: dict[tuple, tuple[array, array, list]] = {}  # (pid, tid) -> (ts, dur, names)
         self.cpu_matmul_us: Counter = Counter()
+        # For GPU time per stage: kernel -> its launch (correlation id) -> the ftprof/* range around the launch.
+        self.launch_corr, self.launch_ts = array("d"), array("d")
+        self.kernel_corr, self.kernel_dur = array("d"), array("d")
+        self.stage_ranges: list[tuple[float, float, str]] = []
 
     def add(self, ev: dict[str, Any]) -> None:
         ph, cat, name = ev.get("ph"), ev.get("cat", ""), ev.get("name", "")
@@ -130,6 +134,9 @@ class _Accumulator:
         ts = float(ev.get("ts", 0) or 0)
         args = ev.get("args") or {}
         if cat in GPU_CATS:
+            if "correlation" in args:
+                self.kernel_corr.append(float(args["correlation"]))
+                self.kernel_dur.append(dur)
             self.kernel_time[name] += dur
             self.kernel_count[name] += 1
             self.k_start.append(ts)
@@ -141,12 +148,13 @@ class _Accumulator:
                 self.copy_bytes[kind] += int(args.get("bytes", 0) or 0)
             elif cat == "kernel" and categorize(name) == "gemm" and "External id" in args:
                 self.kernel_ext[int(args["External id"])].append(dur)
-        elif cat == "gpu_user_annotation":
-            if name in STAGES:
-                self.gpu_stage[name] += dur
+        elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in args:
+            self.launch_corr.append(float(args["correlation"]))
+            self.launch_ts.append(ts)
         elif cat == "user_annotation":
             if name in STAGES:
                 self.cpu_stage[name] += dur
+                self.stage_ranges.append((ts, ts + dur, name))
         elif cat == "cpu_op":
             self.op_time[name] += dur
             self.op_count[name] += 1
@@ -162,6 +170,33 @@ class _Accumulator:
                     self.matmul_dtype_by_ext[int(args["External id"])] = dtype
                 if name in LEAF_MATMULS:  # CPU traces: matmul time by dtype (leaf ops only, no double count)
                     self.cpu_matmul_us[dtype] += dur
+
+
+def _gpu_stage_times(acc: _Accumulator) -> Counter:
+    """GPU time per ftprof stage: each kernel counts for the stage whose CPU range contains its launch.
+
+    Backward kernels are launched from autograd's own thread, so the GPU-side annotation of ftprof/backward misses
+    them; matching launches by time (any thread) does not.
+    """
+    out: Counter = Counter()
+    if not len(acc.kernel_corr) or not len(acc.launch_corr) or not acc.stage_ranges:
+        return out
+    lc, lt = np.frombuffer(acc.launch_corr), np.frombuffer(acc.launch_ts)
+    order = np.argsort(lc)
+    lc, lt = lc[order], lt[order]
+    kc, kd = np.frombuffer(acc.kernel_corr), np.frombuffer(acc.kernel_dur)
+    pos = np.clip(np.searchsorted(lc, kc), 0, len(lc) - 1)
+    found = lc[pos] == kc
+    launch = lt[pos[found]]
+    dur = kd[found]
+    ranges = sorted(acc.stage_ranges)
+    starts = np.array([r[0] for r in ranges])
+    ends = np.array([r[1] for r in ranges])
+    idx = np.searchsorted(starts, launch, side="right") - 1
+    inside = (idx >= 0) & (launch < ends[np.clip(idx, 0, None)])
+    for i, d in zip(idx[inside].tolist(), dur[inside].tolist(), strict=True):
+        out[ranges[i][2]] += d
+    return out
 
 
 def _self_times(acc: _Accumulator) -> Counter:
@@ -243,13 +278,14 @@ def summarize(path: str | Path, run_config: dict | None = None) -> TraceSummary:
         for name, t in self_t.items():
             cats[categorize(name)] += t
         times = self_t
-    stages = acc.gpu_stage if acc.gpu_stage else acc.cpu_stage
+    gpu_stages = _gpu_stage_times(acc) if gpu else Counter()
+    stages = gpu_stages or acc.cpu_stage
     gemm_us, fp32_us = _gemm_split(acc, gpu, times)
     summary = TraceSummary(
         trace=str(path), device_kind="gpu" if gpu else "cpu", window_us=window, busy_us=busy,
         idle_share=(1 - busy / window) if gpu and window > 0 else None,
         categories_us=dict(cats.most_common()), stages_us={k: stages[k] for k in STAGES if k in stages},
-        stage_source="gpu_user_annotation" if acc.gpu_stage else "user_annotation (CPU)",
+        stage_source="GPU kernels by launch range" if gpu_stages else "CPU ranges (user_annotation)",
         top_kernels=[{"name": n, "us": t, "count": acc.kernel_count[n]} for n, t in acc.kernel_time.most_common(15)],
         top_operators=[{"name": n, "self_us" if not gpu else "inclusive_us": t, "count": acc.op_count[n]}
                        for n, t in (times if not gpu else acc.op_time).most_common(15)],

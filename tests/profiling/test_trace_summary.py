@@ -15,6 +15,11 @@ def _kernel(name, ts, dur, **args):
     return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 7, "args": args}
 
 
+def _launch(corr, ts, tid=1):
+    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 2, "pid": 1, "tid": tid,
+            "args": {"correlation": corr}}
+
+
 def _write(path, events, **meta):
     data = {"schemaVersion": 1, "traceEvents": events, **meta}
     opener = gzip.open if str(path).endswith(".gz") else open
@@ -25,12 +30,13 @@ def _write(path, events, **meta):
 
 def gpu_trace(path, fp32_name="sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32"):
     events = [
-        # stages on the GPU timeline
-        {"ph": "X", "cat": "gpu_user_annotation", "name": "ftprof/forward", "ts": 0, "dur": 400},
-        {"ph": "X", "cat": "gpu_user_annotation", "name": "ftprof/backward", "ts": 400, "dur": 500},
-        _kernel("nvjet_hsh_256x128_64x4_2x1_v_bz_coopB_TNT", 0, 300),  # bf16 GEMM, 300 us
-        _kernel(fp32_name, 300, 100),  # fp32 GEMM, 100 us
-        _kernel("void kDequantizeBlockwise<__nv_bfloat16, 512, 64, 8, 2>", 400, 50),
+        # CPU ranges of the stages (main thread); backward kernels are launched from autograd's thread (tid 2)
+        {"ph": "X", "cat": "user_annotation", "name": "ftprof/forward", "ts": -100, "dur": 100, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "user_annotation", "name": "ftprof/backward", "ts": 0, "dur": 100, "pid": 1, "tid": 1},
+        _launch(1, -90), _launch(2, -50), _launch(3, 10, tid=2),
+        _kernel("nvjet_hsh_256x128_64x4_2x1_v_bz_coopB_TNT", 0, 300, correlation=1),  # bf16 GEMM, 300 us
+        _kernel(fp32_name, 300, 100, correlation=2),  # fp32 GEMM, 100 us
+        _kernel("void kDequantizeBlockwise<__nv_bfloat16, 512, 64, 8, 2>", 400, 50, correlation=3),
         _kernel("void at::native::vectorized_elementwise_kernel<4, silu>", 450, 50),
         # 100 us gap: 500 -> 600
         _kernel("void rms_norm_kernel<bf16>", 600, 100),
@@ -52,8 +58,8 @@ def test_gpu_categories_idle_and_fp32_share(tmp_path):
     assert s.window_us == 900 and s.busy_us == 800
     assert s.idle_share == pytest.approx(100 / 900)
     assert s.fp32_gemm_us == 100 and s.gemm_us == 400
-    assert s.stages_us == {"ftprof/forward": 400, "ftprof/backward": 500}
-    assert s.stage_source == "gpu_user_annotation"
+    assert s.stages_us == {"ftprof/forward": 400, "ftprof/backward": 50}  # GPU time of the kernels launched
+    assert s.stage_source == "GPU kernels by launch range"
     codes = {d.code: d for d in s.diagnoses}
     assert codes["fp32_gemm"].severity == "warning"
     assert codes["fp32_gemm"].evidence["share"] == pytest.approx(100 / 820)
@@ -61,6 +67,20 @@ def test_gpu_categories_idle_and_fp32_share(tmp_path):
     assert {"dequantization", "gpu_idle", "host_device_copies"} <= set(codes)
     assert s.host_device_copies["DtoH"] == {"count": 1, "us": 50, "bytes": 4}
     assert s.verdict.startswith("GPU-bound")
+
+
+def test_committed_real_gpu_trace():
+    """A real H200 trace of the tiny preset (full fine-tune, fp32 on a GPU), from `ftprof profile`."""
+    from pathlib import Path
+
+    s = summarize(Path(__file__).parent.parent / "fixtures" / "tiny_gpu_trace.pt.trace.json.gz")
+    assert s.device_kind == "gpu" and s.metadata["distributedInfo"]["rank"] == 0
+    assert s.categories_us["gemm"] > 0 and s.categories_us["optimizer"] > 0
+    stages = s.stages_us
+    assert set(stages) == {"ftprof/forward", "ftprof/backward", "ftprof/optimizer_step"}
+    assert stages["ftprof/backward"] > stages["ftprof/forward"] > 0  # backward kernels found via their launches
+    assert sum(stages.values()) <= s.busy_us * 1.01
+    assert s.top_kernels and s.top_kernels[0]["us"] >= s.top_kernels[-1]["us"]
 
 
 def test_fp32_gemm_found_through_operator_dtypes(tmp_path):
