@@ -291,7 +291,7 @@ class RunConfig:
             raise ConfigError(f"unknown option '{unknown[0]}'{extra}")
         parts: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
         for key, value in values.items():
-            parts[owner[key]][key] = value
+            parts[owner[key]][key] = _check_type(key, value)
         try:
             return cls(**{s: SECTIONS[s](**kw) for s, kw in parts.items()})
         except TypeError as exc:  # a wrong type that slipped past the parser, e.g. from Python callers
@@ -323,6 +323,33 @@ class RunConfig:
         values = self.to_flat()
         values.update(flat)
         return RunConfig.from_flat(values)
+
+
+def _field_types() -> dict[str, Any]:
+    import typing
+
+    return {name: hint for cls in SECTIONS.values() for name, hint in typing.get_type_hints(cls).items()}
+
+
+def _check_type(key: str, value: Any) -> Any:
+    """Values from YAML or Python callers: the right type, or one line naming the option (ints pass as floats)."""
+    import types
+    import typing
+
+    hint = _field_types()[key]
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if value is None and type(None) in args:
+        return value
+    base = next(a for a in args if a is not type(None))
+    base = tuple if typing.get_origin(base) is tuple else base
+    if base is tuple and isinstance(value, (list, tuple, str)):
+        return value
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, base) and not (base is int and isinstance(value, bool)):
+        return value
+    name = getattr(base, "__name__", str(base))
+    raise ConfigError(f"option '{key}' must be {name}, got {type(value).__name__} ({value!r})")
 
 
 def flat_field_owners() -> dict[str, str]:

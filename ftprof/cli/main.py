@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from ftprof.cli.bench import bench_parser
 from ftprof.cli.common import OneLineErrorParser
 from ftprof.cli.profile import profile_parser
 from ftprof.cli.train import train_parser
@@ -19,6 +20,7 @@ def build_parser() -> OneLineErrorParser:
                                        parser_class=OneLineErrorParser)
     train_parser(subparsers)
     profile_parser(subparsers)
+    bench_parser(subparsers)
     return parser
 
 

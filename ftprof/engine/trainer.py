@@ -94,6 +94,7 @@ class Trainer:
         self.writer = RunDirWriter(self.run_dir)
         self.writer.write_config(cfg.to_dict())
         self.writer.write_env(collect_env(allocator_setting()))
+        self._start_nvml()
         torch.manual_seed(cfg.train.seed)
         self.tokenizer = self._tokenizer()
         vocab = self.pre.source.config.vocab_size
@@ -125,6 +126,39 @@ class Trainer:
         self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         self.timer = StepTimer(self.device)
         self.setup_time = time.perf_counter() - t0
+
+    def _start_nvml(self) -> None:
+        """NVML sampling (memory logging nvml/all) runs in its own process, watching this process's GPU."""
+        self.nvml = None
+        self.nvml_note = None
+        if self.cfg.output.memory_logging not in ("nvml", "all"):
+            return
+        if self.device.type != "cuda":
+            self.nvml_note = "NVML sampler skipped: the run is not on a GPU"
+            return
+        from ftprof.profiling.nvml import NvmlSampler
+
+        uuid = str(torch.cuda.get_device_properties(self.device).uuid)
+        uuid = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+        self.nvml = NvmlSampler(self.run_dir / "nvml.csv", [uuid])
+        self.nvml.start()
+
+    def _stop_nvml(self, res: RunResult) -> None:
+        if getattr(self, "nvml_note", None):
+            res.notes.append(self.nvml_note)
+        if getattr(self, "nvml", None) is None:
+            return
+        summary = self.nvml.stop()
+        self.nvml = None
+        res.nvml = summary
+        res.nvml_device_used_peak = summary.get("nvml_device_used_peak")
+        res.nvml_process_used_peak = summary.get("nvml_process_used_peak")
+        if res.nvml_process_used_peak is not None and res.torch_peak_reserved is not None:
+            res.non_torch_overhead = res.nvml_process_used_peak - res.torch_peak_reserved
+        if "nvml_error" in summary:
+            res.notes.append(f"NVML sampler failed: {summary['nvml_error']}")
+        else:
+            res.artifacts["nvml"] = "nvml.csv"
 
     def _tokenizer(self):
         if self.pre.source.kind == "preset":
@@ -243,6 +277,7 @@ class Trainer:
             res.error_tail = "".join(traceback.format_exception(exc)[-8:])[-4000:]
         res.artifacts = {"config": "config.json", "env": "env.json", "steps": "steps.csv",
                          **self.profiler.artifacts()}
+        self._stop_nvml(res)
         res.notes.extend(self.pre.notes)
         if self.profiler.enabled:
             res.profiling = {**self.profiler.resolved(), **profiler_overhead(self.steps)}

@@ -83,11 +83,13 @@ class MemoryTracker:
 
     def summary(self) -> dict[str, int | None]:
         """Run-level fields (DESIGN.md names) plus per-stage deltas and peaks."""
-        out: dict[str, int | None] = {
-            "torch_peak_allocated": max((s.peak_allocated for s in self.stages), default=None) if self.cuda else None,
-            "torch_peak_reserved": max((s.peak_reserved for s in self.stages), default=None) if self.cuda else None,
-            "host_peak_rss": _peak_rss_bytes(),
-        }
+        out: dict[str, int | None] = {"torch_peak_allocated": None, "torch_peak_reserved": None,
+                                      "host_peak_rss": _peak_rss_bytes()}
+        if self.cuda:
+            # The open stage's peak counts too: after an OOM it holds the high-water mark that did not fit.
+            now = self.current()
+            out["torch_peak_allocated"] = max([s.peak_allocated for s in self.stages] + [now["peak_allocated"]])
+            out["torch_peak_reserved"] = max([s.peak_reserved for s in self.stages] + [now["peak_reserved"]])
         for s in self.stages:
             out[f"mem_{s.stage}_delta"] = s.delta
             out[f"mem_{s.stage}_peak"] = s.peak_allocated

@@ -85,6 +85,7 @@ class RunResult:
     non_torch_overhead: Optional[int] = None  # nvml_process - torch_reserved
     fragmentation: Optional[int] = None  # torch_reserved - torch_allocated
     memory_stages: dict[str, Any] = field(default_factory=dict)
+    nvml: dict[str, Any] = field(default_factory=dict)  # sampler summary: per-GPU peaks/means, energy, power
     setup_time_s: Optional[float] = None
     # failure
     error_type: Optional[str] = None

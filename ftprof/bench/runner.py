@@ -1,0 +1,273 @@
+"""Run a sweep: one process per experiment, in its own directory, failures recorded as results, resumable.
+
+Each experiment runs ``python -m ftprof train ...`` in a new process session (so Ctrl-C, timeouts and kills reach
+its whole tree), with stdout.log, stderr.log and command.sh (which replays the run, environment included) beside
+the run files. On a machine with several GPUs experiments run side by side on disjoint GPUs, each seeing only its
+own through CUDA_VISIBLE_DEVICES; on CPU they run one at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ftprof.bench.sweep import Experiment, Sweep
+from ftprof.config import RunConfig
+from ftprof.results.load import read_runs
+from ftprof.results.run_dir import RunDirWriter
+from ftprof.results.schema import RunResult
+from ftprof.results.store import write_csv_atomic, write_json_atomic, write_text_atomic
+
+FAILED = ("oom_device", "oom_host", "timeout", "error")
+INTERRUPT_GRACE_S = 30.0  # time a child gets to record 'interrupted' after Ctrl-C before it is killed
+POLL_S = 0.2
+
+
+@dataclass
+class Planned:
+    experiment: Experiment
+    run_dir: Path
+    previous: str | None  # status found on disk, None if never run
+    action: str  # "run" | "skip"
+
+
+@dataclass
+class Running:
+    planned: Planned
+    proc: subprocess.Popen
+    slot: str | None
+    started: float
+    deadline: float
+    timed_out: bool = False
+    interrupted: bool = False
+
+
+@dataclass
+class Outcome:
+    name: str
+    status: str
+    seconds: float
+    result: dict = field(default_factory=dict)
+
+
+def previous_status(run_dir: Path) -> str | None:
+    try:
+        return json.loads((run_dir / "result.json").read_text()).get("status")
+    except (OSError, ValueError):
+        return None
+
+
+def plan(sweep: Sweep, out_dir: Path, *, force: bool = False, retry_failed: bool = False) -> list[Planned]:
+    planned = []
+    for exp in sweep.experiments:
+        run_dir = out_dir / exp.name
+        prev = previous_status(run_dir)
+        if force or prev is None or prev == "interrupted":
+            action = "run"
+        elif prev in FAILED:
+            action = "run" if retry_failed else "skip"
+        else:
+            action = "skip"
+        planned.append(Planned(exp, run_dir, prev, action))
+    return planned
+
+
+def _flag(key: str, value) -> list[str]:
+    flag = "--" + key.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag if value else "--no-" + key.replace("_", "-")]
+    if isinstance(value, (list, tuple)):
+        return [flag, ",".join(map(str, value))]
+    return [flag, str(value)]
+
+
+def train_command(exp: Experiment, run_dir: Path, memory_logging: str) -> list[str]:
+    """The child's command line: the experiment's options as given, plus where to write and what to log."""
+    values = dict(exp.values)
+    method = values.pop("method", "qlora")
+    cmd = [sys.executable, "-m", "ftprof", "train", method]
+    for key, value in values.items():
+        cmd += _flag(key, value)
+    return cmd + ["--output-dir", str(run_dir.parent), "--run-name", run_dir.name, "--memory-logging",
+                  memory_logging, "--quiet"]
+
+
+def command_script(cmd: list[str], env_overrides: dict[str, str]) -> str:
+    lines = ["#!/usr/bin/env bash", "# Replays this experiment exactly as ftprof bench ran it.", "set -e",
+             f"cd {shlex.quote(os.getcwd())}"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env_overrides.items())]
+    lines.append("exec " + " ".join(shlex.quote(c) for c in cmd) + ' "$@"')
+    return "\n".join(lines) + "\n"
+
+
+def gpu_slots() -> list[str]:
+    """Visible GPUs as CUDA_VISIBLE_DEVICES entries (no CUDA context is created in this process)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        import torch
+
+        count = torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - no CUDA build or driver: CPU
+        count = 0
+    if count == 0:
+        return []
+    entries = [e.strip() for e in visible.split(",") if e.strip()] if visible else [str(i) for i in range(count)]
+    return entries[:count]
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class BenchRunner:
+    def __init__(self, sweep: Sweep, out_dir: Path, planned: list[Planned],
+                 on_event: Callable[[str, object], None] | None = None, slots: list[str] | None = None):
+        self.sweep = sweep
+        self.out_dir = out_dir
+        self.planned = planned
+        self.on_event = on_event or (lambda kind, payload: None)
+        self.slots = gpu_slots() if slots is None else slots
+        self.outcomes: list[Outcome] = []
+        self.interrupted = False
+        self._running: list[Running] = []
+
+    # ------------------------------------------------------------------ one experiment
+    def _launch(self, p: Planned, slot: str | None) -> Running:
+        p.run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in ("result.json",):  # a rerun must not inherit the previous attempt's verdict
+            (p.run_dir / stale).unlink(missing_ok=True)
+        cmd = train_command(p.experiment, p.run_dir, self.sweep.memory_logging)
+        overrides = {"PYTHONUNBUFFERED": "1"}
+        if slot is not None:
+            overrides["CUDA_VISIBLE_DEVICES"] = slot
+            overrides["CUDA_DEVICE_ORDER"] = os.environ.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        elif self.slots == [] and "CUDA_VISIBLE_DEVICES" in os.environ:
+            overrides["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+        for key in ("PYTORCH_ALLOC_CONF", "MEMORY_LOGGING"):
+            if os.environ.get(key):
+                overrides[key] = os.environ[key]
+        write_text_atomic(p.run_dir / "command.sh", command_script(cmd, overrides))
+        os.chmod(p.run_dir / "command.sh", 0o755)
+        env = {**os.environ, **overrides}
+        with open(p.run_dir / "stdout.log", "wb") as out, open(p.run_dir / "stderr.log", "wb") as err:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True)
+        now = time.monotonic()
+        self.on_event("start", p)
+        return Running(p, proc, slot, now, now + self.sweep.timeout_s)
+
+    def _finish(self, r: Running) -> Outcome:
+        code = r.proc.returncode
+        status = previous_status(r.planned.run_dir)
+        if status is None or (r.timed_out and status != "ok"):
+            status = self._classify(r, code)
+            self._write_failure(r, status, code)
+        result = {}
+        try:
+            result = json.loads((r.planned.run_dir / "result.json").read_text())
+        except (OSError, ValueError):
+            pass
+        outcome = Outcome(r.planned.experiment.name, status, time.monotonic() - r.started, result)
+        self.outcomes.append(outcome)
+        self.on_event("finish", outcome)
+        return outcome
+
+    @staticmethod
+    def _classify(r: Running, code: int) -> str:
+        if r.timed_out:
+            return "timeout"
+        if r.interrupted or code in (130, -signal.SIGINT):
+            return "interrupted"
+        if code == -signal.SIGKILL:
+            return "oom_host"  # killed without our asking: the kernel's OOM killer is the usual sender
+        return "error"
+
+    def _write_failure(self, r: Running, status: str, code: int) -> None:
+        """The child died before writing result.json: record what bench knows, keep what the child wrote."""
+        exp = r.planned.experiment
+        cfg: RunConfig = exp.config
+        tail = _tail(r.planned.run_dir / "stderr.log")
+        reason = {"timeout": f"timed out after {self.sweep.timeout_s:g} s", "oom_host": "killed by SIGKILL "
+                  "(out of host memory?)", "interrupted": "interrupted"}.get(status, f"exited with code {code}")
+        last = next((ln for ln in reversed(tail.splitlines()) if ln.strip()), reason)
+        res = RunResult(status=status, run_dir=str(r.planned.run_dir), method=cfg.method.method,
+                        model=cfg.model.model, device=cfg.output.device, device_name="", seq_len=cfg.data.seq_len,
+                        batch_size=cfg.data.batch_size, grad_accum=cfg.train.grad_accum,
+                        error_type=status, error_message=reason if status != "error" else last[:500],
+                        error_tail=tail[-4000:], notes=[f"recorded by ftprof bench: {reason}"])
+        if not (r.planned.run_dir / "config.json").is_file():
+            RunDirWriter(r.planned.run_dir).write_config(cfg.to_dict())
+        RunDirWriter(r.planned.run_dir).write_result(res)
+
+    @staticmethod
+    def _signal(r: Running, sig: int) -> None:
+        try:
+            os.killpg(r.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _running_procs(self) -> list[subprocess.Popen]:
+        return [r.proc for r in self._running]
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> list[Outcome]:
+        pending = [p for p in self.planned if p.action == "run"]
+        for p in self.planned:
+            if p.action == "skip":
+                self.on_event("skip", p)
+        free: list[str | None] = list(self.slots) if self.slots else [None]
+        running = self._running = []
+        try:
+            while pending or running:
+                while pending and free:
+                    running.append(self._launch(pending.pop(0), free.pop(0)))
+                time.sleep(POLL_S)
+                for r in list(running):
+                    if r.proc.poll() is None:
+                        if time.monotonic() > r.deadline and not r.timed_out:
+                            r.timed_out = True
+                            self._signal(r, signal.SIGKILL)
+                        continue
+                    running.remove(r)
+                    free.append(r.slot)
+                    self._finish(r)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self._stop_all(running)
+        return self.outcomes
+
+    def _stop_all(self, running: list[Running]) -> None:
+        """Ctrl-C: ask each child to stop (it records 'interrupted'), kill what does not stop in time."""
+        for r in running:
+            r.interrupted = True
+            self._signal(r, signal.SIGINT)
+        deadline = time.monotonic() + INTERRUPT_GRACE_S
+        for r in running:
+            try:
+                r.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self._signal(r, signal.SIGKILL)
+                r.proc.wait()
+            self._finish(r)
+
+    # ------------------------------------------------------------------ summary
+    def write_summary(self) -> Path:
+        report = read_runs([self.out_dir])
+        names = {p.experiment.name for p in self.planned}
+        rows = [dict(row, experiment=Path(row["run_dir"]).name) for row in report.rows
+                if Path(row["run_dir"]).name in names]
+        path = write_csv_atomic(self.out_dir / "raw_summary.csv", rows)
+        write_json_atomic(self.out_dir / "sweep.json", {
+            "name": self.sweep.name, "sweep_file": str(self.sweep.path), "memory_logging": self.sweep.memory_logging,
+            "timeout_s": self.sweep.timeout_s, "experiments": [p.experiment.name for p in self.planned]})
+        return path

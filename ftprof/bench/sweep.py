@@ -1,0 +1,197 @@
+"""Sweep files: YAML -> a validated list of experiments, before anything runs.
+
+    name: quickstart            # results go to results/<name>/ unless --output-dir is given
+    base: {model: tiny, max_steps: 6}          # any train option, by its long name in snake_case
+    matrix: {method: [full, lora], batch_size: [1, 2]}   # cartesian product
+    experiments: [{method: lora, seq_len: 256}]          # extra cells, each merged over base
+    exclude: [{method: full, batch_size: 2}]             # drop matrix cells matching all given keys
+    repeats: 1
+    memory_logging: all         # nvml | torch | all | none (MEMORY_LOGGING in the environment overrides it)
+    timeout_s: 1800             # per experiment
+
+Every problem is reported as one line naming the file and where in it (``sweep.yaml: matrix.batch_size: ...``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import itertools
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ftprof.config import MEMORY_LOGGING, MEMORY_LOGGING_ALIASES, RunConfig, flat_field_owners
+from ftprof.errors import ConfigError
+from ftprof.models.presets import PRESETS
+
+TOP_KEYS = {"name": str, "base": dict, "matrix": dict, "experiments": list, "exclude": list, "repeats": int,
+            "memory_logging": str, "timeout_s": (int, float), "description": str}
+# Keys a sweep may set that are not train options (bench handles them itself).
+SWEEP_ONLY = {"output_dir", "run_name", "quiet"}  # set by bench per experiment; a sweep may not set them
+
+
+@dataclass
+class Experiment:
+    name: str  # directory name: stable across runs of the same sweep, so resume finds it
+    values: dict[str, Any]  # the flat options of this cell (base merged), as given
+    config: RunConfig
+    repeat: int = 0
+
+    @property
+    def gpus(self) -> int:
+        return 1
+
+
+@dataclass
+class Sweep:
+    name: str
+    path: Path
+    experiments: list[Experiment]
+    memory_logging: str
+    timeout_s: float
+    repeats: int
+    varying: list[str] = field(default_factory=list)  # option names that differ across experiments
+
+
+def _fail(path: Path, where: str, message: str) -> ConfigError:
+    return ConfigError(f"{path.name}: {where}: {message}" if where else f"{path.name}: {message}")
+
+
+def _did_you_mean(key: str, choices) -> str:
+    hint = difflib.get_close_matches(key, list(choices), n=1)
+    return f" (did you mean '{hint[0]}'?)" if hint else ""
+
+
+def _check_keys(path: Path, where: str, mapping: Any, *, allow_lists: bool) -> None:
+    owners = flat_field_owners()
+    if not isinstance(mapping, dict):
+        raise _fail(path, where, f"must be a mapping of option: value, got {type(mapping).__name__}")
+    for key, value in mapping.items():
+        if key in SWEEP_ONLY:
+            raise _fail(path, f"{where}.{key}", "is set by bench for each experiment; use --output-dir")
+        if key not in owners:
+            raise _fail(path, f"{where}.{key}", f"unknown option{_did_you_mean(str(key), owners)}")
+        if allow_lists:
+            if not isinstance(value, list) or not value:
+                raise _fail(path, f"{where}.{key}", "must be a non-empty list of values")
+        elif isinstance(value, (list, dict)) and key != "lora_targets":
+            raise _fail(path, f"{where}.{key}", f"must be a single value, got a {type(value).__name__}")
+
+
+def _check_model(path: Path, where: str, model: Any) -> None:
+    """Presets and directories are checked now; hub ids are left to the run (no network here)."""
+    name = str(model)
+    if name in PRESETS or Path(name).expanduser().is_dir():
+        return
+    if name.startswith((".", "/", "~")):
+        raise _fail(path, where, f"model directory '{name}' does not exist")
+    if "/" not in name:
+        raise _fail(path, where, f"'{name}' is not a preset ({', '.join(PRESETS)}) or a directory"
+                    f"{_did_you_mean(name, PRESETS)}")
+
+
+def _slug(values: dict[str, Any], keys: list[str]) -> str:
+    parts = []
+    for k in keys:
+        v = values.get(k)
+        v = ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v
+        parts.append(f"{k}={v}")
+    text = "_".join(parts) or "run"
+    return re.sub(r"[^A-Za-z0-9_.=,-]+", "-", text)[:120]
+
+
+def _digest(values: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"sweep file '{path}' does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise _fail(path, where, f"not valid YAML: {problem}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(path, "", f"cannot read: {exc}") from None
+    if not isinstance(data, dict):
+        raise _fail(path, "", "must be a YAML mapping with at least 'matrix' or 'experiments'")
+    for key, value in data.items():
+        if key not in TOP_KEYS:
+            raise _fail(path, str(key), f"unknown key{_did_you_mean(str(key), TOP_KEYS)}")
+        if not isinstance(value, TOP_KEYS[key]) or isinstance(value, bool):
+            want = TOP_KEYS[key].__name__ if isinstance(TOP_KEYS[key], type) else "number"
+            raise _fail(path, str(key), f"must be a {want}, got {type(value).__name__}")
+    return _expand(path, data)
+
+
+def _expand(path: Path, data: dict[str, Any]) -> Sweep:
+    base = data.get("base", {}) or {}
+    matrix = data.get("matrix", {}) or {}
+    extra = data.get("experiments", []) or []
+    exclude = data.get("exclude", []) or []
+    _check_keys(path, "base", base, allow_lists=False)
+    _check_keys(path, "matrix", matrix, allow_lists=True)
+    for i, cell in enumerate(extra):
+        _check_keys(path, f"experiments[{i}]", cell, allow_lists=False)
+    for i, rule in enumerate(exclude):
+        _check_keys(path, f"exclude[{i}]", rule, allow_lists=False)
+        unknown = [k for k in rule if k not in matrix]
+        if unknown:
+            raise _fail(path, f"exclude[{i}].{unknown[0]}", "is not a matrix key, so it cannot exclude anything")
+    repeats = data.get("repeats", 1)
+    if repeats < 1:
+        raise _fail(path, "repeats", "must be at least 1")
+    timeout = float(data.get("timeout_s", 1800))
+    if timeout <= 0:
+        raise _fail(path, "timeout_s", "must be positive")
+    memory = os.environ.get("MEMORY_LOGGING") or data.get("memory_logging", "all")
+    memory = MEMORY_LOGGING_ALIASES.get(memory, memory)
+    if memory not in MEMORY_LOGGING:
+        src = "MEMORY_LOGGING" if os.environ.get("MEMORY_LOGGING") else "memory_logging"
+        raise _fail(path, src, f"'{memory}' is not one of {', '.join(MEMORY_LOGGING)} (or nvidia, huggingface)")
+
+    cells: list[tuple[str, dict[str, Any]]] = []
+    keys = list(matrix)
+    for combo in itertools.product(*(matrix[k] for k in keys)) if keys else ():
+        cell = dict(zip(keys, combo, strict=True))
+        if any(all(cell.get(k) == v for k, v in rule.items()) for rule in exclude):
+            continue
+        where = "matrix[" + ", ".join(f"{k}={v}" for k, v in cell.items()) + "]"
+        cells.append((where, {**base, **cell}))
+    cells += [(f"experiments[{i}]", {**base, **cell}) for i, cell in enumerate(extra)]
+    if not cells:
+        raise _fail(path, "", "the sweep has no experiments (empty matrix and experiments, or all excluded)")
+
+    differs = {k for _, v in cells for k in v if len({json.dumps(c.get(k), default=str) for _, c in cells}) > 1}
+    order = ["method"] + keys + sorted(differs)  # method first, then the matrix's own order
+    varying = list(dict.fromkeys(k for k in order if k in differs))
+    experiments: list[Experiment] = []
+    seen: dict[str, str] = {}
+    for where, values in cells:
+        values.setdefault("method", "qlora")
+        if "model" in values:
+            _check_model(path, f"{where}.model", values["model"])
+        try:
+            config = RunConfig.from_flat({**values, "memory_logging": memory, "quiet": True})
+        except ConfigError as exc:
+            raise _fail(path, where, str(exc)) from None
+        name = f"{_slug(values, varying or ['method'])}-{_digest(values)}"
+        if name in seen:
+            raise _fail(path, where, f"duplicates {seen[name]}")
+        seen[name] = where
+        for r in range(repeats):
+            experiments.append(Experiment(name if repeats == 1 else f"{name}-r{r + 1}", values, config, r))
+    sweep_name = str(data.get("name") or path.stem)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", sweep_name):
+        raise _fail(path, "name", f"'{sweep_name}' must be a plain directory name")
+    return Sweep(sweep_name, path, experiments, memory, timeout, repeats, varying)

@@ -1,0 +1,156 @@
+"""ftprof bench for real: child processes, resume, every failure class, Ctrl-C."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from ftprof.bench.runner import BenchRunner, plan
+from ftprof.bench.sweep import load_sweep
+from ftprof.cli.main import main
+
+FAST = "base: {model: tiny, seq_len: 32, batch_size: 2, max_steps: 3, warmup_steps: 1, device: cpu}\n"
+
+
+def _sweep(tmp_path, body):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(FAST + body)
+    return path
+
+
+def _status(run_dir):
+    return json.loads((run_dir / "result.json").read_text())["status"]
+
+
+def test_dry_run_prints_commands_and_runs_nothing(tmp_path, capsys):
+    path = _sweep(tmp_path, "matrix: {method: [full, lora]}\n")
+    out = tmp_path / "out"
+    assert main(["bench", str(path), "--dry-run", "--output-dir", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.count("-m ftprof train") == 2 and "--memory-logging all" in text
+    assert not out.exists()
+
+
+def test_sweep_runs_resumes_and_forces(tmp_path, capsys):
+    path = _sweep(tmp_path, "matrix: {method: [full, lora]}\n")
+    out = tmp_path / "out"
+    assert main(["bench", str(path), "--output-dir", str(out)]) == 0
+    dirs = sorted(p for p in out.iterdir() if p.is_dir())
+    assert len(dirs) == 2
+    for d in dirs:
+        assert _status(d) == "ok"
+        for name in ("command.sh", "stdout.log", "stderr.log", "config.json", "env.json", "steps.csv"):
+            assert (d / name).is_file(), name
+        assert "-m ftprof train" in (d / "command.sh").read_text()
+    with open(out / "raw_summary.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {r["method"] for r in rows} == {"full", "lora"} and all(float(r["tokens_per_s"]) > 0 for r in rows)
+    mtimes = {d: (d / "result.json").stat().st_mtime for d in dirs}
+    capsys.readouterr()
+    # same sweep again: nothing reruns
+    assert main(["bench", str(path), "--output-dir", str(out)]) == 0
+    assert {d: (d / "result.json").stat().st_mtime for d in dirs} == mtimes
+    planned = plan(load_sweep(path), out)
+    assert [p.action for p in planned] == ["skip", "skip"]
+    assert [p.action for p in plan(load_sweep(path), out, force=True)] == ["run", "run"]
+
+
+def test_command_sh_replays_the_run(tmp_path):
+    path = _sweep(tmp_path, "experiments: [{method: full}]\n")
+    out = tmp_path / "out"
+    assert main(["bench", str(path), "--output-dir", str(out)]) == 0
+    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    (run / "result.json").unlink()
+    proc = subprocess.run(["bash", str(run / "command.sh")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert _status(run) == "ok"
+
+
+def test_failures_are_rows_and_the_sweep_goes_on(tmp_path):
+    # a bad combination fails inside the child (no such LoRA target); the next experiment still runs
+    path = _sweep(tmp_path, "experiments:\n  - {method: lora, lora_targets: [no_such_proj]}\n  - {method: full}\n")
+    out = tmp_path / "out"
+    assert main(["bench", str(path), "--output-dir", str(out)]) == 0
+    statuses = {d.name.split("-")[0]: _status(d) for d in out.iterdir() if d.is_dir()}
+    assert sorted(statuses.values()) == ["error", "ok"]
+    bad = next(d for d in out.iterdir() if d.is_dir() and _status(d) == "error")
+    result = json.loads((bad / "result.json").read_text())
+    assert "--lora-targets" in (result["error_message"] or "") + (bad / "stderr.log").read_text()
+    with open(out / "raw_summary.csv") as fh:
+        assert sorted(r["status"] for r in csv.DictReader(fh)) == ["error", "ok"]
+    # failed experiments are kept on resume, rerun with --retry-failed
+    assert [p.action for p in plan(load_sweep(path), out)].count("run") == 0
+    assert [p.action for p in plan(load_sweep(path), out, retry_failed=True)].count("run") == 1
+
+
+def test_timeout_is_recorded(tmp_path):
+    path = _sweep(tmp_path, "experiments: [{method: full, max_steps: 100000}]\ntimeout_s: 8\n")
+    out = tmp_path / "out"
+    assert main(["bench", str(path), "--output-dir", str(out)]) == 0
+    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    result = json.loads((run / "result.json").read_text())
+    assert result["status"] == "timeout" and "timed out after 8 s" in result["error_message"]
+
+
+def test_sigkilled_child_is_oom_host(tmp_path):
+    path = _sweep(tmp_path, "experiments: [{method: full, max_steps: 100000}]\n")
+    out = tmp_path / "out"
+    sweep = load_sweep(path)
+
+    def on_event(kind, payload):
+        if kind == "start":
+            run_dir = payload.run_dir
+
+            def kill_when_training():
+                for _ in range(600):
+                    if (run_dir / "steps.csv").exists():
+                        break
+                    time.sleep(0.1)
+                for proc in runner_ref[0]._running_procs():
+                    os.kill(proc.pid, signal.SIGKILL)
+
+            threading.Thread(target=kill_when_training, daemon=True).start()
+
+    runner = BenchRunner(sweep, out, plan(sweep, out), on_event=on_event, slots=[])
+    runner_ref = [runner]
+    (outcome,) = runner.run()
+    assert outcome.status == "oom_host"
+    run = out / outcome.name
+    assert _status(run) == "oom_host" and (run / "steps.csv").exists()  # partial steps are kept
+
+
+def test_ctrl_c_marks_interrupted_and_resumes(tmp_path):
+    path = _sweep(tmp_path, "experiments:\n  - {method: full, max_steps: 100000}\n  - {method: lora}\n")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "ftprof", "bench", str(path), "--output-dir", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(out.glob("*/steps.csv")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    runs = [d for d in out.iterdir() if d.is_dir()]
+    assert [_status(d) for d in runs] == ["interrupted"]  # the second experiment never started
+    sweep = load_sweep(path)
+    assert sorted(p.action for p in plan(sweep, out)) == ["run", "run"]  # interrupted and never-run both resume
+
+
+@pytest.mark.gpu
+def test_nvml_sampler_reads_the_gpu(tmp_path):
+    import ftprof
+
+    cfg = ftprof.RunConfig.from_flat({"method": "lora", "model": "llama-1b", "seq_len": 512, "batch_size": 2,
+                                      "max_steps": 6, "device": "cuda", "memory_logging": "all",
+                                      "output_dir": str(tmp_path), "quiet": True})
+    result = ftprof.train(cfg)
+    assert result.status == "ok"
+    assert result.nvml_device_used_peak >= result.torch_peak_reserved
+    assert result.nvml_process_used_peak > 0 and result.non_torch_overhead > 0
+    assert result.nvml["nvml_samples"] > 3 and result.nvml.get("nvml_energy_j", 0) > 0

@@ -1,0 +1,87 @@
+import pytest
+
+from ftprof.bench.sweep import load_sweep
+from ftprof.errors import ConfigError
+
+
+def _sweep(tmp_path, text, name="s.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_matrix_expansion_exclusion_and_extra_cells(tmp_path):
+    sweep = load_sweep(_sweep(tmp_path, """
+name: grid
+base: {model: tiny, max_steps: 3}
+matrix:
+  method: [full, lora, qlora]
+  batch_size: [1, 2]
+experiments:
+  - {method: lora, seq_len: 256}
+exclude:
+  - {method: full, batch_size: 2}
+repeats: 2
+"""))
+    cells = {(e.values["method"], e.values.get("batch_size"), e.values.get("seq_len")) for e in sweep.experiments}
+    assert cells == {("full", 1, None), ("lora", 1, None), ("lora", 2, None), ("qlora", 1, None),
+                     ("qlora", 2, None), ("lora", None, 256)}
+    assert len(sweep.experiments) == 12 and sweep.repeats == 2
+    assert len({e.name for e in sweep.experiments}) == 12  # repeats get their own directories
+    assert sweep.varying[0] == "method" and "batch_size" in sweep.varying
+    assert all(e.config.model.model == "tiny" and e.config.train.max_steps == 3 for e in sweep.experiments)
+    assert sweep.name == "grid" and sweep.memory_logging == "all"
+
+
+def test_names_are_stable_across_loads(tmp_path):
+    text = "matrix: {method: [full, lora], batch_size: [1, 2]}\nbase: {model: tiny}\n"
+    a = [e.name for e in load_sweep(_sweep(tmp_path, text)).experiments]
+    b = [e.name for e in load_sweep(_sweep(tmp_path, text)).experiments]
+    assert a == b and a[0].startswith("method=full_batch_size=1-")
+
+
+def test_memory_logging_env_override_and_alias(tmp_path, monkeypatch):
+    path = _sweep(tmp_path, "memory_logging: nvidia\nmatrix: {method: [full]}\n")
+    assert load_sweep(path).memory_logging == "nvml"
+    monkeypatch.setenv("MEMORY_LOGGING", "huggingface")
+    sweep = load_sweep(path)
+    assert sweep.memory_logging == "torch" and sweep.experiments[0].config.output.memory_logging == "torch"
+
+
+BAD_FILES = [
+    ("matrix: [unclosed\n", "s.yaml: line 2: not valid YAML"),
+    ("- just\n- a list\n", "must be a YAML mapping"),
+    ("matrx: {method: [full]}\n", "s.yaml: matrx: unknown key (did you mean 'matrix'?)"),
+    ("matrix: {method: [full], batch_sise: [1]}\n", "matrix.batch_sise: unknown option (did you mean 'batch_size'?)"),
+    ("matrix: {method: full}\n", "matrix.method: must be a non-empty list of values"),
+    ("matrix: {method: []}\n", "matrix.method: must be a non-empty list"),
+    ("base: {batch_size: [1, 2]}\nmatrix: {method: [full]}\n", "base.batch_size: must be a single value"),
+    ("matrix: {method: [full, dora]}\n", "matrix[method=dora]: method: 'dora' is not one of"),
+    ("matrix: {method: [full], batch_size: [two]}\n", "option 'batch_size' must be int, got str ('two')"),
+    ("matrix: {method: [full], model: [llama-9b]}\n", "'llama-9b' is not a preset"),
+    ("matrix: {method: [full], model: [./nope]}\n", "model directory './nope' does not exist"),
+    ("matrix: {method: [lora], gptq_bits: [4]}\n", "--gptq-bits is a GPTQ option"),
+    ("matrix: {method: [full]}\nexclude: [{method: full}]\n", "the sweep has no experiments"),
+    ("base: {model: tiny}\n", "the sweep has no experiments"),
+    ("matrix: {method: [full]}\nexclude: [{batch_size: 1}]\n", "exclude[0].batch_size: is not a matrix key"),
+    ("matrix: {method: [full]}\nrepeats: 0\n", "repeats: must be at least 1"),
+    ("matrix: {method: [full]}\nrepeats: two\n", "repeats: must be a int, got str"),
+    ("matrix: {method: [full]}\ntimeout_s: -1\n", "timeout_s: must be positive"),
+    ("matrix: {method: [full]}\nmemory_logging: everything\n", "memory_logging: 'everything' is not one of"),
+    ("matrix: {method: [full]}\nbase: {output_dir: x}\n", "base.output_dir: is set by bench"),
+    ("matrix: {method: [full]}\nname: a/b\n", "name: 'a/b' must be a plain directory name"),
+    ("experiments: [{method: full}, {method: full}]\n", "experiments[1]: duplicates experiments[0]"),
+]
+
+
+@pytest.mark.parametrize("text, fragment", BAD_FILES)
+def test_bad_sweep_files_are_one_line_errors(tmp_path, text, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_sweep(_sweep(tmp_path, text))
+    assert fragment in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_sweep_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_sweep(tmp_path / "none.yaml")
