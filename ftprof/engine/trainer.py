@@ -148,15 +148,19 @@ class Trainer:
             res.notes.append(self.nvml_note)
         if getattr(self, "nvml", None) is None:
             return
-        summary = self.nvml.stop()
+        steady = [s for s in self.steps if not s.warmup]
+        window = (steady[0].started_unix, steady[-1].started_unix + steady[-1].step_time_s) if steady else None
+        summary = self.nvml.stop(window)
         self.nvml = None
         res.nvml = summary
-        res.nvml_device_used_peak = summary.get("nvml_device_used_peak")
-        res.nvml_process_used_peak = summary.get("nvml_process_used_peak")
+        res.nvml_device_used_peak = summary.get("device_used_peak")
+        res.nvml_process_used_peak = summary.get("process_used_peak")
+        if window is not None and summary.get("energy_j") is not None:
+            res.energy_per_token_j = summary["energy_j"] / sum(s.tokens for s in steady)
         if res.nvml_process_used_peak is not None and res.torch_peak_reserved is not None:
             res.non_torch_overhead = res.nvml_process_used_peak - res.torch_peak_reserved
-        if "nvml_error" in summary:
-            res.notes.append(f"NVML sampler failed: {summary['nvml_error']}")
+        if "error" in summary:
+            res.notes.append(f"NVML sampler failed: {summary['error']}")
         else:
             res.artifacts["nvml"] = "nvml.csv"
 
@@ -228,6 +232,7 @@ class Trainer:
     def step(self, index: int) -> StepRecord:
         first = index == 1
         phase = self.profiler.phase(index)
+        started = time.time()
         self.memory.reset_peak()
         self.timer.start()
         loss, tokens, real = self.train_step(first)
@@ -236,7 +241,7 @@ class Trainer:
         mem = self.memory.current()
         record = StepRecord(step=index, loss=float(loss), step_time_s=seconds, tokens=tokens, real_tokens=real,
                             lr=self.cfg.train.lr, warmup=index <= self.cfg.train.warmup_steps,
-                            profiler_phase=phase,
+                            profiler_phase=phase, started_unix=started,
                             mem_allocated=mem["allocated"], mem_peak_allocated=mem["peak_allocated"],
                             mem_reserved=mem["reserved"], mem_peak_reserved=mem["peak_reserved"])
         self.steps.append(record)

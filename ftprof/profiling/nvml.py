@@ -3,7 +3,7 @@
 The training process starts it (``NvmlSampler``) with the UUIDs of the GPUs it uses, so the mapping from
 CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER to NVML's own indices cannot go wrong. It writes nvml.csv:
 
-    t_s, gpu, name, memory_used, process_memory_used, utilization_gpu, power_w, energy_mj, sm_clock_mhz
+    unix_s, gpu, name, memory_used, process_memory_used, utilization_gpu, power_w, energy_mj, sm_clock_mhz
 
 (bytes for memory; energy is NVML's cumulative counter since driver load, in millijoules). Running in another
 process keeps the sampling off the training loop: the training process pays nothing per sample.
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-COLUMNS = ["t_s", "gpu", "name", "memory_used", "process_memory_used", "utilization_gpu", "power_w", "energy_mj",
+COLUMNS = ["unix_s", "gpu", "name", "memory_used", "process_memory_used", "utilization_gpu", "power_w", "energy_mj",
            "sm_clock_mhz"]
 
 
@@ -69,7 +69,7 @@ def sample(pid: int, uuids: list[str], out: Path, interval: float) -> None:
         last_flush = t0
         while not stop["now"]:
             pids = _tree_pids(pid)
-            now = time.monotonic() - t0
+            now = time.time()
             for i, h in enumerate(handles):
                 mem = _safe(pynvml.nvmlDeviceGetMemoryInfo, h)
                 util = _safe(pynvml.nvmlDeviceGetUtilizationRates, h)
@@ -110,7 +110,7 @@ class NvmlSampler:
                ",".join(self.uuids), "--out", str(self.out), "--interval", str(self.interval)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
 
-    def stop(self) -> dict:
+    def stop(self, window: tuple[float, float] | None = None) -> dict:
         if self.proc is None:
             return {}
         self.proc.terminate()
@@ -120,21 +120,22 @@ class NvmlSampler:
             self.proc.kill()
             _, err = self.proc.communicate()
         self.proc = None
-        summary = summarize_csv(self.out)
+        summary = summarize_csv(self.out, window)
         if not summary and err:
-            summary["nvml_error"] = err.decode(errors="replace").strip().splitlines()[-1][:300]
+            summary["error"] = err.decode(errors="replace").strip().splitlines()[-1][:300]
         return summary
 
 
-def summarize_csv(path: Path) -> dict:
-    """Peak and mean memory per device, process-tree peak, energy in joules, mean power and utilization."""
+def summarize_csv(path: Path, window: tuple[float, float] | None = None) -> dict:
+    """Peak and mean memory per device, process-tree peak, mean power and utilization over the whole run; energy
+    in joules over ``window`` (unix seconds: the steady-state steps) when given, else over the whole run."""
     if not Path(path).is_file():
         return {}
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     if not rows:
         return {}
-    out: dict = {"nvml_samples": len(rows)}
+    out: dict = {"samples": len(rows)}
     per_gpu: dict[str, list[dict]] = {}
     for r in rows:
         per_gpu.setdefault(r["gpu"], []).append(r)
@@ -142,29 +143,33 @@ def summarize_csv(path: Path) -> dict:
     def nums(rs, key):
         return [float(r[key]) for r in rs if r.get(key) not in ("", None)]
 
-    peaks, procs, energy = [], [], 0.0
+    peaks, procs, energy = [], [], None
     for gpu, rs in per_gpu.items():
-        used, proc, e = nums(rs, "memory_used"), nums(rs, "process_memory_used"), nums(rs, "energy_mj")
+        used, proc = nums(rs, "memory_used"), nums(rs, "process_memory_used")
         if used:
-            out[f"nvml_gpu{gpu}_used_peak"] = int(max(used))
-            out[f"nvml_gpu{gpu}_used_mean"] = int(sum(used) / len(used))
+            out[f"gpu{gpu}_used_peak"] = int(max(used))
+            out[f"gpu{gpu}_used_mean"] = int(sum(used) / len(used))
             peaks.append(max(used))
         if proc:
             procs.append(max(proc))
+        inside = [r for r in rs if window is None or window[0] <= float(r["unix_s"]) <= window[1]]
+        e = nums(inside, "energy_mj")
         if len(e) >= 2:
-            out[f"nvml_gpu{gpu}_energy_j"] = (e[-1] - e[0]) / 1000.0
-            energy += (e[-1] - e[0]) / 1000.0
-        power, util = nums(rs, "power_w"), nums(rs, "utilization_gpu")
+            out[f"gpu{gpu}_energy_j"] = (e[-1] - e[0]) / 1000.0
+            energy = (energy or 0.0) + (e[-1] - e[0]) / 1000.0
+        power, util = nums(inside or rs, "power_w"), nums(inside or rs, "utilization_gpu")
         if power:
-            out[f"nvml_gpu{gpu}_power_mean_w"] = sum(power) / len(power)
+            out[f"gpu{gpu}_power_mean_w"] = sum(power) / len(power)
         if util:
-            out[f"nvml_gpu{gpu}_util_mean"] = sum(util) / len(util)
+            out[f"gpu{gpu}_util_mean"] = sum(util) / len(util)
     if peaks:
-        out["nvml_device_used_peak"] = int(max(peaks))
+        out["device_used_peak"] = int(max(peaks))
     if procs:
-        out["nvml_process_used_peak"] = int(max(procs))
-    if energy:
-        out["nvml_energy_j"] = energy
+        out["process_used_peak"] = int(max(procs))
+    if energy is not None:
+        out["energy_j"] = energy
+        if window is not None:
+            out["energy_window_s"] = window[1] - window[0]
     return out
 
 

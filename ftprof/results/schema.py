@@ -24,6 +24,7 @@ class StepRecord:
     lr: float
     warmup: bool  # excluded from steady-state figures
     profiler_phase: str  # "", "wait", "warmup" or "active": where the step sat in the profiler schedule
+    started_unix: float  # wall clock at the step's start (aligns steps with nvml.csv samples)
     mem_allocated: int
     mem_peak_allocated: int
     mem_reserved: int
@@ -86,6 +87,7 @@ class RunResult:
     fragmentation: Optional[int] = None  # torch_reserved - torch_allocated
     memory_stages: dict[str, Any] = field(default_factory=dict)
     nvml: dict[str, Any] = field(default_factory=dict)  # sampler summary: per-GPU peaks/means, energy, power
+    energy_per_token_j: Optional[float] = None  # NVML energy over the steady steps / their tokens (all GPUs)
     setup_time_s: Optional[float] = None
     # failure
     error_type: Optional[str] = None
