@@ -6,13 +6,22 @@ Python API (the CLI is a thin skin over it)::
     result = ftprof.train(ftprof.RunConfig(method=ftprof.MethodConfig(method="lora")))
 """
 
-from ftprof.config import DataConfig, MethodConfig, ModelConfig, OutputConfig, RunConfig, TrainConfig
+from ftprof.config import (
+    DataConfig,
+    MethodConfig,
+    ModelConfig,
+    OutputConfig,
+    ProfilingConfig,
+    RunConfig,
+    TrainConfig,
+)
 from ftprof.errors import ConfigError, FtprofError
 
 __version__ = "0.1.0"
 
-__all__ = ["ConfigError", "DataConfig", "FtprofError", "MethodConfig", "ModelConfig", "OutputConfig", "RunConfig",
-           "TrainConfig", "train", "__version__"]
+__all__ = ["ConfigError", "DataConfig", "FtprofError", "MethodConfig", "ModelConfig", "OutputConfig",
+           "ProfilingConfig", "RunConfig", "TrainConfig", "build_report", "load_results", "profile", "run_sweep",
+           "train", "__version__"]
 
 
 def train(cfg: RunConfig, **kwargs):
@@ -20,3 +29,40 @@ def train(cfg: RunConfig, **kwargs):
     from ftprof.engine.run import train as _train
 
     return _train(cfg, **kwargs)
+
+
+def profile(cfg: RunConfig, **kwargs):
+    """``train`` under torch.profiler (cfg.profiling says how); artifacts and summary land in <run dir>/profile."""
+    import dataclasses
+
+    return train(dataclasses.replace(cfg, profiling=dataclasses.replace(cfg.profiling, profile=True)), **kwargs)
+
+
+def run_sweep(sweep_file, output_dir=None, *, force: bool = False, retry_failed: bool = False):
+    """Run a sweep file, one process per experiment; returns the outcomes (name, status, seconds, result)."""
+    from pathlib import Path
+
+    from ftprof.bench.runner import BenchRunner, plan
+    from ftprof.bench.sweep import load_sweep
+
+    sweep = load_sweep(sweep_file)
+    out = Path(output_dir or Path("results") / sweep.name)
+    out.mkdir(parents=True, exist_ok=True)
+    runner = BenchRunner(sweep, out, plan(sweep, out, force=force, retry_failed=retry_failed))
+    outcomes = runner.run()
+    runner.write_summary()
+    return outcomes
+
+
+def load_results(*paths, problems=None):
+    """Every run directory under ``paths`` as one pandas DataFrame row."""
+    from ftprof.report.tables import load_results as _load
+
+    return _load(*paths, problems=problems)
+
+
+def build_report(paths, out_dir=None, **kwargs):
+    """Tables, CSV, Markdown, plots and HTML from run directories (see ftprof.report.build)."""
+    from ftprof.report.build import build_report as _build
+
+    return _build(list(paths) if not isinstance(paths, (str, bytes)) else [paths], out_dir, **kwargs)

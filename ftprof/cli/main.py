@@ -7,6 +7,7 @@ import sys
 from ftprof.cli.bench import bench_parser
 from ftprof.cli.common import OneLineErrorParser
 from ftprof.cli.profile import profile_parser
+from ftprof.cli.report import report_parser
 from ftprof.cli.train import train_parser
 from ftprof.errors import FtprofError
 
@@ -21,6 +22,7 @@ def build_parser() -> OneLineErrorParser:
     train_parser(subparsers)
     profile_parser(subparsers)
     bench_parser(subparsers)
+    report_parser(subparsers)
     return parser
 
 

@@ -45,6 +45,7 @@ def run_row(run_dir: Path) -> dict[str, Any]:
     for section in SECTIONS:
         for key, value in (config.get(section) or {}).items():
             row[key] = ",".join(map(str, value)) if isinstance(value, list) else value
+    row["run_name"] = run_dir.name  # the directory, even if copied or renamed since the run
     result_path = run_dir / RESULT
     if not result_path.is_file():
         row["status"] = "incomplete"  # started, never finished (killed before bench could record it)

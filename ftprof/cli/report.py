@@ -1,0 +1,69 @@
+"""`ftprof report RESULTS...`: tables (terminal, CSV, Markdown), plots, HTML; --baseline flags regressions."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+STATUS_STYLE = {"ok": "green", "timeout": "yellow", "interrupted": "yellow", "incomplete": "yellow"}
+
+
+def report_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "report", help="turn run directories into tables, CSV, Markdown, plots and an HTML report",
+        description="Read every run directory under the given paths (bench sweeps and single runs alike) and write "
+                    "raw_summary.csv, summary.csv, summary.md, PNG plots and report.html. With --baseline, compare "
+                    "matching experiments and exit 1 on a regression beyond --threshold percent.")
+    parser.add_argument("paths", nargs="+", help="results directories or run directories")
+    parser.add_argument("--baseline", help="results directory to compare against")
+    parser.add_argument("--threshold", type=float, default=5.0, help="regression threshold in percent (default 5)")
+    parser.add_argument("--format", default="all", choices=("all", "md", "csv"),
+                        help="what to write: all (tables, plots, HTML), md or csv (default all)")
+    parser.add_argument("--group-by", help="group rows by this column (e.g. method)")
+    parser.add_argument("--sort", default="tokens_per_s", help="sort by this column, descending (default tokens_per_s)")
+    parser.add_argument("--output-dir", help="where to write (default: <first path>/report)")
+    parser.set_defaults(func=report_command)
+    return parser
+
+
+def terminal_table(report) -> Table:
+    from ftprof.report.tables import display_rows, header_line
+
+    headers, rows = display_rows(report.table, with_ci=False)  # CIs are in summary.md/csv
+    title = "ftprof report" + (f"  ({header_line(report.table)})" if report.table.constant else "")
+    table = Table(title=title, header_style="bold")
+    for h in headers:
+        table.add_column(h, justify="left" if h in ("method", "model", "status", "dtype") else "right")
+    status_idx = headers.index("status") if "status" in headers else None
+    for row in rows:
+        style = None
+        if status_idx is not None and row[status_idx] != "ok":
+            style = "red" if row[status_idx] not in STATUS_STYLE else STATUS_STYLE[row[status_idx]]
+            row = row[:status_idx] + [f"[bold]{row[status_idx]}[/bold]"] + row[status_idx + 1:]
+        table.add_row(*row, style=style)
+    return table
+
+
+def report_command(args: argparse.Namespace) -> int:
+    from ftprof.report.build import build_report
+
+    report = build_report(args.paths, args.output_dir, baseline=args.baseline, threshold_pct=args.threshold,
+                          sort=args.sort, group_by=args.group_by, formats=args.format)
+    console = Console(highlight=False)
+    for problem in report.problems:
+        console.print(f"[yellow]skipped[/yellow] {problem}")
+    console.print(terminal_table(report))
+    cmp = report.comparison
+    if cmp is not None:
+        for s in cmp.status_regressions:
+            console.print(f"[red]regression[/red] {s}")
+        for ch in cmp.regressions:
+            console.print(f"[red]regression[/red] {ch.experiment}: {ch.figure} {ch.baseline:.4g} -> {ch.current:.4g} "
+                          f"({ch.change_pct:+.1f}%)")
+        if not cmp.failed:
+            console.print(f"[green]no regression beyond {args.threshold:g}%[/green] "
+                          f"({len(cmp.changes)} figures compared)")
+    console.print(f"[dim]wrote {', '.join(sorted(report.files))} to {report.out_dir}[/dim]")
+    return 1 if cmp is not None and cmp.failed else 0

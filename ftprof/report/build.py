@@ -1,0 +1,126 @@
+"""``build_report``: run directories -> raw_summary.csv, summary.csv, summary.md, PNG plots, report.html."""
+
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from ftprof.errors import ConfigError
+from ftprof.report import compare as compare_mod
+from ftprof.report import plots
+from ftprof.report.tables import SummaryTable, load_results, summarize, to_csv_frame, to_markdown
+from ftprof.results.store import write_text_atomic
+
+FORMATS = ("all", "md", "csv")
+
+
+@dataclass
+class Report:
+    frame: pd.DataFrame  # every run, every field
+    table: SummaryTable
+    out_dir: Path
+    files: dict[str, Path] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    comparison: compare_mod.Comparison | None = None
+
+
+def _check_paths(paths: list[str | Path]) -> None:
+    for p in paths:
+        if not Path(p).exists():
+            raise ConfigError(f"'{p}' does not exist")
+
+
+def build_report(paths: list[str | Path], out_dir: str | Path | None = None, *, baseline: str | Path | None = None,
+                 threshold_pct: float = 5.0, sort: str | None = "tokens_per_s", group_by: str | None = None,
+                 formats: str = "all", plot: bool = True) -> Report:
+    if not paths:
+        raise ConfigError("give at least one results directory")
+    _check_paths(list(paths) + ([baseline] if baseline else []))
+    if formats not in FORMATS:
+        raise ConfigError(f"--format: '{formats}' is not one of {', '.join(FORMATS)}")
+    if threshold_pct < 0:
+        raise ConfigError("--threshold must be >= 0")
+    problems: list[str] = []
+    df = load_results(list(paths), problems=problems)
+    if df.empty:
+        raise ConfigError(f"no run directories (with config.json) under {', '.join(map(str, paths))}")
+    if sort and sort not in df.columns:
+        raise ConfigError(f"--sort: '{sort}' is not a column (try tokens_per_s, step_time_p50_s, mfu)")
+    if group_by and group_by not in df.columns:
+        raise ConfigError(f"--group-by: '{group_by}' is not a column (try method, model, batch_size)")
+    out = Path(out_dir) if out_dir else Path(paths[0]) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    table = summarize(df, sort=sort, group_by=group_by)
+    report = Report(df, table, out, problems=problems)
+    if formats in ("all", "csv"):
+        report.files["raw_summary.csv"] = write_text_atomic(out / "raw_summary.csv", df.to_csv(index=False))
+        report.files["summary.csv"] = write_text_atomic(out / "summary.csv", to_csv_frame(table).to_csv(index=False))
+    markdown = to_markdown(table, title=f"ftprof report: {', '.join(str(p) for p in paths)}")
+    if baseline:
+        base_df = load_results([baseline], problems=problems)
+        if base_df.empty:
+            raise ConfigError(f"--baseline: no run directories under '{baseline}'")
+        report.comparison = compare_mod.compare(df, base_df, threshold_pct)
+        markdown += "\n" + compare_mod.to_markdown(report.comparison, threshold_pct)
+    if formats in ("all", "md"):
+        report.files["summary.md"] = write_text_atomic(out / "summary.md", markdown)
+    if plot and formats == "all":
+        for png in plots.all_plots(df, out):
+            report.files[png.name] = png
+        report.files["report.html"] = write_text_atomic(out / "report.html", to_html(report, markdown))
+    return report
+
+
+def _md_table_to_html(markdown: str) -> str:
+    """The summary's Markdown, rendered minimally (tables, headings, paragraphs, lists) without extra packages."""
+    out, in_table = [], False
+    for line in markdown.splitlines():
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if all(set(c) <= set("-: ") for c in cells):
+                continue
+            tag = "th" if not in_table else "td"
+            if not in_table:
+                out.append("<table>")
+                in_table = True
+            out.append("<tr>" + "".join(f"<{tag}>{_inline(c)}</{tag}>" for c in cells) + "</tr>")
+            continue
+        if in_table:
+            out.append("</table>")
+            in_table = False
+        if line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            out.append(f"<h{level}>{_inline(line.lstrip('#').strip())}</h{level}>")
+        elif line.startswith("- "):
+            out.append(f"<li>{_inline(line[2:])}</li>")
+        elif line.strip():
+            out.append(f"<p>{_inline(line)}</p>")
+    if in_table:
+        out.append("</table>")
+    return "\n".join(out)
+
+
+def _inline(text: str) -> str:
+    text = html.escape(text)
+    parts = text.split("**")
+    return "".join(f"<b class='bad'>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
+
+
+def to_html(report: Report, markdown: str) -> str:
+    """One self-contained file: tables and PNGs embedded, nothing to fetch."""
+    images = []
+    for name, path in report.files.items():
+        if name.endswith(".png"):
+            data = base64.b64encode(Path(path).read_bytes()).decode()
+            images.append(f"<figure><img alt='{html.escape(name)}' src='data:image/png;base64,{data}'>"
+                          f"<figcaption>{html.escape(name)}</figcaption></figure>")
+    style = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;"
+             "font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}th{background:#f3f3f3}"
+             "td:first-child,th:first-child{text-align:left}.bad{color:#b00}img{max-width:100%}"
+             "figure{display:inline-block;margin:1em;vertical-align:top}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>ftprof report</title><style>{style}</style>"
+            f"</head><body>{_md_table_to_html(markdown)}{''.join(images)}</body></html>\n")

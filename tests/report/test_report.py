@@ -1,0 +1,142 @@
+"""ftprof report on run directories made for real in this session, plus hand-made failed and broken ones."""
+
+import csv
+import json
+import shutil
+
+import pytest
+
+import ftprof
+from ftprof.cli.main import main
+from ftprof.report.tables import ci95
+from tests.conftest import tiny_config
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("results")
+    runs = [("full", 2, "a"), ("full", 4, "b"), ("lora", 2, "c1"), ("lora", 2, "c2")]  # c1, c2: repeats
+    for method, batch, name in runs:
+        res = ftprof.train(tiny_config(root, method, batch_size=batch, max_steps=4, run_name=name))
+        assert res.status == "ok"
+    # a failed run, as bench records it: config plus a result with the failure class and peak
+    failed = root / "oom"
+    shutil.copytree(root / "a", failed)
+    cfg = json.loads((failed / "config.json").read_text())
+    cfg["data"]["batch_size"] = 512
+    (failed / "config.json").write_text(json.dumps(cfg))
+    result = json.loads((failed / "result.json").read_text())
+    result.update(status="oom_device", tokens_per_s=None, batch_size=512, error_message="CUDA out of memory")
+    (failed / "result.json").write_text(json.dumps(result))
+    # broken ones: half-written and from a newer ftprof
+    (root / "half").mkdir()
+    (root / "half" / "config.json").write_text('{"model": {"mod')
+    newer = root / "newer"
+    shutil.copytree(root / "b", newer)
+    cfg = json.loads((newer / "config.json").read_text())
+    cfg["schema_version"] = 99
+    (newer / "config.json").write_text(json.dumps(cfg))
+    return root
+
+
+def _result(root, name):
+    return json.loads((root / name / "result.json").read_text())
+
+
+def test_load_results_skips_broken_dirs(results):
+    problems = []
+    df = ftprof.load_results(results, problems=problems)
+    assert sorted(df["run_name"]) == ["a", "b", "c1", "c2", "oom"]
+    assert len(problems) == 2
+    assert any("half" in p and "unreadable config.json" in p for p in problems)
+    assert any("newer" in p and "schema_version 99" in p for p in problems)
+
+
+def test_report_tables_equal_the_inputs(results, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # a wide terminal: rich would otherwise fold the cells
+    out = tmp_path / "rep"
+    assert main(["report", str(results), "--output-dir", str(out)]) == 0
+    terminal = capsys.readouterr().out
+    assert "oom_device" in terminal and "skipped" in terminal
+    with open(out / "summary.csv") as fh:
+        rows = {(r["method"], r["batch_size"]): r for r in csv.DictReader(fh)}
+    assert float(rows[("full", "4")]["tokens_per_s"]) == pytest.approx(_result(results, "b")["tokens_per_s"])
+    assert float(rows[("full", "4")]["step_time_p50_s"]) == pytest.approx(_result(results, "b")["step_time_p50_s"])
+    reps = [_result(results, n)["tokens_per_s"] for n in ("c1", "c2")]
+    lora = rows[("lora", "2")]
+    assert lora["repeats"] == "2"
+    assert float(lora["tokens_per_s"]) == pytest.approx(sum(reps) / 2)
+    assert float(lora["tokens_per_s_ci95"]) == pytest.approx(ci95(reps))
+    assert rows[("full", "512")]["status"] == "oom_device"  # failed runs stay in the table
+    md = (out / "summary.md").read_text()
+    assert "All runs: model: tiny" in md  # constant columns lifted into a header line
+    assert "**oom_device**" in md and "CUDA out of memory" in md
+    with open(out / "raw_summary.csv") as fh:
+        raw = list(csv.DictReader(fh))
+    assert len(raw) == 5 and "memory_stages_mem_load_delta" in raw[0]
+
+
+def test_plots_and_html(results, tmp_path):
+    rep = ftprof.build_report([results], tmp_path / "rep")
+    pngs = [p for n, p in rep.files.items() if n.endswith(".png")]
+    assert {p.name for p in pngs} >= {"throughput_vs_memory.png", "tokens_vs_batch.png", "step_times.png"}
+    import matplotlib.image as mpimg
+
+    for png in pngs:
+        assert png.read_bytes()[:8] == PNG_MAGIC
+        assert mpimg.imread(png).shape[0] > 100
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == len(pngs) and "<table>" in html and "oom_device" in html
+
+
+def test_identical_baseline_passes_and_planted_regression_fails(results, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    current = tmp_path / "current"
+    shutil.copytree(results, current)
+    assert main(["report", str(current), "--baseline", str(results), "--output-dir", str(tmp_path / "r1")]) == 0
+    assert "no regression beyond 5%" in capsys.readouterr().out
+    res = json.loads((current / "b" / "result.json").read_text())
+    res["tokens_per_s"] *= 0.8  # 20% slower
+    (current / "b" / "result.json").write_text(json.dumps(res))
+    code = main(["report", str(current), "--baseline", str(results), "--threshold", "5", "--output-dir",
+                 str(tmp_path / "r2")])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "regression" in out and "tokens_per_s" in out and "-20.0%" in out
+    assert "**regression**" in (tmp_path / "r2" / "summary.md").read_text()
+    # within the threshold: not a regression
+    assert main(["report", str(current), "--baseline", str(results), "--threshold", "25", "--output-dir",
+                 str(tmp_path / "r3")]) == 0
+
+
+def test_a_run_that_stopped_succeeding_is_a_regression(results, tmp_path):
+    current = tmp_path / "current"
+    shutil.copytree(results, current)
+    res = json.loads((current / "a" / "result.json").read_text())
+    res["status"] = "oom_device"
+    (current / "a" / "result.json").write_text(json.dumps(res))
+    rep = ftprof.build_report([current], tmp_path / "r", baseline=results)
+    assert rep.comparison.failed and rep.comparison.status_regressions
+
+
+def test_group_and_sort(results, tmp_path):
+    rep = ftprof.build_report([results], tmp_path / "r", group_by="method", sort="tokens_per_s", formats="md")
+    methods = list(rep.table.frame["method"])
+    assert methods == sorted(methods)
+    assert not (tmp_path / "r" / "summary.csv").exists() and (tmp_path / "r" / "summary.md").exists()
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["report", "/no/such/results"], "does not exist"),
+    (["report", "{results}", "--sort", "speed"], "--sort: 'speed' is not a column"),
+    (["report", "{results}", "--group-by", "colour"], "--group-by: 'colour' is not a column"),
+    (["report", "{empty}"], "no run directories"),
+])
+def test_report_errors(results, tmp_path, capsys, argv, fragment):
+    (tmp_path / "empty").mkdir()
+    argv = [a.format(results=results, empty=tmp_path / "empty") for a in argv]
+    assert main(argv + ["--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and "\n" not in err
