@@ -206,6 +206,36 @@ class OutputConfig:
                      f"--run-name: '{self.run_name}' is not a plain directory name")
 
 
+PARALLEL = ("fsdp", "ddp")
+
+
+@dataclass
+class DistributedConfig:
+    """Several GPUs or nodes: ftprof relaunches itself through torchrun (torch.distributed.run), or joins it."""
+
+    nproc_per_node: int = option(1, "processes (GPUs) per node; above 1 ftprof relaunches itself under torchrun")
+    nnodes: int = option(1, "nodes")
+    node_rank: int = option(0, "this node's rank (multi-node)")
+    rdzv_endpoint: Optional[str] = option(None, "rendezvous host:port (needed with --nnodes > 1)")
+    rdzv_backend: str = option("c10d", "rendezvous backend")
+    parallel: str = option("fsdp", "data parallelism: FSDP2 (fully_shard, sharded) or DDP (replicated)",
+                           choices=PARALLEL)
+    fsdp_reshard_after_forward: bool = option(True, "FSDP: free gathered parameters after forward (less memory, "
+                                              "one more all-gather in backward)")
+    fsdp_cpu_offload: bool = option(False, "FSDP: keep sharded parameters, gradients and optimizer state on CPU")
+
+    def __post_init__(self) -> None:
+        _require(self.nproc_per_node >= 1, f"--nproc-per-node must be at least 1, got {self.nproc_per_node}")
+        _require(self.nnodes >= 1, f"--nnodes must be at least 1, got {self.nnodes}")
+        _require(0 <= self.node_rank < self.nnodes, f"--node-rank {self.node_rank} must be in [0, --nnodes)")
+        _require(self.nnodes == 1 or bool(self.rdzv_endpoint), "--nnodes > 1 needs --rdzv-endpoint host:port")
+        _one_of("--parallel", self.parallel, PARALLEL)
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+
 PROFILER_ACTIVITIES = ("cpu", "cuda")
 
 
@@ -260,7 +290,7 @@ class ProfilingConfig:
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "method": MethodConfig, "train": TrainConfig,
-            "output": OutputConfig, "profiling": ProfilingConfig}
+            "output": OutputConfig, "profiling": ProfilingConfig, "distributed": DistributedConfig}
 
 
 @dataclass
@@ -273,6 +303,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

@@ -58,6 +58,7 @@ def preflight(cfg: RunConfig) -> Preflight:
     if cfg.model.attn_implementation == "flash_attention_2" and device.type != "cuda":
         raise ConfigError("--attn-implementation flash_attention_2 needs a CUDA device")
     dtype = resolve_dtype_name(cfg.model.dtype, device)
+    _check_distributed(cfg, device, dtype)
     notes: list[str] = []
     train = cfg.train
     prof = cfg.profiling
@@ -68,3 +69,21 @@ def preflight(cfg: RunConfig) -> Preflight:
     resolved = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype), train=train,
                                    method=cfg.method.resolved(dtype))
     return Preflight(source, device, dtype, resolved, notes)
+
+
+def _check_distributed(cfg: RunConfig, device, dtype: str) -> None:
+    d = cfg.distributed
+    if d.world_size == 1:
+        return
+    if device.type == "cuda":
+        import torch
+
+        visible = torch.cuda.device_count()
+        if d.nproc_per_node > visible:
+            raise ConfigError(f"--nproc-per-node {d.nproc_per_node} needs {d.nproc_per_node} GPUs; {visible} visible")
+    m = cfg.method.resolved(dtype)
+    if m.method == "qlora" and d.parallel == "fsdp" and m.quant_storage == "uint8":
+        raise ConfigError("qlora under FSDP needs a floating --quant-storage (e.g. bfloat16) so the 4-bit weights "
+                          "can be sharded beside the other parameters; or use --parallel ddp")
+    if d.fsdp_cpu_offload and d.parallel != "fsdp":
+        raise ConfigError("--fsdp-cpu-offload applies to --parallel fsdp only")

@@ -209,6 +209,20 @@ class BenchRunner:
             RunDirWriter(r.planned.run_dir).write_config(cfg.to_dict())
         RunDirWriter(r.planned.run_dir).write_result(res)
 
+    def _unrunnable(self, p: Planned, reason: str) -> None:
+        """An experiment that cannot start here is still a row: status error, with the reason."""
+        p.run_dir.mkdir(parents=True, exist_ok=True)
+        cfg = p.experiment.config
+        res = RunResult(status="error", run_dir=str(p.run_dir), method=cfg.method.method, model=cfg.model.model,
+                        device=cfg.output.device, device_name="", world_size=cfg.distributed.world_size,
+                        seq_len=cfg.data.seq_len, batch_size=cfg.data.batch_size, error_type="unrunnable",
+                        error_message=reason, notes=[f"recorded by ftprof bench: {reason}"])
+        RunDirWriter(p.run_dir).write_config(cfg.to_dict())
+        RunDirWriter(p.run_dir).write_result(res)
+        outcome = Outcome(p.experiment.name, "error", 0.0, res.to_dict())
+        self.outcomes.append(outcome)
+        self.on_event("finish", outcome)
+
     @staticmethod
     def _signal(r: Running, sig: int) -> None:
         try:
@@ -225,12 +239,29 @@ class BenchRunner:
         for p in self.planned:
             if p.action == "skip":
                 self.on_event("skip", p)
-        free: list[str | None] = list(self.slots) if self.slots else [None]
+        free: list[str] = list(self.slots)
+        cpu_free = [True]  # without GPUs, one experiment at a time
         running = self._running = []
         try:
             while pending or running:
-                while pending and free:
-                    running.append(self._launch(pending.pop(0), free.pop(0)))
+                while pending:
+                    p = pending[0]
+                    if not self.slots:
+                        if not cpu_free[0]:
+                            break
+                        cpu_free[0] = False
+                        running.append(self._launch(pending.pop(0), None))
+                        continue
+                    need = p.experiment.gpus
+                    if need > len(self.slots):
+                        pending.pop(0)
+                        self._unrunnable(p, f"needs {need} GPUs; this machine has {len(self.slots)}")
+                        continue
+                    if need > len(free):
+                        break  # wait for a slot of its size
+                    slot = ",".join(free[:need])
+                    del free[:need]
+                    running.append(self._launch(pending.pop(0), slot))
                 time.sleep(POLL_S)
                 for r in list(running):
                     if r.proc.poll() is None:
@@ -239,7 +270,10 @@ class BenchRunner:
                             self._signal(r, signal.SIGKILL)
                         continue
                     running.remove(r)
-                    free.append(r.slot)
+                    if r.slot is None:
+                        cpu_free[0] = True
+                    else:
+                        free.extend(r.slot.split(","))
                     self._finish(r)
         except KeyboardInterrupt:
             self.interrupted = True

@@ -45,7 +45,8 @@ class Experiment:
 
     @property
     def gpus(self) -> int:
-        return 1
+        """GPUs this experiment needs on this node (its slot size)."""
+        return self.config.distributed.nproc_per_node
 
 
 @dataclass

@@ -17,7 +17,8 @@ from ftprof.config import SECTIONS, RunConfig
 
 SECTION_TITLES = {"model": "model", "data": "data", "method": "method options (LoRA, bitsandbytes, GPTQ)",
                   "train": "training", "output": "output and device",
-                  "profiling": "profiling (torch.profiler; any --prof-* option turns profiling on)"}
+                  "profiling": "profiling (torch.profiler; any --prof-* option turns profiling on)",
+                  "distributed": "several GPUs (torchrun; FSDP2 or DDP)"}
 POSITIONAL = {"method"}  # given as a subcommand argument, not an option
 
 
@@ -89,3 +90,25 @@ def option_names() -> list[str]:
     """Every common option's long name, as the CLI spells it."""
     return ["--" + f.name.replace("_", "-") for cls in SECTIONS.values() for f in fields(cls)
             if f.name not in POSITIONAL]
+
+
+def cli_args(cfg: RunConfig) -> list[str]:
+    """The command line that rebuilds ``cfg`` (options that differ from their defaults), method first."""
+    from ftprof.config import RunConfig as _RC
+
+    defaults = _RC().to_flat()
+    values = cfg.to_flat()
+    args = [values.pop("method")]
+    for key, value in values.items():
+        if value == defaults.get(key) or key == "profile":
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, (list, tuple)):
+            args += [flag, ",".join(map(str, value))]
+        elif value is not None:
+            args += [flag, str(value)]
+    if values.get("profile") and not any(a.startswith("--prof-") for a in args):
+        args += ["--prof-active-steps", str(values["prof_active_steps"])]  # any --prof-* option turns profiling on
+    return args

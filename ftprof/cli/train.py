@@ -22,7 +22,25 @@ def train_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def train_command(args: argparse.Namespace) -> int:
+    from ftprof.engine import distributed
     from ftprof.engine.run import train
 
     result = train(config_from_args(args))
-    return EXIT_CODES.get(result.status, 1)
+    code = EXIT_CODES.get(result.status, 1)
+    if distributed.under_torchrun():
+        exit_worker(code)
+    return code
+
+
+def exit_worker(code: int) -> None:
+    """A torchrun worker leaves without interpreter teardown: gloo's threads can abort it there (seen with torch
+    2.14 on CPU: 'terminate called without an active exception') after every file is already written."""
+    import os
+    import sys
+
+    from ftprof.engine import distributed
+
+    distributed.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

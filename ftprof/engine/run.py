@@ -62,7 +62,7 @@ def _summarize(trainer, result: RunResult, display) -> None:
         paths = summary_output.write(summary, profile_dir, stem)
         result.artifacts.update({f"{stem}_json": os.path.relpath(paths["summary_json"], trainer.run_dir),
                                  f"{stem}_md": os.path.relpath(paths["summary_md"], trainer.run_dir)})
-    if summary is not None:
+    if summary is not None and trainer.dist.is_main:
         summary_output.write(summary, profile_dir, "summary")  # the last cycle, under a name people look for
         result.artifacts["summary"] = os.path.relpath(profile_dir / "summary.md", trainer.run_dir)
         display.show(summary_output.rich_view(summary))
@@ -78,15 +78,51 @@ def _oom_snapshot(trainer, result: RunResult) -> None:
         result.artifacts["oom_snapshot"] = os.path.relpath(path, trainer.run_dir)
 
 
+def _launch_and_collect(cfg: RunConfig, quiet: bool | None) -> RunResult:
+    """Relaunch this run under torchrun and read back the result rank 0 wrote."""
+    import dataclasses
+
+    from ftprof.cli.common import cli_args
+    from ftprof.engine import distributed
+    from ftprof.preflight import preflight
+    from ftprof.results.run_dir import default_run_name
+    from ftprof.results.store import read_json
+
+    preflight(cfg)  # bad input fails here, once, before any process starts
+    name = cfg.output.run_name or default_run_name(cfg.method.method, cfg.model.model)
+    out = dataclasses.replace(cfg.output, run_name=name, quiet=cfg.output.quiet if quiet is None else quiet)
+    cfg = dataclasses.replace(cfg, output=out)
+    code = distributed.launch(cfg, cli_args(cfg))
+    path = Path(cfg.output.output_dir).expanduser() / name / "result.json"
+    if path.is_file():
+        return RunResult.from_dict(read_json(path))
+    status = "interrupted" if code in (130, -2) else "error"
+    return RunResult(status=status, run_dir=str(path.parent), method=cfg.method.method, model=cfg.model.model,
+                     device=cfg.output.device, device_name="", world_size=cfg.distributed.world_size,
+                     error_type="torchrun", error_message=f"torchrun exited with code {code} before rank 0 "
+                     "recorded a result (see the ranks' output above)")
+
+
 def train(cfg: RunConfig, *, quiet: bool | None = None, profiler=None) -> RunResult:
     # Before torch touches CUDA: the allocator reads PYTORCH_ALLOC_CONF at its first allocation.
     pin_allocator_config(cfg.output.alloc_conf)
+    from ftprof.engine import distributed
+
+    if distributed.needs_launch(cfg):
+        return _launch_and_collect(cfg, quiet)
     from ftprof.console import RunDisplay
     from ftprof.engine.trainer import Trainer
     from ftprof.preflight import preflight
 
+    if distributed.under_torchrun():
+        import torch
+
+        use_cuda = cfg.output.device != "cpu" and torch.cuda.is_available()
+        distributed.init("cuda" if use_cuda else "cpu")
     pre = preflight(cfg)
-    display = RunDisplay(pre.config, quiet=cfg.output.quiet if quiet is None else quiet)
+    if quiet is None:
+        quiet = cfg.output.quiet or not distributed.env_info().is_main
+    display = RunDisplay(pre.config, quiet=quiet)
     for note in pre.notes:
         display.log(note)
     trainer = Trainer(pre, log=display.log, profiler=profiler, on_step=display.on_step)
@@ -97,6 +133,8 @@ def train(cfg: RunConfig, *, quiet: bool | None = None, profiler=None) -> RunRes
         display.start(trainer)
         trainer.train_loop()
         result = trainer.result("ok")
+        if trainer.dist.enabled:
+            result = trainer.aggregate_ranks(result)
     except ConfigError:
         display.stop()
         trainer.teardown(trainer.result("error"))

@@ -19,13 +19,15 @@ from torch.profiler import record_function
 from ftprof import metrics
 from ftprof.config import RunConfig
 from ftprof.data import count_tokens, make_batches
+from ftprof.engine import distributed
+from ftprof.models.materialize import materialize_sharded
 from ftprof.models.methods import LoadContext, get_strategy
 from ftprof.models.tokenizer import build_tokenizer
 from ftprof.preflight import Preflight
 from ftprof.profiling.memory import MemoryTracker
 from ftprof.profiling.noop import NullProfiler
 from ftprof.results.env import collect_env
-from ftprof.results.run_dir import RunDirWriter, make_run_dir
+from ftprof.results.run_dir import RunDirWriter, default_run_name, make_run_dir
 from ftprof.results.schema import RunResult, StepRecord
 from ftprof.runtime import allocator_setting, torch_dtype
 
@@ -84,22 +86,32 @@ class Trainer:
         self.memory = MemoryTracker(self.device)
         self.strategy = get_strategy(self.cfg.method.method)
         self.started_at = _now()
+        self.dist = distributed.env_info()
 
     # ---------------------------------------------------------------- setup
     def setup(self) -> None:
         t0 = time.perf_counter()
         gc.collect()  # leftovers of earlier runs in this process must not count as this run's memory
         cfg = self.cfg
-        self.run_dir = make_run_dir(cfg.output.output_dir, cfg.output.run_name, cfg.method.method, cfg.model.model)
-        self.writer = RunDirWriter(self.run_dir)
-        self.writer.write_config(cfg.to_dict())
-        self.writer.write_env(collect_env(allocator_setting()))
+        run_name = cfg.output.run_name
+        if self.dist.enabled and run_name is None:  # every rank must write into the same directory
+            run_name = distributed.all_gather_object(default_run_name(cfg.method.method, cfg.model.model))[0]
+        self.run_dir = make_run_dir(cfg.output.output_dir, run_name, cfg.method.method, cfg.model.model)
+        self.writer = RunDirWriter(self.run_dir, rank=self.dist.rank if self.dist.enabled else None)
+        if self.dist.is_main:
+            self.writer.write_config(cfg.to_dict())
+            self.writer.write_env(collect_env(allocator_setting()))
         self._start_nvml()
-        torch.manual_seed(cfg.train.seed)
+        torch.manual_seed(cfg.train.seed)  # same initial weights on every rank
         self.tokenizer = self._tokenizer()
         vocab = self.pre.source.config.vocab_size
-        self.batches: Iterator[dict] = make_batches(cfg.data, self.tokenizer, vocab, cfg.train.seed)
-        ctx = LoadContext(cfg, self.pre.source, self.device, self.dtype, self.tokenizer, self._calibration, self.log)
+        # Each rank reads a different stream of batches (data parallelism).
+        self.batches: Iterator[dict] = make_batches(cfg.data, self.tokenizer, vocab, cfg.train.seed + self.dist.rank)
+        # Under FSDP a preset is sharded while still on the meta device: no rank ever holds the whole model.
+        defer = (self.dist.enabled and cfg.distributed.parallel == "fsdp" and self.pre.source.kind == "preset"
+                 and self.strategy.can_defer_init)
+        ctx = LoadContext(cfg, self.pre.source, self.device, self.dtype, self.tokenizer, self._calibration, self.log,
+                          defer_init=defer)
         with self.memory.stage("load"):
             model = self.strategy.load(ctx)
         with self.memory.stage("method_setup"):
@@ -110,6 +122,12 @@ class Trainer:
             if hasattr(model, "config"):
                 model.config.use_cache = False
             model.train()  # HF models start in eval mode, where gradient checkpointing silently does nothing
+            if self.dist.enabled:
+                model = distributed.wrap(model, cfg, self.device, self.dtype)
+            if defer:
+                materialize_sharded(model, self.device, std=float(getattr(self.pre.source.config,
+                                                                           "initializer_range", 0.02)),
+                                    seed=cfg.train.seed + self.dist.rank)
             self.model = model
             self.params = [p for p in model.parameters() if p.requires_grad]
             self.optimizer = self._optimizer()
@@ -140,7 +158,8 @@ class Trainer:
 
         uuid = str(torch.cuda.get_device_properties(self.device).uuid)
         uuid = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-        self.nvml = NvmlSampler(self.run_dir / "nvml.csv", [uuid])
+        self.nvml_file = f"nvml_rank{self.dist.rank}.csv" if self.dist.enabled else "nvml.csv"
+        self.nvml = NvmlSampler(self.run_dir / self.nvml_file, [uuid])
         self.nvml.start()
 
     def _stop_nvml(self, res: RunResult) -> None:
@@ -162,7 +181,7 @@ class Trainer:
         if "error" in summary:
             res.notes.append(f"NVML sampler failed: {summary['error']}")
         else:
-            res.artifacts["nvml"] = "nvml.csv"
+            res.artifacts["nvml"] = self.nvml_file
 
     def _tokenizer(self):
         if self.pre.source.kind == "preset":
@@ -342,9 +361,80 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    def aggregate_ranks(self, res: RunResult) -> RunResult:
+        """Collective: every rank sends its figures; rank 0 returns the run's aggregate (others: their own)."""
+        payload = {"rank": self.dist.rank, "steps": [s.to_dict() for s in self.steps],
+                   "summary": {k: getattr(res, k) for k in RANK_FIELDS}, "nvml": res.nvml}
+        gathered = distributed.all_gather_object(payload)
+        if not self.dist.is_main:
+            return res
+        rows = aggregate_steps([g["steps"] for g in gathered])
+        self.writer.write_aggregate_steps(rows)
+        return aggregate_result(res, gathered, rows, self.cfg.distributed.parallel)
+
     def teardown(self, result: RunResult) -> RunResult:
         if hasattr(self, "writer"):
             self.writer.write_steps(self.steps)
             self.writer.write_memory_stages(self.memory.stage_rows())
-            self.writer.write_result(result)
+            if self.dist.enabled:
+                self.writer.write_result(result, rank_file=True)
+            if self.dist.is_main:
+                self.writer.write_result(result)
         return result
+
+
+RANK_FIELDS = ("tokens_per_s", "step_time_p50_s", "step_time_p90_s", "torch_peak_allocated", "torch_peak_reserved",
+               "nvml_process_used_peak", "nvml_device_used_peak", "steady_steps", "device_name", "status")
+
+
+def aggregate_steps(per_rank: list[list[dict]]) -> list[dict]:
+    """Per step: the slowest rank's time (the step is done when every rank is), tokens summed over ranks."""
+    rows = []
+    for group in zip(*per_rank, strict=False):
+        row = dict(group[0])
+        row["step_time_s"] = max(r["step_time_s"] for r in group)
+        row["tokens"] = sum(r["tokens"] for r in group)
+        row["real_tokens"] = sum(r["real_tokens"] for r in group)
+        for key in ("mem_allocated", "mem_peak_allocated", "mem_reserved", "mem_peak_reserved"):
+            row[key] = max(r[key] for r in group)
+        rows.append(row)
+    return rows
+
+
+def aggregate_result(res: RunResult, gathered: list[dict], rows: list[dict], parallel: str) -> RunResult:
+    world = len(gathered)
+    res.world_size, res.parallel = world, parallel
+    res.per_rank = {str(g["rank"]): g["summary"] for g in gathered}
+    res.tokens_per_step = rows[-1]["tokens"] if rows else 0
+    steady = [r for r in rows if not r["warmup"] and r["profiler_phase"] in ("", "wait")] or \
+        [r for r in rows if not r["warmup"]]
+    stats = metrics.step_stats([r["step_time_s"] for r in steady])
+    if stats is not None:
+        secs = sum(r["step_time_s"] for r in steady)
+        res.tokens_per_s = sum(r["tokens"] for r in steady) / secs
+        res.real_tokens_per_s = sum(r["real_tokens"] for r in steady) / secs
+        res.tokens_per_s_per_gpu = res.tokens_per_s / world
+        res.real_tokens_per_s_per_gpu = res.real_tokens_per_s / world
+        res.step_time_p50_s, res.step_time_p90_s = stats.median, stats.p90
+        res.step_time_mean_s, res.step_time_std_s = stats.mean, stats.stdev
+        res.mfu = metrics.utilization(res.flops_per_token, res.tokens_per_s_per_gpu, res.peak_flops)
+        res.hfu = metrics.utilization((res.flops_per_token or 0) + (res.recompute_flops_per_token or 0),
+                                      res.tokens_per_s_per_gpu, res.peak_flops)
+    p50s = [g["summary"]["step_time_p50_s"] for g in gathered if g["summary"]["step_time_p50_s"]]
+    peaks = [g["summary"]["torch_peak_allocated"] for g in gathered if g["summary"]["torch_peak_allocated"]]
+    res.step_time_skew = max(p50s) / min(p50s) - 1 if p50s else None
+    res.memory_skew = max(peaks) / min(peaks) - 1 if peaks else None
+    if peaks:
+        res.torch_peak_allocated = max(peaks)
+        res.torch_peak_reserved = max(g["summary"]["torch_peak_reserved"] or 0 for g in gathered)
+    nvml = [g["nvml"] for g in gathered if g["nvml"]]
+    if nvml:
+        res.nvml_device_used_peak = max(n.get("device_used_peak", 0) for n in nvml)
+        res.nvml_process_used_peak = max(n.get("process_used_peak", 0) for n in nvml)
+        energy = sum(n.get("energy_j", 0.0) for n in nvml)
+        res.nvml = {"ranks": len(nvml), "energy_j": energy, "device_used_peak": res.nvml_device_used_peak}
+        if steady and energy:
+            res.energy_per_token_j = energy / sum(r["tokens"] for r in steady)
+        if res.nvml_process_used_peak and res.torch_peak_reserved:
+            res.non_torch_overhead = res.nvml_process_used_peak - res.torch_peak_reserved
+    return res

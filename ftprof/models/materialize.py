@@ -17,10 +17,14 @@ from torch import nn
 LinearHook = Callable[[str, nn.Linear], Optional[nn.Module]]
 
 
-def _init_(name: str, module: nn.Module, param: torch.Tensor, std: float, gen: torch.Generator) -> None:
-    """HF-style init: normal(0, std) for matmul/embedding weights, zero biases, ones for norm scales."""
+def _init_(name: str, module: nn.Module, param: torch.Tensor, std: float, gen: torch.Generator,
+           module_name: str = "") -> None:
+    """HF-style init: normal(0, std) for matmul/embedding weights, zero biases, ones for norm scales; LoRA's B
+    starts at zero so the adapted model starts as the base model."""
     with torch.no_grad():
-        if isinstance(module, (nn.Linear, nn.Embedding)) and name == "weight":
+        if ".lora_B." in f".{module_name}.":
+            param.zero_()
+        elif isinstance(module, (nn.Linear, nn.Embedding)) and name == "weight":
             param.normal_(0.0, std, generator=gen)
         elif name == "weight" and param.dim() == 1:
             param.fill_(1.0)
@@ -67,3 +71,22 @@ def build_random_model(config, device: torch.device, dtype: torch.dtype, *, seed
                 parent_name, _, child = mod_name.rpartition(".")
                 setattr(model.get_submodule(parent_name) if parent_name else model, child, replacement)
     return model
+
+
+def materialize_sharded(model: nn.Module, device: torch.device, *, std: float = 0.02, seed: int = 0) -> None:
+    """Allocate and initialise a model whose parameters are still on the meta device after FSDP2 sharding.
+
+    Each rank allocates only its shards (DTensor local tensors) and fills them; non-persistent buffers (rotary
+    tables) are real tensors built at construction, which ``to_empty`` would wipe, so they are kept and restored.
+    """
+    buffers = {name: buf for name, buf in model.named_buffers() if not buf.is_meta}
+    model.to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for mod_name, module in model.named_modules():
+        for p_name, param in module.named_parameters(recurse=False):
+            local = param.to_local() if hasattr(param, "to_local") else param
+            _init_(p_name, module, local, std, gen, module_name=mod_name)
+    for name, buf in buffers.items():
+        parent, _, leaf = name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        owner._buffers[leaf] = buf.to(device)

@@ -36,6 +36,7 @@ class LoadContext:
     tokenizer: object
     calibration: Callable[[], list[torch.Tensor]]  # token sequences for GPTQ calibration (lazy)
     log: Callable[[str], None] = print
+    defer_init: bool = False  # presets only: leave parameters on meta (FSDP shards them, then each rank fills its own)
 
 
 def _from_pretrained(ctx: LoadContext, **kwargs) -> nn.Module:
@@ -47,6 +48,10 @@ def _from_pretrained(ctx: LoadContext, **kwargs) -> nn.Module:
 
 
 def _build(ctx: LoadContext, **kwargs) -> nn.Module:
+    if ctx.source.kind == "preset" and ctx.defer_init:
+        from ftprof.models.materialize import empty_model
+
+        return empty_model(ctx.source.config, ctx.dtype, ctx.cfg.model.attn_implementation)
     if ctx.source.kind == "preset":
         return build_random_model(ctx.source.config, ctx.device, ctx.dtype, seed=ctx.cfg.train.seed,
                                   attn_implementation=ctx.cfg.model.attn_implementation, **kwargs)
@@ -56,6 +61,7 @@ def _build(ctx: LoadContext, **kwargs) -> nn.Module:
 class FullFineTune:
     name = "full"
     uses_lora = False
+    can_defer_init = True  # a preset can be sharded before its weights exist
 
     def load(self, ctx: LoadContext) -> nn.Module:
         return _build(ctx)
@@ -68,6 +74,7 @@ class FullFineTune:
 class LoRA:
     name = "lora"
     uses_lora = True
+    can_defer_init = True
 
     def load(self, ctx: LoadContext) -> nn.Module:
         return _build(ctx)
@@ -96,6 +103,7 @@ class LoRA:
 
 class QLoRA(LoRA):
     name = "qlora"
+    can_defer_init = False  # quantizing needs the weights: each rank builds the (4-bit) model, then FSDP shards it
 
     def load(self, ctx: LoadContext) -> nn.Module:
         m = ctx.cfg.method
@@ -122,8 +130,10 @@ class QLoRA(LoRA):
                               compute_dtype=compute, compress_statistics=m.double_quant, quant_type=m.quant_type,
                               quant_storage=storage, device="meta")
         # Params4bit quantizes on its first move to a real device; the 16-bit weight is freed right after.
+        # module=q keeps the quant state on the module too: FSDP2 all-gathers the packed weight into a plain tensor
+        # and bitsandbytes restores its quant state from there (needs a floating quant_storage, e.g. bf16).
         q.weight = bnb.nn.Params4bit(linear.weight.data, requires_grad=False, quant_type=m.quant_type,
-                                     compress_statistics=m.double_quant, quant_storage=storage)
+                                     compress_statistics=m.double_quant, quant_storage=storage, module=q)
         if linear.bias is not None:
             q.bias = nn.Parameter(linear.bias.data, requires_grad=False)
         q = q.to(ctx.device)
@@ -132,6 +142,7 @@ class QLoRA(LoRA):
 
 class GPTQLoRA(LoRA):
     name = "gptq-lora"
+    can_defer_init = False
 
     def load(self, ctx: LoadContext) -> nn.Module:
         from ftprof.models import gptq

@@ -36,8 +36,17 @@ def make_run_dir(output_dir: str, run_name: str | None, method: str, model: str)
 
 
 class RunDirWriter:
-    def __init__(self, path: Path):
+    """Writes a run's files. With ``rank`` set (a distributed run), per-rank files get a ``_rank{r}`` suffix."""
+
+    def __init__(self, path: Path, rank: int | None = None):
         self.path = path
+        self.rank = rank
+
+    def _name(self, name: str) -> str:
+        if self.rank is None:
+            return name
+        stem, dot, ext = name.partition(".")
+        return f"{stem}_rank{self.rank}{dot}{ext}"
 
     def write_config(self, config: dict) -> None:
         write_json_atomic(self.path / CONFIG, config)
@@ -46,11 +55,15 @@ class RunDirWriter:
         write_json_atomic(self.path / ENV, env)
 
     def write_steps(self, steps: list[StepRecord]) -> None:
-        write_csv_atomic(self.path / STEPS, (s.to_dict() for s in steps), STEP_COLUMNS)
+        write_csv_atomic(self.path / self._name(STEPS), (s.to_dict() for s in steps), STEP_COLUMNS)
+
+    def write_aggregate_steps(self, rows: list[dict]) -> None:
+        """steps.csv of a distributed run: per step, the slowest rank's time and every rank's tokens."""
+        write_csv_atomic(self.path / STEPS, rows, STEP_COLUMNS)
 
     def write_memory_stages(self, rows: list[dict]) -> None:
         if rows:
-            write_csv_atomic(self.path / MEMORY_STAGES, rows)
+            write_csv_atomic(self.path / self._name(MEMORY_STAGES), rows)
 
-    def write_result(self, result: RunResult) -> None:
-        write_json_atomic(self.path / RESULT, result.to_dict())
+    def write_result(self, result: RunResult, rank_file: bool = False) -> None:
+        write_json_atomic(self.path / (self._name(RESULT) if rank_file else RESULT), result.to_dict())

@@ -46,6 +46,7 @@ class RunResult:
     device: str
     device_name: str
     world_size: int = 1
+    parallel: Optional[str] = None  # fsdp | ddp when world_size > 1
     started_at: str = ""
     finished_at: str = ""
     steps_completed: int = 0
@@ -89,6 +90,10 @@ class RunResult:
     nvml: dict[str, Any] = field(default_factory=dict)  # sampler summary: per-GPU peaks/means, energy, power
     energy_per_token_j: Optional[float] = None  # NVML energy over the steady steps / their tokens (all GPUs)
     setup_time_s: Optional[float] = None
+    # distributed runs: per-rank figures and how far the slowest/largest rank is from the fastest/smallest
+    per_rank: dict[str, Any] = field(default_factory=dict)
+    step_time_skew: Optional[float] = None  # max/min - 1 of the ranks' median step times
+    memory_skew: Optional[float] = None  # max/min - 1 of the ranks' peak allocated memory
     # failure
     error_type: Optional[str] = None
     error_message: Optional[str] = None

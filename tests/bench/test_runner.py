@@ -155,3 +155,14 @@ def test_nvml_sampler_reads_the_gpu(tmp_path):
     assert result.nvml_process_used_peak > 0 and result.non_torch_overhead > 0
     assert result.nvml["samples"] > 3 and result.nvml.get("energy_j", 0) > 0
     assert 0 < result.energy_per_token_j < 1.0  # joules per token: an H200 does far better than 1 J/token
+
+
+def test_gpu_slots_of_the_experiments_size(tmp_path):
+    """Slots are handed out by size: a 2-GPU experiment waits for two free slots; one too big is a failed row."""
+    path = _sweep(tmp_path, "experiments:\n  - {method: full, nproc_per_node: 4}\n")
+    sweep = load_sweep(path)
+    out = tmp_path / "out"
+    runner = BenchRunner(sweep, out, plan(sweep, out), slots=["0", "1"])
+    (outcome,) = runner.run()
+    assert outcome.status == "error" and "needs 4 GPUs; this machine has 2" in outcome.result["error_message"]
+    assert _status(out / outcome.name) == "error"

@@ -1,0 +1,133 @@
+"""Several processes on PyTorch's own engine: torchrun launch, process group, FSDP2 / DDP wrapping, rank helpers.
+
+ftprof relaunches itself through ``torch.distributed.run`` (torchrun) when a run asks for more than one process;
+already under torchrun (RANK/WORLD_SIZE set), it joins. CUDA runs use NCCL, CPU runs gloo.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ftprof.config import RunConfig
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def env_info() -> DistInfo:
+    """Rank information from torchrun's environment (rank 0 of 1 outside torchrun)."""
+    return DistInfo(int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
+                    int(os.environ.get("WORLD_SIZE", 1)))
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def needs_launch(cfg: RunConfig) -> bool:
+    return cfg.distributed.world_size > 1 and not under_torchrun()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_command(cfg: RunConfig, train_args: list[str]) -> list[str]:
+    d = cfg.distributed
+    endpoint = d.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(d.nproc_per_node),
+            "--nnodes", str(d.nnodes), "--node-rank", str(d.node_rank), "--rdzv-backend", d.rdzv_backend,
+            "--rdzv-endpoint", endpoint, "-m", "ftprof", "train", *train_args]
+
+
+def launch(cfg: RunConfig, train_args: list[str]) -> int:
+    """Run the same training under torchrun; returns its exit status. Ctrl-C reaches the workers through torchrun."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return subprocess.run(torchrun_command(cfg, train_args), env=env).returncode
+
+
+def init(device_type: str) -> DistInfo:
+    """Join the process group (once). The device must be chosen before NCCL initialises."""
+    import torch.distributed as dist
+
+    info = env_info()
+    if not info.enabled or dist.is_initialized():
+        return info
+    if device_type == "cuda":
+        torch.cuda.set_device(info.local_rank)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", info.local_rank))
+    else:
+        dist.init_process_group("gloo")
+    return info
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_gather_object(obj) -> list:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def shutdown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks (FSDP units and checkpointing units), found by class name for any HF causal LM."""
+    return [m for m in model.modules() if type(m).__name__.endswith(("DecoderLayer", "Block"))
+            and any(p.numel() for p in m.parameters())]
+
+
+def wrap(model: nn.Module, cfg: RunConfig, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    d = cfg.distributed
+    if d.parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [device.index] if device.type == "cuda" else None
+        # LoRA leaves most parameters frozen: DDP only reduces the trainable ones.
+        return DDP(model, device_ids=ids, find_unused_parameters=False)
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 else \
+        MixedPrecisionPolicy()
+    offload = CPUOffloadPolicy() if d.fsdp_cpu_offload else OffloadPolicy()
+    kwargs = dict(mp_policy=mp, offload_policy=offload, reshard_after_forward=d.fsdp_reshard_after_forward)
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model

@@ -1,0 +1,74 @@
+"""Two processes on CPU (gloo) under torchrun, launched by ftprof itself: FSDP2 and DDP, per-rank and aggregate."""
+
+import csv
+
+import pytest
+
+import ftprof
+from ftprof.cli.common import cli_args, config_from_args
+from ftprof.cli.main import build_parser, main
+from ftprof.engine.distributed import torchrun_command
+from ftprof.engine.trainer import aggregate_steps
+from tests.conftest import tiny_config
+
+
+@pytest.mark.parametrize("method, parallel", [("full", "fsdp"), ("lora", "fsdp"), ("lora", "ddp"),
+                                              ("qlora", "fsdp")])
+def test_two_process_run_on_cpu(tmp_path, method, parallel):
+    cfg = tiny_config(tmp_path, method, nproc_per_node=2, parallel=parallel, max_steps=5, warmup_steps=1,
+                      run_name="d", lr=3e-3)
+    result = ftprof.train(cfg)
+    assert result.status == "ok", result.error_message
+    assert result.world_size == 2 and result.parallel == parallel
+    run = tmp_path / "d"
+    names = {p.name for p in run.iterdir()}
+    assert {"steps.csv", "steps_rank0.csv", "steps_rank1.csv", "result.json", "result_rank0.json",
+            "result_rank1.json"} <= names
+    assert set(result.per_rank) == {"0", "1"}
+    # global throughput is the sum over ranks: tokens of both ranks over the slowest rank's time
+    with open(run / "steps.csv") as fh:
+        steps = list(csv.DictReader(fh))
+    with open(run / "steps_rank0.csv") as fh:
+        rank0 = list(csv.DictReader(fh))
+    assert int(steps[-1]["tokens"]) == 2 * int(rank0[-1]["tokens"])
+    steady = [s for s in steps if s["warmup"] == "False"]
+    expected = sum(int(s["tokens"]) for s in steady) / sum(float(s["step_time_s"]) for s in steady)
+    assert result.tokens_per_s == pytest.approx(expected)
+    assert result.tokens_per_s_per_gpu == pytest.approx(result.tokens_per_s / 2)
+    assert result.step_time_skew is not None and result.step_time_skew >= 0
+    assert result.loss_last < result.loss_first
+
+
+def test_aggregate_steps_takes_the_slowest_rank():
+    a = [{"step": 1, "step_time_s": 0.5, "tokens": 10, "real_tokens": 9, "mem_allocated": 1, "mem_peak_allocated": 5,
+          "mem_reserved": 2, "mem_peak_reserved": 6}]
+    b = [{"step": 1, "step_time_s": 0.7, "tokens": 10, "real_tokens": 8, "mem_allocated": 3, "mem_peak_allocated": 4,
+          "mem_reserved": 2, "mem_peak_reserved": 9}]
+    (row,) = aggregate_steps([a, b])
+    assert (row["step_time_s"], row["tokens"], row["real_tokens"], row["mem_peak_reserved"]) == (0.7, 20, 17, 9)
+
+
+def test_torchrun_command_and_cli_round_trip():
+    args = build_parser().parse_args(["train", "lora", "--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1",
+                                      "--rdzv-endpoint", "host:29500", "--parallel", "ddp", "--batch-size", "3"])
+    cfg = config_from_args(args)
+    cmd = torchrun_command(cfg, cli_args(cfg))
+    assert cmd[1:4] == ["-m", "torch.distributed.run", "--nproc-per-node"]
+    assert "host:29500" in cmd and cmd[cmd.index("--node-rank") + 1] == "1"
+    tail = cmd[cmd.index("ftprof") + 1:]
+    again = config_from_args(build_parser().parse_args(tail))
+    assert again == cfg
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--nnodes", "2"], "--nnodes > 1 needs --rdzv-endpoint"),
+    (["--nproc-per-node", "0"], "--nproc-per-node must be at least 1"),
+    (["--node-rank", "1"], "--node-rank 1 must be in [0, --nnodes)"),
+    (["--nproc-per-node", "2", "--quant-storage", "uint8"], "qlora under FSDP needs a floating --quant-storage"),
+    (["--nproc-per-node", "2", "--parallel", "ddp", "--fsdp-cpu-offload"], "--fsdp-cpu-offload applies to"),
+])
+def test_distributed_bad_input(tmp_path, capsys, argv, fragment):
+    code = main(["train", "qlora", "--device", "cpu", "--output-dir", str(tmp_path), *argv])
+    assert code == 2
+    assert fragment in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
