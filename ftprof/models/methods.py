@@ -167,7 +167,17 @@ class GPTQLoRA(LoRA):
         label = ctx.source.name if ctx.source.kind == "preset" else ctx.source.name.strip("/").replace("/", "--")
         fp_dtype = torch.float16 if ctx.device.type == "cuda" else torch.float32
         build = lambda: _build(dataclasses.replace(ctx, dtype=fp_dtype))  # noqa: E731
-        return gptq.ensure_quantized(build, ctx.tokenizer, label, key, m, ctx.calibration, ctx.device, ctx.log)
+        # Several ranks: rank 0 quantizes, the others wait and then read the cache (never two writers, and never
+        # two GPTQModel quantizers competing for the same GPUs).
+        from ftprof.engine import distributed
+
+        info = distributed.env_info()
+        if info.enabled and not info.is_main:
+            distributed.barrier()
+        path = gptq.ensure_quantized(build, ctx.tokenizer, label, key, m, ctx.calibration, ctx.device, ctx.log)
+        if info.enabled and info.is_main:
+            distributed.barrier()
+        return path
 
 
 STRATEGIES = {s.name: s for s in (FullFineTune(), LoRA(), QLoRA(), GPTQLoRA())}

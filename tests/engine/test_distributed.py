@@ -72,3 +72,13 @@ def test_distributed_bad_input(tmp_path, capsys, argv, fragment):
     assert code == 2
     assert fragment in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_gptq_lora_two_processes_quantize_once(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FTPROF_CACHE_DIR", str(cache))
+    result = ftprof.train(tiny_config(tmp_path / "runs", "gptq-lora", nproc_per_node=2, parallel="ddp", max_steps=3,
+                                      run_name="g", gptq_calibration_samples=4))
+    assert result.status == "ok", result.error_message
+    entries = [p for p in (cache / "gptq").iterdir()]
+    assert len(entries) == 1 and not entries[0].name.startswith(".")  # one checkpoint, no leftover temp dirs
