@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ftprof.bench.sweep import Experiment, Sweep
+from ftprof.cli.common import option_flag
 from ftprof.config import RunConfig
 from ftprof.results.load import read_runs
 from ftprof.results.run_dir import RunDirWriter
@@ -80,22 +81,13 @@ def plan(sweep: Sweep, out_dir: Path, *, force: bool = False, retry_failed: bool
     return planned
 
 
-def _flag(key: str, value) -> list[str]:
-    flag = "--" + key.replace("_", "-")
-    if isinstance(value, bool):
-        return [flag if value else "--no-" + key.replace("_", "-")]
-    if isinstance(value, (list, tuple)):
-        return [flag, ",".join(map(str, value))]
-    return [flag, str(value)]
-
-
 def train_command(exp: Experiment, run_dir: Path, memory_logging: str) -> list[str]:
     """The child's command line: the experiment's options as given, plus where to write and what to log."""
     values = dict(exp.values)
     method = values.pop("method", "qlora")
     cmd = [sys.executable, "-m", "ftprof", "train", method]
     for key, value in values.items():
-        cmd += _flag(key, value)
+        cmd += option_flag(key, value)
     return cmd + ["--output-dir", str(run_dir.parent), "--run-name", run_dir.name, "--memory-logging",
                   memory_logging, "--quiet"]
 

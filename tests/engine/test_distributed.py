@@ -1,6 +1,7 @@
 """Two processes on CPU (gloo) under torchrun, launched by ftprof itself: FSDP2 and DDP, per-rank and aggregate."""
 
 import csv
+import json
 
 import pytest
 
@@ -82,3 +83,18 @@ def test_gptq_lora_two_processes_quantize_once(tmp_path, monkeypatch):
     assert result.status == "ok", result.error_message
     entries = [p for p in (cache / "gptq").iterdir()]
     assert len(entries) == 1 and not entries[0].name.startswith(".")  # one checkpoint, no leftover temp dirs
+
+
+def test_profile_every_rank_with_checkpointing_under_fsdp(tmp_path):
+    cfg = tiny_config(tmp_path, "lora", nproc_per_node=2, parallel="fsdp", max_steps=4, run_name="p", profile=True,
+                      prof_ranks="all", prof_active_steps=1, gradient_checkpointing=True)
+    result = ftprof.train(cfg)
+    assert result.status == "ok", result.error_message
+    prof = tmp_path / "p" / "profile"
+    traces = sorted(p.name for p in prof.glob("trace_*.json.gz"))
+    assert traces == ["trace_rank0_cycle1.pt.trace.json.gz", "trace_rank1_cycle1.pt.trace.json.gz"]
+    import gzip
+
+    ranks = {json.loads(gzip.open(prof / t).read())["distributedInfo"]["rank"] for t in traces}
+    assert ranks == {0, 1}
+    assert (prof / "summary.md").exists() and result.recompute_flops_per_token > 0

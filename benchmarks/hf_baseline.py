@@ -1,0 +1,141 @@
+"""The plain Hugging Face Trainer + PEFT recipe, timed the way ftprof times itself: the baseline of BENCHMARKS.md.
+
+Same random-init preset architectures and the same synthetic token stream as ftprof, trained with
+``transformers.Trainer`` as its documentation recipes do: bf16, fused AdamW, LoRA r=16 on the seven projections,
+and for QLoRA the textbook ``prepare_model_for_kbit_training`` on a bitsandbytes NF4 checkpoint. Step time is wall
+time between step begin and step end with a CUDA synchronisation at both ends; warm-up steps are dropped.
+
+    python benchmarks/hf_baseline.py --method lora --model llama-8b --batch-size 4 --seq-len 2048 \\
+        --max-steps 20 --gradient-checkpointing
+
+Prints one JSON line (method, model, tokens_per_s, step_time_p50_s, torch_peak_allocated, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+
+import torch
+
+from ftprof.config import DEFAULT_LORA_TARGETS, DataConfig
+from ftprof.data import synthetic_batches
+from ftprof.models.materialize import build_random_model
+from ftprof.models.presets import PRESETS, preset_config
+from ftprof.models.tokenizer import build_tokenizer
+
+
+class SyntheticDataset(torch.utils.data.Dataset):
+    def __init__(self, seq_len: int, vocab: int, n: int, seed: int = 0):
+        stream = synthetic_batches(DataConfig(seq_len=seq_len, batch_size=1), vocab, seed)
+        self.rows = [next(stream)["input_ids"][0] for _ in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        ids = self.rows[i]
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+
+def _timer_callback(cuda: bool):
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.times: list[float] = []
+
+        def on_step_begin(self, args, state, control, **kw):
+            if cuda:
+                torch.cuda.synchronize()
+            self._t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            if cuda:
+                torch.cuda.synchronize()
+            self.times.append(time.perf_counter() - self._t0)
+
+    return StepTimer()
+
+
+def _model(args, device: torch.device, dtype: torch.dtype):
+    config = preset_config(args.model)
+    if args.method in ("full", "lora"):
+        return build_random_model(config, device, dtype)
+    # Quantized recipes load a checkpoint, as users do: write the random model once, load it quantized.
+    workdir = tempfile.mkdtemp(prefix="hf-baseline-")
+    build_random_model(config, torch.device("cpu") if device.type == "cpu" else device,
+                       torch.float16 if args.method == "gptq-lora" else dtype).save_pretrained(workdir)
+    build_tokenizer().save_pretrained(workdir)
+    if args.method == "qlora":
+        from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+        bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                 bnb_4bit_compute_dtype=dtype)
+        return AutoModelForCausalLM.from_pretrained(workdir, quantization_config=bnb, dtype=dtype,
+                                                    device_map={"": str(device)})
+    from gptqmodel import BACKEND, GPTQModel, QuantizeConfig
+
+    gm = GPTQModel.load(workdir, QuantizeConfig(bits=4, group_size=128), device=str(device))
+    calib = SyntheticDataset(args.seq_len, config.vocab_size, 16)
+    gm.quantize([{"input_ids": r["input_ids"].view(1, -1), "attention_mask": r["attention_mask"].view(1, -1)}
+                 for r in calib], batch_size=1, backend=BACKEND.GPTQ_TORCH)
+    gm.save(workdir + "-gptq")
+    return GPTQModel.load(workdir + "-gptq", device=str(device), backend=BACKEND.GPTQ_TORCH).model
+
+
+def run(args) -> dict:
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import Trainer, TrainingArguments
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    model = _model(args, device, dtype)
+    if args.method in ("qlora", "gptq-lora"):
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.gradient_checkpointing)
+    if args.method != "full":
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=list(DEFAULT_LORA_TARGETS),
+                                                 task_type="CAUSAL_LM"))
+    data = SyntheticDataset(args.seq_len, preset_config(args.model).vocab_size,
+                            args.batch_size * (args.max_steps + 1))
+    targs = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="hf-baseline-out-"), max_steps=args.max_steps,
+                              per_device_train_batch_size=args.batch_size, learning_rate=2e-4, bf16=cuda,
+                              gradient_checkpointing=args.gradient_checkpointing,
+                              gradient_checkpointing_kwargs={"use_reentrant": False},
+                              optim="adamw_torch_fused" if cuda else "adamw_torch", logging_steps=10 ** 6,
+                              save_strategy="no", report_to=[], dataloader_num_workers=0, use_cpu=not cuda)
+    timer = _timer_callback(cuda)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    Trainer(model=model, args=targs, train_dataset=data, callbacks=[timer]).train()
+    steady = timer.times[args.warmup_steps:]
+    p50 = statistics.median(steady)
+    return {"recipe": "hf-trainer", "method": args.method, "model": args.model, "batch_size": args.batch_size,
+            "seq_len": args.seq_len, "gradient_checkpointing": args.gradient_checkpointing,
+            "device": torch.cuda.get_device_name() if cuda else "cpu", "steps": len(steady),
+            "step_time_p50_s": p50, "tokens_per_s": args.batch_size * args.seq_len * len(steady) / sum(steady),
+            "torch_peak_allocated": torch.cuda.max_memory_allocated() if cuda else None,
+            "versions": {m: __import__(m).__version__ for m in ("torch", "transformers", "peft")}}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--method", choices=("full", "lora", "qlora", "gptq-lora"), required=True)
+    p.add_argument("--model", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--max-steps", type=int, default=20)
+    p.add_argument("--warmup-steps", type=int, default=3)
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    args = p.parse_args(argv)
+    if args.max_steps <= args.warmup_steps:
+        p.error("--max-steps must exceed --warmup-steps")
+    print(json.dumps(run(args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
