@@ -136,6 +136,13 @@ class Trainer:
         use_autocast = self.strategy.uses_lora and self.dtype != torch.float32 and not cfg.method.kbit_prepare
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=self.dtype)) if use_autocast \
             else contextlib.nullcontext
+        if use_autocast:
+            # PEFT casts each adapter's input to the adapter dtype (fp32) and autocast casts it straight back to
+            # bf16 for the matmul: two full activation copies per adapted projection (measured on an H200: 20% of
+            # QLoRA's kernel time in copy kernels). Under autocast the cast is pointless; switch it off.
+            for module in model.modules():
+                if hasattr(module, "cast_input_dtype_enabled"):
+                    module.cast_input_dtype_enabled = False
         self.counts = metrics.count_params(model)
         layers, attn_dim = metrics.attention_dims(self.pre.source.config)
         self.flops_token = metrics.flops_per_token(self.counts, layers, attn_dim, cfg.data.seq_len)

@@ -38,7 +38,9 @@ CATEGORIES: tuple[tuple[str, re.Pattern], ...] = tuple((name, re.compile(rx, re.
                     r"aten::"),
 ))
 # fp32 GEMM kernels by name (cuBLAS/cuBLASLt/CUTLASS conventions) when operator dtypes are not in the trace.
-FP32_GEMM = re.compile(r"sgemm|f32f32|s1688|s16816gemm|tf32|nvjet_(sss|tst|sst|tss)|gemm_fp32|_fp32_|"
+# cuBLASLt's nvjet kernels name their types after the architecture: nvjet_sm90_tst_... is bf16 in and out ('t'),
+# fp32 accumulate ('s'); nvjet_..._sss_... is fp32 throughout.
+FP32_GEMM = re.compile(r"sgemm|f32f32|s1688|s16816gemm|tf32|nvjet_(sm\d+_)?sss|gemm_fp32|_fp32_|"
                        r"cutlass_80_simt", re.I)
 STAGES = ("ftprof/forward", "ftprof/backward", "ftprof/optimizer_step")
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}

@@ -51,3 +51,35 @@ def test_textbook_recipe_runs_fp32_gemms(tmp_path):
 def test_bf16_runs_bf16_gemms(tmp_path, method):
     dtypes = matmul_dtypes(tiny_config(tmp_path, method, dtype="bfloat16", max_steps=2))
     assert set(dtypes) == {torch.bfloat16}
+
+
+class Conversions(TorchDispatchMode):
+    """Records dtype conversions of activation-sized tensors (bf16 -> fp32 and back)."""
+
+    def __init__(self, min_numel: int):
+        super().__init__()
+        self.min_numel = min_numel
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor):
+            if args[0].numel() >= self.min_numel and args[0].dtype != out.dtype:
+                self.count += 1
+        return out
+
+
+def _conversions(tmp_path, method) -> int:
+    cfg = tiny_config(tmp_path / method, method, dtype="bfloat16", max_steps=2)
+    trainer = Trainer(preflight(cfg), log=lambda _: None)
+    trainer.setup()
+    with Conversions(min_numel=cfg.data.batch_size * cfg.data.seq_len * 64) as mode:  # tiny's hidden size: 64
+        trainer.train_step()
+    return mode.count
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_adapters_do_not_round_trip_activations_through_fp32(tmp_path, method):
+    # RMSNorm's internal fp32 upcast and the fp32 loss convert activations in every method; adapters must add none
+    # (PEFT would cast each adapter input to fp32, and autocast straight back to bf16).
+    assert _conversions(tmp_path, method) <= _conversions(tmp_path, "full")
