@@ -19,7 +19,7 @@ from torch.profiler import record_function
 from ftprof import metrics
 from ftprof.config import RunConfig
 from ftprof.data import count_tokens, make_batches
-from ftprof.engine import distributed
+from ftprof.engine import aggregate, distributed
 from ftprof.models.materialize import materialize_sharded
 from ftprof.models.methods import LoadContext, get_strategy
 from ftprof.models.tokenizer import build_tokenizer
@@ -92,6 +92,30 @@ class Trainer:
     def setup(self) -> None:
         t0 = time.perf_counter()
         gc.collect()  # leftovers of earlier runs in this process must not count as this run's memory
+        self._open_run_dir()
+        self._start_nvml()
+        torch.manual_seed(self.cfg.train.seed)  # same initial weights on every rank
+        self.tokenizer = self._tokenizer()
+        # Each rank reads a different stream of batches (data parallelism).
+        self.batches: Iterator[dict] = make_batches(self.cfg.data, self.tokenizer, self.pre.source.config.vocab_size,
+                                                    self.cfg.train.seed + self.dist.rank)
+        # Under FSDP a preset is sharded while still on the meta device: no rank ever holds the whole model.
+        defer = (self.dist.enabled and self.cfg.distributed.parallel == "fsdp" and self.pre.source.kind == "preset"
+                 and self.strategy.can_defer_init)
+        with self.memory.stage("load"):
+            model = self.strategy.load(LoadContext(self.cfg, self.pre.source, self.device, self.dtype, self.tokenizer,
+                                                   self._calibration, self.log, defer_init=defer))
+        with self.memory.stage("method_setup"):
+            self.model = self._prepare_model(model, defer)
+            self.params = [p for p in self.model.parameters() if p.requires_grad]
+            self.optimizer = self._optimizer()
+        self._set_precision()
+        self._count_flops()
+        self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        self.timer = StepTimer(self.device)
+        self.setup_time = time.perf_counter() - t0
+
+    def _open_run_dir(self) -> None:
         cfg = self.cfg
         run_name = cfg.output.run_name
         if self.dist.enabled and run_name is None:  # every rank must write into the same directory
@@ -101,56 +125,45 @@ class Trainer:
         if self.dist.is_main:
             self.writer.write_config(cfg.to_dict())
             self.writer.write_env(collect_env(allocator_setting()))
-        self._start_nvml()
-        torch.manual_seed(cfg.train.seed)  # same initial weights on every rank
-        self.tokenizer = self._tokenizer()
-        vocab = self.pre.source.config.vocab_size
-        # Each rank reads a different stream of batches (data parallelism).
-        self.batches: Iterator[dict] = make_batches(cfg.data, self.tokenizer, vocab, cfg.train.seed + self.dist.rank)
-        # Under FSDP a preset is sharded while still on the meta device: no rank ever holds the whole model.
-        defer = (self.dist.enabled and cfg.distributed.parallel == "fsdp" and self.pre.source.kind == "preset"
-                 and self.strategy.can_defer_init)
-        ctx = LoadContext(cfg, self.pre.source, self.device, self.dtype, self.tokenizer, self._calibration, self.log,
-                          defer_init=defer)
-        with self.memory.stage("load"):
-            model = self.strategy.load(ctx)
-        with self.memory.stage("method_setup"):
-            model = self.strategy.apply(model, cfg)
-            if cfg.model.gradient_checkpointing:
-                # Non-reentrant checkpointing needs no input-grad trick for frozen embeddings (LoRA methods).
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if hasattr(model, "config"):
-                model.config.use_cache = False
-            model.train()  # HF models start in eval mode, where gradient checkpointing silently does nothing
-            if self.dist.enabled:
-                model = distributed.wrap(model, cfg, self.device, self.dtype)
-            if defer:
-                materialize_sharded(model, self.device, std=float(getattr(self.pre.source.config,
-                                                                           "initializer_range", 0.02)),
-                                    seed=cfg.train.seed + self.dist.rank)
-            self.model = model
-            self.params = [p for p in model.parameters() if p.requires_grad]
-            self.optimizer = self._optimizer()
+
+    def _prepare_model(self, model, deferred: bool):
+        """What trains (the method), checkpointing, train mode, and the data-parallel wrapper."""
+        cfg = self.cfg
+        model = self.strategy.apply(model, cfg)
+        if cfg.model.gradient_checkpointing:
+            # Non-reentrant checkpointing needs no input-grad trick for frozen embeddings (LoRA methods).
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "config"):
+            model.config.use_cache = False
+        model.train()  # HF models start in eval mode, where gradient checkpointing silently does nothing
+        if self.dist.enabled:
+            model = distributed.wrap(model, cfg, self.device, self.dtype)
+        if deferred:
+            std = float(getattr(self.pre.source.config, "initializer_range", 0.02))
+            materialize_sharded(model, self.device, std=std, seed=cfg.train.seed + self.dist.rank)
+        return model
+
+    def _set_precision(self) -> None:
         # Adapters are fp32 master weights: run their matmuls in the run dtype under autocast. The textbook recipe
         # (kbit_prepare) runs without autocast, as it was written to: its fp32 upcasts then cost what they cost.
-        use_autocast = self.strategy.uses_lora and self.dtype != torch.float32 and not cfg.method.kbit_prepare
+        use_autocast = self.strategy.uses_lora and self.dtype != torch.float32 and not self.cfg.method.kbit_prepare
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=self.dtype)) if use_autocast \
             else contextlib.nullcontext
         if use_autocast:
             # PEFT casts each adapter's input to the adapter dtype (fp32) and autocast casts it straight back to
             # bf16 for the matmul: two full activation copies per adapted projection (measured on an H200: 20% of
             # QLoRA's kernel time in copy kernels). Under autocast the cast is pointless; switch it off.
-            for module in model.modules():
+            for module in self.model.modules():
                 if hasattr(module, "cast_input_dtype_enabled"):
                     module.cast_input_dtype_enabled = False
-        self.counts = metrics.count_params(model)
+
+    def _count_flops(self) -> None:
+        self.counts = metrics.count_params(self.model)
         layers, attn_dim = metrics.attention_dims(self.pre.source.config)
-        self.flops_token = metrics.flops_per_token(self.counts, layers, attn_dim, cfg.data.seq_len)
-        self.recompute_token = metrics.recompute_flops_per_token(self.counts, layers, attn_dim, cfg.data.seq_len) \
-            if cfg.model.gradient_checkpointing else 0.0
-        self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-        self.timer = StepTimer(self.device)
-        self.setup_time = time.perf_counter() - t0
+        seq = self.cfg.data.seq_len
+        self.flops_token = metrics.flops_per_token(self.counts, layers, attn_dim, seq)
+        self.recompute_token = metrics.recompute_flops_per_token(self.counts, layers, attn_dim, seq) \
+            if self.cfg.model.gradient_checkpointing else 0.0
 
     def _start_nvml(self) -> None:
         """NVML sampling (memory logging nvml/all) runs in its own process, watching this process's GPU."""
@@ -371,13 +384,13 @@ class Trainer:
     def aggregate_ranks(self, res: RunResult) -> RunResult:
         """Collective: every rank sends its figures; rank 0 returns the run's aggregate (others: their own)."""
         payload = {"rank": self.dist.rank, "steps": [s.to_dict() for s in self.steps],
-                   "summary": {k: getattr(res, k) for k in RANK_FIELDS}, "nvml": res.nvml}
+                   "summary": {k: getattr(res, k) for k in aggregate.RANK_FIELDS}, "nvml": res.nvml}
         gathered = distributed.all_gather_object(payload)
         if not self.dist.is_main:
             return res
-        rows = aggregate_steps([g["steps"] for g in gathered])
+        rows = aggregate.aggregate_steps([g["steps"] for g in gathered])
         self.writer.write_aggregate_steps(rows)
-        return aggregate_result(res, gathered, rows, self.cfg.distributed.parallel)
+        return aggregate.aggregate_result(res, gathered, rows, self.cfg.distributed.parallel)
 
     def teardown(self, result: RunResult) -> RunResult:
         if hasattr(self, "writer"):
@@ -388,60 +401,3 @@ class Trainer:
             if self.dist.is_main:
                 self.writer.write_result(result)
         return result
-
-
-RANK_FIELDS = ("tokens_per_s", "step_time_p50_s", "step_time_p90_s", "torch_peak_allocated", "torch_peak_reserved",
-               "nvml_process_used_peak", "nvml_device_used_peak", "steady_steps", "device_name", "status")
-
-
-def aggregate_steps(per_rank: list[list[dict]]) -> list[dict]:
-    """Per step: the slowest rank's time (the step is done when every rank is), tokens summed over ranks."""
-    rows = []
-    for group in zip(*per_rank, strict=False):
-        row = dict(group[0])
-        row["step_time_s"] = max(r["step_time_s"] for r in group)
-        row["tokens"] = sum(r["tokens"] for r in group)
-        row["real_tokens"] = sum(r["real_tokens"] for r in group)
-        for key in ("mem_allocated", "mem_peak_allocated", "mem_reserved", "mem_peak_reserved"):
-            row[key] = max(r[key] for r in group)
-        rows.append(row)
-    return rows
-
-
-def aggregate_result(res: RunResult, gathered: list[dict], rows: list[dict], parallel: str) -> RunResult:
-    world = len(gathered)
-    res.world_size, res.parallel = world, parallel
-    res.per_rank = {str(g["rank"]): g["summary"] for g in gathered}
-    res.tokens_per_step = rows[-1]["tokens"] if rows else 0
-    steady = [r for r in rows if not r["warmup"] and r["profiler_phase"] in ("", "wait")] or \
-        [r for r in rows if not r["warmup"]]
-    stats = metrics.step_stats([r["step_time_s"] for r in steady])
-    if stats is not None:
-        secs = sum(r["step_time_s"] for r in steady)
-        res.tokens_per_s = sum(r["tokens"] for r in steady) / secs
-        res.real_tokens_per_s = sum(r["real_tokens"] for r in steady) / secs
-        res.tokens_per_s_per_gpu = res.tokens_per_s / world
-        res.real_tokens_per_s_per_gpu = res.real_tokens_per_s / world
-        res.step_time_p50_s, res.step_time_p90_s = stats.median, stats.p90
-        res.step_time_mean_s, res.step_time_std_s = stats.mean, stats.stdev
-        res.mfu = metrics.utilization(res.flops_per_token, res.tokens_per_s_per_gpu, res.peak_flops)
-        res.hfu = metrics.utilization((res.flops_per_token or 0) + (res.recompute_flops_per_token or 0),
-                                      res.tokens_per_s_per_gpu, res.peak_flops)
-    p50s = [g["summary"]["step_time_p50_s"] for g in gathered if g["summary"]["step_time_p50_s"]]
-    peaks = [g["summary"]["torch_peak_allocated"] for g in gathered if g["summary"]["torch_peak_allocated"]]
-    res.step_time_skew = max(p50s) / min(p50s) - 1 if p50s else None
-    res.memory_skew = max(peaks) / min(peaks) - 1 if peaks else None
-    if peaks:
-        res.torch_peak_allocated = max(peaks)
-        res.torch_peak_reserved = max(g["summary"]["torch_peak_reserved"] or 0 for g in gathered)
-    nvml = [g["nvml"] for g in gathered if g["nvml"]]
-    if nvml:
-        res.nvml_device_used_peak = max(n.get("device_used_peak", 0) for n in nvml)
-        res.nvml_process_used_peak = max(n.get("process_used_peak", 0) for n in nvml)
-        energy = sum(n.get("energy_j", 0.0) for n in nvml)
-        res.nvml = {"ranks": len(nvml), "energy_j": energy, "device_used_peak": res.nvml_device_used_peak}
-        if steady and energy:
-            res.energy_per_token_j = energy / sum(r["tokens"] for r in steady)
-        if res.nvml_process_used_peak and res.torch_peak_reserved:
-            res.non_torch_overhead = res.nvml_process_used_peak - res.torch_peak_reserved
-    return res

@@ -8,8 +8,8 @@ import pytest
 import ftprof
 from ftprof.cli.common import cli_args, config_from_args
 from ftprof.cli.main import build_parser, main
+from ftprof.engine.aggregate import aggregate_steps
 from ftprof.engine.distributed import torchrun_command
-from ftprof.engine.trainer import aggregate_steps
 from tests.conftest import tiny_config
 
 

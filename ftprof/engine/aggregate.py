@@ -1,0 +1,62 @@
+"""A distributed run's figures: per-step aggregation over ranks and the run's aggregate result (rank 0)."""
+
+from __future__ import annotations
+
+from ftprof import metrics
+from ftprof.results.schema import RunResult
+
+RANK_FIELDS = ("tokens_per_s", "step_time_p50_s", "step_time_p90_s", "torch_peak_allocated", "torch_peak_reserved",
+               "nvml_process_used_peak", "nvml_device_used_peak", "steady_steps", "device_name", "status")
+
+
+def aggregate_steps(per_rank: list[list[dict]]) -> list[dict]:
+    """Per step: the slowest rank's time (the step is done when every rank is), tokens summed over ranks."""
+    rows = []
+    for group in zip(*per_rank, strict=False):
+        row = dict(group[0])
+        row["step_time_s"] = max(r["step_time_s"] for r in group)
+        row["tokens"] = sum(r["tokens"] for r in group)
+        row["real_tokens"] = sum(r["real_tokens"] for r in group)
+        for key in ("mem_allocated", "mem_peak_allocated", "mem_reserved", "mem_peak_reserved"):
+            row[key] = max(r[key] for r in group)
+        rows.append(row)
+    return rows
+
+
+def aggregate_result(res: RunResult, gathered: list[dict], rows: list[dict], parallel: str) -> RunResult:
+    world = len(gathered)
+    res.world_size, res.parallel = world, parallel
+    res.per_rank = {str(g["rank"]): g["summary"] for g in gathered}
+    res.tokens_per_step = rows[-1]["tokens"] if rows else 0
+    steady = [r for r in rows if not r["warmup"] and r["profiler_phase"] in ("", "wait")] or \
+        [r for r in rows if not r["warmup"]]
+    stats = metrics.step_stats([r["step_time_s"] for r in steady])
+    if stats is not None:
+        secs = sum(r["step_time_s"] for r in steady)
+        res.tokens_per_s = sum(r["tokens"] for r in steady) / secs
+        res.real_tokens_per_s = sum(r["real_tokens"] for r in steady) / secs
+        res.tokens_per_s_per_gpu = res.tokens_per_s / world
+        res.real_tokens_per_s_per_gpu = res.real_tokens_per_s / world
+        res.step_time_p50_s, res.step_time_p90_s = stats.median, stats.p90
+        res.step_time_mean_s, res.step_time_std_s = stats.mean, stats.stdev
+        res.mfu = metrics.utilization(res.flops_per_token, res.tokens_per_s_per_gpu, res.peak_flops)
+        res.hfu = metrics.utilization((res.flops_per_token or 0) + (res.recompute_flops_per_token or 0),
+                                      res.tokens_per_s_per_gpu, res.peak_flops)
+    p50s = [g["summary"]["step_time_p50_s"] for g in gathered if g["summary"]["step_time_p50_s"]]
+    peaks = [g["summary"]["torch_peak_allocated"] for g in gathered if g["summary"]["torch_peak_allocated"]]
+    res.step_time_skew = max(p50s) / min(p50s) - 1 if p50s else None
+    res.memory_skew = max(peaks) / min(peaks) - 1 if peaks else None
+    if peaks:
+        res.torch_peak_allocated = max(peaks)
+        res.torch_peak_reserved = max(g["summary"]["torch_peak_reserved"] or 0 for g in gathered)
+    nvml = [g["nvml"] for g in gathered if g["nvml"]]
+    if nvml:
+        res.nvml_device_used_peak = max(n.get("device_used_peak", 0) for n in nvml)
+        res.nvml_process_used_peak = max(n.get("process_used_peak", 0) for n in nvml)
+        energy = sum(n.get("energy_j", 0.0) for n in nvml)
+        res.nvml = {"ranks": len(nvml), "energy_j": energy, "device_used_peak": res.nvml_device_used_peak}
+        if steady and energy:
+            res.energy_per_token_j = energy / sum(r["tokens"] for r in steady)
+        if res.nvml_process_used_peak and res.torch_peak_reserved:
+            res.non_torch_overhead = res.nvml_process_used_peak - res.torch_peak_reserved
+    return res
