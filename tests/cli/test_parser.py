@@ -69,3 +69,13 @@ def test_help_runs_as_module():
     out = subprocess.run([sys.executable, "-m", "ftprof", "train", "full", "--help"], capture_output=True, text=True)
     assert out.returncode == 0
     assert "--lora-r" in out.stdout and "{full,lora,qlora,gptq-lora}" in out.stdout
+
+
+def test_readme_main_job_runs(tmp_path):
+    """The README's main job, `ftprof train qlora`, as a user runs it (shortened)."""
+    out = subprocess.run([sys.executable, "-m", "ftprof", "train", "qlora", "--max-steps", "4", "--output-dir",
+                          str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ftprof qlora on tiny" in out.stdout and "tokens/s" in out.stdout
+    (run,) = tmp_path.iterdir()
+    assert {"config.json", "env.json", "steps.csv", "result.json"} <= {p.name for p in run.iterdir()}
