@@ -24,7 +24,7 @@ from ftprof.models.materialize import materialize_sharded
 from ftprof.models.methods import LoadContext, get_strategy
 from ftprof.models.tokenizer import build_tokenizer
 from ftprof.preflight import Preflight
-from ftprof.profiling.memory import MemoryTracker
+from ftprof.profiling.memory import MemoryTracker, static_breakdown
 from ftprof.profiling.noop import NullProfiler
 from ftprof.results.env import collect_env
 from ftprof.results.run_dir import RunDirWriter, default_run_name, make_run_dir
@@ -266,6 +266,8 @@ class Trainer:
             if self.cfg.train.max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(self.params, self.cfg.train.max_grad_norm)
             self.optimizer.step()
+            if first:  # gradients and optimizer state both exist now: the one moment to size them
+                self.static_memory = static_breakdown(self.model, self.optimizer)
             self.optimizer.zero_grad(set_to_none=True)
 
     def step(self, index: int) -> StepRecord:
@@ -372,6 +374,11 @@ class Trainer:
         res.memory_stages = summary
         if res.torch_peak_reserved is not None and res.torch_peak_allocated is not None:
             res.fragmentation = res.torch_peak_reserved - res.torch_peak_allocated
+        static = getattr(self, "static_memory", None)
+        if static:
+            res.memory_breakdown = dict(static)
+            if res.torch_peak_allocated is not None:  # CUDA: what the peak holds beyond the static parts
+                res.memory_breakdown["activations_and_transients"] = res.torch_peak_allocated - sum(static.values())
 
     def release(self) -> None:
         """Free the model and optimizer now, so a next run in the same process starts from an empty device."""

@@ -112,3 +112,38 @@ def dump_oom_snapshot(path) -> bool:
         return True
     except Exception:  # noqa: BLE001 - a failed snapshot must not hide the OOM itself
         return False
+
+
+def _tensor_bytes(t) -> int:
+    local = t.to_local() if hasattr(t, "to_local") else t  # FSDP2 DTensor: this rank's shard
+    return local.numel() * local.element_size()
+
+
+def static_breakdown(model, optimizer) -> dict[str, int]:
+    """Exact bytes of what lives for the whole run on this rank: weights (frozen / trainable, quantized ones as
+    stored, with their quantization constants), gradients and optimizer state. Call while gradients exist (after
+    backward, before they are cleared). Activations and transients are the peak minus these."""
+    frozen = trainable = grads = 0
+    seen: set[int] = set()
+    for module in model.modules():
+        tensors = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
+        for _, t in tensors:
+            if t is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            if getattr(t, "requires_grad", False):
+                trainable += _tensor_bytes(t)
+                if t.grad is not None:
+                    grads += _tensor_bytes(t.grad)
+            else:
+                frozen += _tensor_bytes(t)
+                qs = getattr(t, "quant_state", None)  # bitsandbytes absmax (and nested absmax with double quant)
+                for attr in ("absmax", "code"):
+                    if qs is not None and isinstance(getattr(qs, attr, None), torch.Tensor):
+                        frozen += _tensor_bytes(getattr(qs, attr))
+                nested = getattr(qs, "state2", None)
+                if nested is not None and isinstance(getattr(nested, "absmax", None), torch.Tensor):
+                    frozen += _tensor_bytes(nested.absmax)
+    state = sum(_tensor_bytes(v) for s in optimizer.state.values() for v in s.values()
+                if isinstance(v, torch.Tensor))
+    return {"weights_frozen": frozen, "weights_trainable": trainable, "gradients": grads, "optimizer_state": state}

@@ -56,18 +56,29 @@ def throughput_vs_memory(df: pd.DataFrame, out: Path) -> Path | None:
 
 
 def memory_breakdown(df: pd.DataFrame, out: Path) -> Path | None:
-    """Stacked bars: weights (load), method setup, optimizer state, activations and transients, non-torch."""
+    """Stacked bars: weights, gradients, optimizer state, activations and transients, allocator reserve, non-torch."""
     rows = df.head(MAX_EXPERIMENTS_PER_PLOT)
     if not _num(rows, "torch_peak_allocated").notna().any():
         return None
     plt = _plt()
-    parts = {
-        "weights (load)": _num(rows, "memory_stages_mem_load_delta").clip(lower=0),
-        "method setup": _num(rows, "memory_stages_mem_method_setup_delta").clip(lower=0),
-        "optimizer state": _num(rows, "memory_stages_mem_first_optimizer_step_delta").clip(lower=0),
-    }
+    if _num(rows, "memory_breakdown_weights_frozen").notna().any():  # exact sizes recorded by the run
+        parts = {
+            "frozen weights": _num(rows, "memory_breakdown_weights_frozen"),
+            "trainable weights": _num(rows, "memory_breakdown_weights_trainable"),
+            "gradients": _num(rows, "memory_breakdown_gradients"),
+            "optimizer state": _num(rows, "memory_breakdown_optimizer_state"),
+        }
+        label = "activations, transients"
+    else:  # older runs: stage deltas
+        parts = {
+            "weights (load)": _num(rows, "memory_stages_mem_load_delta"),
+            "method setup": _num(rows, "memory_stages_mem_method_setup_delta"),
+            "optimizer state": _num(rows, "memory_stages_mem_first_optimizer_step_delta"),
+        }
+        label = "activations, grads, transients"
+    parts = {k: v.clip(lower=0) for k, v in parts.items()}
     known = sum(p.fillna(0) for p in parts.values())
-    parts["activations, grads, transients"] = (_num(rows, "torch_peak_allocated") - known).clip(lower=0)
+    parts[label] = (_num(rows, "torch_peak_allocated") - known).clip(lower=0)
     parts["allocator reserve"] = (_num(rows, "torch_peak_reserved") - _num(rows, "torch_peak_allocated")).clip(lower=0)
     parts["non-torch (CUDA context...)"] = _num(rows, "non_torch_overhead").clip(lower=0)
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(rows) + 2), 4.5))

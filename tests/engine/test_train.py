@@ -72,3 +72,33 @@ def test_text_dataset_from_python_api(tmp_path):
     result = ftprof.train(tiny_config(tmp_path, "full", dataset=str(data), packing=False, run_name="text"))
     assert result.status == "ok"
     assert result.real_tokens_per_s < result.tokens_per_s  # padding is not real tokens
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+def test_memory_breakdown_is_exact(tmp_path, method):
+    cfg = tiny_config(tmp_path, method, max_steps=2, warmup_steps=1)
+    result = ftprof.train(cfg)
+    b = result.memory_breakdown
+    n_trainable = result.params_trainable
+    assert b["weights_trainable"] == 4 * n_trainable  # fp32 on CPU
+    assert b["gradients"] == 4 * n_trainable
+    assert b["optimizer_state"] >= 2 * 4 * n_trainable  # AdamW: exp_avg and exp_avg_sq (plus step counters)
+    if method == "full":
+        assert b["weights_frozen"] < 4 * 1024  # only buffers (rotary tables)
+    elif method == "lora":
+        assert b["weights_frozen"] >= 4 * (result.params_total - n_trainable)
+    else:  # 4-bit: half a byte per quantized weight plus its block constants, everything else in fp32
+        import bitsandbytes as bnb
+
+        from ftprof.engine.trainer import Trainer
+        from ftprof.preflight import preflight
+
+        trainer = Trainer(preflight(tiny_config(tmp_path / "again", method, max_steps=2)), log=lambda _: None)
+        trainer.setup()
+        quantized = sum(m.in_features * m.out_features for m in trainer.model.modules()
+                        if isinstance(m, bnb.nn.Linear4bit))
+        plain = sum(4 * p.numel() for m in trainer.model.modules() if not isinstance(m, bnb.nn.Linear4bit)
+                    for p in m.parameters(recurse=False) if not p.requires_grad)
+        buffers = sum(b_.numel() * b_.element_size() for b_ in trainer.model.buffers())
+        per_weight = (b["weights_frozen"] - plain - buffers) / quantized
+        assert 0.5 <= per_weight < 0.56  # 4 bits + NF4 absmax (one byte per 64 with double quant) + nested constants
