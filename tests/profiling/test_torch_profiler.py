@@ -126,3 +126,18 @@ def test_profile_command_end_to_end(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "Where the time went" in out and "profiler overhead" in out
     assert (tmp_path / "p" / "profile" / "summary.md").exists()
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora", "gptq-lora"])
+def test_profile_each_method_on_cpu(tmp_path, method):
+    result = ftprof.profile(tiny_config(tmp_path, method, max_steps=5, prof_active_steps=1,
+                                        gptq_calibration_samples=4) if method == "gptq-lora"
+                            else tiny_config(tmp_path, method, max_steps=5, prof_active_steps=1))
+    assert result.status == "ok", result.error_tail
+    prof = _run_dir(tmp_path, result) / "profile"
+    trace = json.loads(gzip.open(prof / "trace_rank0_cycle1.pt.trace.json.gz").read())
+    assert any(e.get("name") == "ftprof/backward" for e in trace["traceEvents"])
+    summary = json.loads((prof / "summary.json").read_text())
+    assert summary["categories_us"]["gemm"] > 0 and summary["stages_us"]["ftprof/backward"] > 0
+    if method == "qlora":  # bitsandbytes' 4-bit matmul shows up as quantize/dequantize work
+        assert summary["categories_us"].get("quantize/dequantize", 0) > 0
