@@ -217,10 +217,23 @@ class BenchRunner:
 
     @staticmethod
     def _signal(r: Running, sig: int) -> None:
+        """Signal the experiment's process group and every descendant: torchrun's workers may sit in sessions of
+        their own, and a killed experiment must not leave a worker holding a GPU."""
+        import psutil
+
+        try:
+            family = psutil.Process(r.proc.pid).children(recursive=True)
+        except psutil.Error:
+            family = []
         try:
             os.killpg(r.proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+        for child in family:
+            try:
+                child.send_signal(sig)
+            except psutil.Error:
+                pass
 
     def _running_procs(self) -> list[subprocess.Popen]:
         return [r.proc for r in self._running]

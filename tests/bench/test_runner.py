@@ -166,3 +166,20 @@ def test_gpu_slots_of_the_experiments_size(tmp_path):
     (outcome,) = runner.run()
     assert outcome.status == "error" and "needs 4 GPUs; this machine has 2" in outcome.result["error_message"]
     assert _status(out / outcome.name) == "error"
+
+
+def test_timeout_kills_torchrun_workers_too(tmp_path):
+    """A 2-process experiment (torchrun under ftprof) that times out leaves no worker behind."""
+    import psutil
+
+    path = _sweep(tmp_path, "experiments: [{method: full, max_steps: 100000, nproc_per_node: 2}]\ntimeout_s: 25\n")
+    out = tmp_path / "out"
+    sweep = load_sweep(path)
+    runner = BenchRunner(sweep, out, plan(sweep, out), slots=[])
+    before = {p.pid for p in psutil.process_iter()}
+    (outcome,) = runner.run()
+    assert outcome.status == "timeout"
+    time.sleep(1.0)
+    left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before
+            and "ftprof" in " ".join(p.info["cmdline"] or [])]
+    assert left == []
