@@ -89,13 +89,16 @@ def resolve_device(requested: str):
 
     from ftprof.errors import ConfigError
 
+    # The default index is LOCAL_RANK (torchrun) or 0, not torch.cuda.current_device(): that call would create a
+    # CUDA context in a process that may only launch workers (it would hold ~0.5 GiB of GPU 0 for the whole run).
+    default_index = int(os.environ.get("LOCAL_RANK", 0))
     if requested == "auto":
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        return torch.device("cuda", default_index) if torch.cuda.is_available() else torch.device("cpu")
     if requested.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ConfigError(f"--device {requested}: CUDA is not available on this machine")
         dev = torch.device(requested)
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        index = dev.index if dev.index is not None else default_index
         if index >= torch.cuda.device_count():
             raise ConfigError(f"--device {requested}: only {torch.cuda.device_count()} CUDA device(s) visible")
         return torch.device("cuda", index)
