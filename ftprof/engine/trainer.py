@@ -92,6 +92,8 @@ class Trainer:
     def setup(self) -> None:
         t0 = time.perf_counter()
         gc.collect()  # leftovers of earlier runs in this process must not count as this run's memory
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # libraries that use "the current device" (bitsandbytes) agree
         self._open_run_dir()
         self._start_nvml()
         torch.manual_seed(self.cfg.train.seed)  # same initial weights on every rank
