@@ -77,6 +77,9 @@ def _model(args, device: torch.device, dtype: torch.dtype):
                                  bnb_4bit_compute_dtype=dtype)
         return AutoModelForCausalLM.from_pretrained(workdir, quantization_config=bnb, dtype=dtype,
                                                     device_map={"": str(device)})
+    from ftprof.models.gptq import ensure_workers
+
+    ensure_workers()  # GPTQModel's thread pool raises on small machines without GPTQMODEL_CPU_WORKERS >= 2
     from gptqmodel import BACKEND, GPTQModel, QuantizeConfig
 
     gm = GPTQModel.load(workdir, QuantizeConfig(bits=4, group_size=128), device=str(device))

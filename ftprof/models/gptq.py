@@ -30,7 +30,7 @@ def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "ftprof") / "gptq"
 
 
-def _ensure_workers() -> None:
+def ensure_workers() -> None:
     os.environ["GPTQMODEL_CPU_WORKERS"] = str(max(2, int(os.environ.get("GPTQMODEL_CPU_WORKERS", "0") or 0)))
 
 
@@ -55,7 +55,7 @@ def ensure_quantized(build_model, tokenizer, label: str, key: str, method: Metho
     target = cache_root() / f"{label}-{key}"
     if (target / "quantize_config.json").is_file():
         return target
-    _ensure_workers()
+    ensure_workers()
     with quiet_import():
         from gptqmodel import BACKEND, GPTQModel, QuantizeConfig
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -88,7 +88,7 @@ def ensure_quantized(build_model, tokenizer, label: str, key: str, method: Metho
 
 def load_gptq(path: str | Path, backend: str, device: torch.device):
     """Load a GPTQ checkpoint as a transformers model whose linears are GPTQModel QuantLinear modules."""
-    _ensure_workers()
+    ensure_workers()
     with quiet_import():
         from gptqmodel import BACKEND, GPTQModel
 
