@@ -148,7 +148,8 @@ def nvml_over_time(df: pd.DataFrame, out: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     drew = False
     for _, r in df.head(MAX_EXPERIMENTS_PER_PLOT).iterrows():
-        path = Path(r["run_dir"]) / "nvml.csv"
+        run_dir = Path(r["run_dir"])
+        path = run_dir / "nvml.csv" if (run_dir / "nvml.csv").exists() else run_dir / "nvml_rank0.csv"
         t = _read_column(path, "unix_s", lambda row: row.get("gpu") == "0")
         used = _read_column(path, "memory_used", lambda row: row.get("gpu") == "0")
         if t and len(t) == len(used):
