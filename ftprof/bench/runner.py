@@ -24,7 +24,7 @@ from ftprof.cli.common import option_flag
 from ftprof.config import RunConfig
 from ftprof.results.load import read_runs
 from ftprof.results.run_dir import RunDirWriter
-from ftprof.results.schema import RunResult
+from ftprof.results.schema import failure_result
 from ftprof.results.store import write_csv_atomic, write_json_atomic, write_text_atomic
 
 FAILED = ("oom_device", "oom_host", "timeout", "error")
@@ -192,11 +192,8 @@ class BenchRunner:
         reason = {"timeout": f"timed out after {self.sweep.timeout_s:g} s", "oom_host": "killed by SIGKILL "
                   "(out of host memory?)", "interrupted": "interrupted"}.get(status, f"exited with code {code}")
         last = next((ln for ln in reversed(tail.splitlines()) if ln.strip()), reason)
-        res = RunResult(status=status, run_dir=str(r.planned.run_dir), method=cfg.method.method,
-                        model=cfg.model.model, device=cfg.output.device, device_name="", seq_len=cfg.data.seq_len,
-                        batch_size=cfg.data.batch_size, grad_accum=cfg.train.grad_accum,
-                        error_type=status, error_message=reason if status != "error" else last[:500],
-                        error_tail=tail[-4000:], notes=[f"recorded by ftprof bench: {reason}"])
+        res = failure_result(cfg, r.planned.run_dir, status, status, reason if status != "error" else last, tail,
+                             f"recorded by ftprof bench: {reason}")
         if not (r.planned.run_dir / "config.json").is_file():
             RunDirWriter(r.planned.run_dir).write_config(cfg.to_dict())
         RunDirWriter(r.planned.run_dir).write_result(res)
@@ -205,10 +202,7 @@ class BenchRunner:
         """An experiment that cannot start here is still a row: status error, with the reason."""
         p.run_dir.mkdir(parents=True, exist_ok=True)
         cfg = p.experiment.config
-        res = RunResult(status="error", run_dir=str(p.run_dir), method=cfg.method.method, model=cfg.model.model,
-                        device=cfg.output.device, device_name="", world_size=cfg.distributed.world_size,
-                        seq_len=cfg.data.seq_len, batch_size=cfg.data.batch_size, error_type="unrunnable",
-                        error_message=reason, notes=[f"recorded by ftprof bench: {reason}"])
+        res = failure_result(cfg, p.run_dir, "error", "unrunnable", reason, note=f"recorded by ftprof bench: {reason}")
         RunDirWriter(p.run_dir).write_config(cfg.to_dict())
         RunDirWriter(p.run_dir).write_result(res)
         outcome = Outcome(p.experiment.name, "error", 0.0, res.to_dict())

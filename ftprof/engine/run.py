@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ftprof.config import RunConfig
 from ftprof.errors import ConfigError
-from ftprof.results.schema import RunResult
+from ftprof.results.schema import RunResult, failure_result
 from ftprof.runtime import pin_allocator_config
 
 
@@ -97,10 +97,8 @@ def _launch_and_collect(cfg: RunConfig, quiet: bool | None) -> RunResult:
     if path.is_file():
         return RunResult.from_dict(read_json(path))
     status = "interrupted" if code in (130, -2) else "error"
-    return RunResult(status=status, run_dir=str(path.parent), method=cfg.method.method, model=cfg.model.model,
-                     device=cfg.output.device, device_name="", world_size=cfg.distributed.world_size,
-                     error_type="torchrun", error_message=f"torchrun exited with code {code} before rank 0 "
-                     "recorded a result (see the ranks' output above)")
+    return failure_result(cfg, path.parent, status, "torchrun", f"torchrun exited with code {code} before rank 0 "
+                          "recorded a result (see the ranks' output above)")
 
 
 def train(cfg: RunConfig, *, quiet: bool | None = None, profiler=None) -> RunResult:

@@ -128,3 +128,13 @@ class RunResult:
     def from_dict(cls, data: dict[str, Any]) -> RunResult:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def failure_result(cfg, run_dir, status: str, error_type: str, message: str, tail: str = "",
+                   note: str | None = None) -> RunResult:
+    """A result for a run that failed before (or without) recording its own: what its configuration says, and why."""
+    return RunResult(status=status, run_dir=str(run_dir), method=cfg.method.method, model=cfg.model.model,
+                     device=cfg.output.device, device_name="", world_size=cfg.distributed.world_size,
+                     seq_len=cfg.data.seq_len, batch_size=cfg.data.batch_size, grad_accum=cfg.train.grad_accum,
+                     error_type=error_type, error_message=message[:500], error_tail=tail[-4000:] or None,
+                     notes=[note] if note else [])
