@@ -24,7 +24,7 @@ from ftprof.models.materialize import materialize_sharded
 from ftprof.models.methods import LoadContext, get_strategy
 from ftprof.models.tokenizer import build_tokenizer
 from ftprof.preflight import Preflight
-from ftprof.profiling.memory import MemoryTracker, static_breakdown
+from ftprof.profiling.memory import MemoryTracker, SavedActivations, static_breakdown
 from ftprof.profiling.noop import NullProfiler
 from ftprof.results.env import collect_env
 from ftprof.results.run_dir import RunDirWriter, default_run_name, make_run_dir
@@ -134,7 +134,12 @@ class Trainer:
         model = self.strategy.apply(model, cfg)
         if cfg.model.gradient_checkpointing:
             # Non-reentrant checkpointing needs no input-grad trick for frozen embeddings (LoRA methods).
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # transformers 5.24 renamed the method; PEFT wrappers forward either name to the base model.
+            kwargs = {"use_reentrant": False}
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         if hasattr(model, "config"):
             model.config.use_cache = False
         model.train()  # HF models start in eval mode, where gradient checkpointing silently does nothing
@@ -255,13 +260,22 @@ class Trainer:
             n, r = count_tokens(batch)
             tokens, real = tokens + n, real + r
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+            meter = self._activation_meter(first and micro == 0)
             with self._stage("first_forward", first and micro == 0), record_function("ftprof/forward"), \
-                    self.autocast():
+                    self.autocast(), meter:
                 loss = self.model(**batch).loss
+            if isinstance(meter, SavedActivations):
+                self.saved_activations = meter.bytes
             with self._stage("first_backward", first and micro == 0), record_function("ftprof/backward"):
                 (loss / accum).backward()
             loss_sum += loss.detach()
         return loss_sum / accum, tokens, real
+
+    def _activation_meter(self, on: bool):
+        # FSDP2 keeps gathered parameters alive through forward: their storages would be miscounted as activations.
+        if not on or (self.dist.enabled and self.cfg.distributed.parallel == "fsdp"):
+            return contextlib.nullcontext()
+        return SavedActivations(self.model)
 
     def optimizer_step(self, first: bool = False) -> None:
         with self._stage("first_optimizer_step", first), record_function("ftprof/optimizer_step"):
@@ -379,6 +393,8 @@ class Trainer:
         static = getattr(self, "static_memory", None)
         if static:
             res.memory_breakdown = dict(static)
+            if getattr(self, "saved_activations", None) is not None:  # one micro-batch's forward
+                res.memory_breakdown["activations_saved"] = self.saved_activations
             if res.torch_peak_allocated is not None:  # CUDA: what the peak holds beyond the static parts
                 res.memory_breakdown["activations_and_transients"] = res.torch_peak_allocated - sum(static.values())
 

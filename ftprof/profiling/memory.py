@@ -147,3 +147,38 @@ def static_breakdown(model, optimizer) -> dict[str, int]:
     state = sum(_tensor_bytes(v) for s in optimizer.state.values() for v in s.values()
                 if isinstance(v, torch.Tensor))
     return {"weights_frozen": frozen, "weights_trainable": trainable, "gradients": grads, "optimizer_state": state}
+
+
+class SavedActivations:
+    """Bytes autograd keeps for backward during a forward (each storage once, parameters excluded).
+
+    Exact and device-independent: the activation memory a forward leaves behind, which activation checkpointing
+    shrinks to the block inputs (checkpointing registers its own hooks inside, so only what it keeps is seen).
+    Used on the first micro-batch only; costs nothing afterwards.
+    """
+
+    def __init__(self, model):
+        self.exclude = {p.untyped_storage().data_ptr() for p in model.parameters() if p.device.type != "meta"}
+        self.storages: dict[int, int] = {}
+
+    def _pack(self, tensor):
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # tensor subclasses without a plain storage
+            return tensor
+        ptr = storage.data_ptr()
+        if ptr not in self.exclude:
+            self.storages.setdefault(ptr, storage.nbytes())
+        return tensor
+
+    def __enter__(self):
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.storages.values())
