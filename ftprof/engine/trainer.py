@@ -47,6 +47,22 @@ def profiler_overhead(steps: list[StepRecord]) -> dict[str, float | None]:
             "profiler_overhead": a.median / p.median - 1.0}
 
 
+def memory_breakdown(static: dict | None, activations: int | None, peak: int | None) -> dict:
+    """Where the peak went: the exact static parts, the activations saved by one micro-batch's forward, and the
+    rest of the peak ("transients": temporaries of backward, the loss, dequantized weights, allocator rounding).
+    ``explained`` = parts / peak, the fraction of the measured peak the parts account for (CUDA only)."""
+    if not static:
+        return {}
+    out = dict(static)
+    if activations is not None:
+        out["activations_saved"] = activations
+    if peak:
+        parts = sum(out.values())
+        out["transients"] = peak - parts
+        out["explained"] = parts / peak
+    return out
+
+
 def _now() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
@@ -390,13 +406,8 @@ class Trainer:
         res.memory_stages = summary
         if res.torch_peak_reserved is not None and res.torch_peak_allocated is not None:
             res.fragmentation = res.torch_peak_reserved - res.torch_peak_allocated
-        static = getattr(self, "static_memory", None)
-        if static:
-            res.memory_breakdown = dict(static)
-            if getattr(self, "saved_activations", None) is not None:  # one micro-batch's forward
-                res.memory_breakdown["activations_saved"] = self.saved_activations
-            if res.torch_peak_allocated is not None:  # CUDA: what the peak holds beyond the static parts
-                res.memory_breakdown["activations_and_transients"] = res.torch_peak_allocated - sum(static.values())
+        res.memory_breakdown = memory_breakdown(getattr(self, "static_memory", None),
+                                                getattr(self, "saved_activations", None), res.torch_peak_allocated)
 
     def release(self) -> None:
         """Free the model and optimizer now, so a next run in the same process starts from an empty device."""

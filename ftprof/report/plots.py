@@ -67,8 +67,9 @@ def memory_breakdown(df: pd.DataFrame, out: Path) -> Path | None:
             "trainable weights": _num(rows, "memory_breakdown_weights_trainable"),
             "gradients": _num(rows, "memory_breakdown_gradients"),
             "optimizer state": _num(rows, "memory_breakdown_optimizer_state"),
+            "activations (saved for backward)": _num(rows, "memory_breakdown_activations_saved"),
         }
-        label = "activations, transients"
+        label = "transients"
     else:  # older runs: stage deltas
         parts = {
             "weights (load)": _num(rows, "memory_stages_mem_load_delta"),

@@ -87,8 +87,8 @@ class RunResult:
     non_torch_overhead: Optional[int] = None  # nvml_process - torch_reserved
     fragmentation: Optional[int] = None  # torch_reserved - torch_allocated
     memory_stages: dict[str, Any] = field(default_factory=dict)
-    # exact bytes on this rank: weights_frozen, weights_trainable, gradients, optimizer_state;
-    # activations_and_transients = torch_peak_allocated minus those (CUDA)
+    # exact bytes on this rank: weights_frozen, weights_trainable, gradients, optimizer_state, activations_saved
+    # (one micro-batch's forward); on CUDA also transients = torch_peak_allocated minus those, explained = parts/peak
     memory_breakdown: dict[str, Any] = field(default_factory=dict)
     nvml: dict[str, Any] = field(default_factory=dict)  # sampler summary: per-GPU peaks/means, energy, power
     energy_per_token_j: Optional[float] = None  # NVML energy over the steady steps / their tokens (all GPUs)

@@ -112,3 +112,13 @@ def test_checkpointing_really_shrinks_saved_activations(tmp_path):
                                     gradient_checkpointing=True))
     saved, saved_ckpt = (r.memory_breakdown["activations_saved"] for r in (plain, ckpt))
     assert saved > 0 and saved_ckpt < 0.6 * saved
+
+
+def test_memory_breakdown_parts_against_a_peak():
+    from ftprof.engine.trainer import memory_breakdown
+
+    static = {"weights_frozen": 100, "weights_trainable": 10, "gradients": 10, "optimizer_state": 20}
+    out = memory_breakdown(static, 60, peak=250)
+    assert out["transients"] == 50 and out["explained"] == pytest.approx(200 / 250)
+    assert "transients" not in memory_breakdown(static, 60, peak=None)  # CPU: no allocator peak
+    assert memory_breakdown(None, 60, 250) == {}
