@@ -49,8 +49,9 @@ def summarize_command(trace: str) -> int:
     except Exception as exc:  # noqa: BLE001 - not JSON, truncated gzip, not a trace...
         raise ConfigError(f"--summarize: cannot read '{trace}' as a trace: {type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
-    stem = path.name.split(".")[0].replace("trace", "summary") or "summary"
-    paths = summary_output.write(summary, path.parent, stem if stem != path.name else "summary")
+    # <trace name>.summary.json/.md beside the trace: never a name the trace itself could have
+    stem = path.name.split(".")[0] + ".summary"
+    paths = summary_output.write(summary, path.parent, stem)
     console = Console()
     console.print(summary_output.rich_view(summary))
     console.print(f"[dim]wrote {paths['summary_json']} and {paths['summary_md']}[/dim]")

@@ -141,8 +141,8 @@ def test_real_cpu_trace_from_plain_torch_profiler(tmp_path, capsys):
     assert main(["profile", "--summarize", str(trace)]) == 0
     out = capsys.readouterr().out
     assert "Where the time went" in out and "gemm" in out
-    data = json.loads((tmp_path / "plain.json").read_text()) if (tmp_path / "plain.json").exists() else \
-        json.loads(next(tmp_path.glob("*summary*.json")).read_text())
+    data = json.loads((tmp_path / "plain.summary.json").read_text())
+    assert (tmp_path / "plain.summary.md").exists()
     assert data["device_kind"] == "cpu" and data["categories_us"]["gemm"] > 0
     # record_shapes gave operator dtypes: every matmul here is fp32
     assert data["fp32_gemm_us"] > 0
@@ -160,3 +160,10 @@ def test_unreadable_trace_is_a_one_line_error(tmp_path, capsys, content):
 def test_missing_trace(tmp_path, capsys):
     assert main(["profile", "--summarize", str(tmp_path / "nope.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_summarize_never_overwrites_the_trace(tmp_path):
+    trace = gpu_trace(tmp_path / "x.json")
+    before = trace.read_bytes()
+    assert main(["profile", "--summarize", str(trace)]) == 0
+    assert trace.read_bytes() == before and (tmp_path / "x.summary.json").exists()
