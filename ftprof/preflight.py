@@ -87,3 +87,5 @@ def _check_distributed(cfg: RunConfig, device, dtype: str) -> None:
                           "can be sharded beside the other parameters; or use --parallel ddp")
     if d.fsdp_cpu_offload and d.parallel != "fsdp":
         raise ConfigError("--fsdp-cpu-offload applies to --parallel fsdp only")
+    if d.fsdp_cpu_offload and device.type != "cuda":
+        raise ConfigError("--fsdp-cpu-offload moves shards between GPU and host: it needs CUDA devices")

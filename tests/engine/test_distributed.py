@@ -67,6 +67,7 @@ def test_torchrun_command_and_cli_round_trip():
     (["--node-rank", "1"], "--node-rank 1 must be in [0, --nnodes)"),
     (["--nproc-per-node", "2", "--quant-storage", "uint8"], "qlora under FSDP needs a floating --quant-storage"),
     (["--nproc-per-node", "2", "--parallel", "ddp", "--fsdp-cpu-offload"], "--fsdp-cpu-offload applies to"),
+    (["--nproc-per-node", "2", "--fsdp-cpu-offload"], "--fsdp-cpu-offload moves shards"),
 ])
 def test_distributed_bad_input(tmp_path, capsys, argv, fragment):
     code = main(["train", "qlora", "--device", "cpu", "--output-dir", str(tmp_path), *argv])
