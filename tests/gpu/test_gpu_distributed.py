@@ -47,3 +47,14 @@ def test_two_gpus(tmp_path, method, parallel):
     assert result.memory_skew is not None and result.step_time_skew is not None
     assert result.nvml_device_used_peak and result.nvml["ranks"] == 2
     assert 0 < result.mfu < 1
+
+
+def test_fsdp_checkpointing_and_cpu_offload(tmp_path):
+    """Checkpointing composes with FSDP2, and CPU offload keeps the sharded state off the GPU."""
+    base = ftprof.train(_cfg(tmp_path / "a", "full", gradient_checkpointing=True))
+    off = ftprof.train(_cfg(tmp_path / "b", "full", gradient_checkpointing=True, fsdp_cpu_offload=True))
+    for r, label in ((base, "full-fsdp-ckpt-2gpu"), (off, "full-fsdp-ckpt-offload-2gpu")):
+        _keep(r, label)
+        assert r.status == "ok", r.error_message
+    assert base.recompute_flops_per_token > 0 and base.hfu > base.mfu
+    assert off.torch_peak_allocated < base.torch_peak_allocated
