@@ -91,9 +91,41 @@ def flops_per_token(params: ParamCounts, layers: int, attn_dim: int, seq_len: in
     return 6.0 * params.trainable_matmul + 4.0 * params.frozen_matmul + 12.0 * layers * attn_dim * seq_len
 
 
-def recompute_flops_per_token(params: ParamCounts, layers: int, attn_dim: int, seq_len: int) -> float:
-    """Extra FLOPs of activation checkpointing: one more forward of every layer."""
-    return 2.0 * (params.trainable_matmul + params.frozen_matmul) + 4.0 * layers * attn_dim * seq_len
+def recompute_flops_per_token(recomputed: ParamCounts, layers: int, attn_dim: int, seq_len: int) -> float:
+    """Extra FLOPs of activation checkpointing: the decoder layers' forward again (``recomputed_params``: lm_head
+    and each block's last projection are not recomputed) plus attention's forward."""
+    return 2.0 * (recomputed.trainable_matmul + recomputed.frozen_matmul) + 4.0 * layers * attn_dim * seq_len
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks (checkpointing and FSDP units), found by class name for any HF causal LM."""
+    return [m for m in model.modules() if type(m).__name__.endswith(("DecoderLayer", "Block"))
+            and any(p.numel() for p in m.parameters())]
+
+
+def layer_params(model: nn.Module) -> ParamCounts:
+    """Matmul parameter counts of the decoder layers alone."""
+    return count_params(nn.ModuleList(decoder_layers(model)))
+
+
+def recomputed_params(model: nn.Module) -> ParamCounts:
+    """Matmul parameters that activation checkpointing runs again in backward.
+
+    torch's non-reentrant checkpointing stops recomputing once every tensor backward needs is back. A block's last
+    matmul (down_proj in Llama/Mistral; with LoRA on it, that projection's lora_B, which runs after the base
+    matmul and lora_A) produces only the block output, which nothing saves: it is not recomputed. lm_head is
+    outside the blocks and not recomputed either. (Checked against FlopCounterMode with and without LoRA.)"""
+    trainable = frozen = 0
+    for layer in decoder_layers(model):
+        leaves = [m for m in layer.modules() if _is_leaf_linear(m)]
+        for module in leaves[:-1]:  # registration order is execution order for HF blocks and PEFT wrappers
+            fin, fout = _linear_shape(module)
+            weight = getattr(module, "weight", None)
+            if weight is not None and weight.requires_grad:
+                trainable += fin * fout
+            else:
+                frozen += fin * fout
+    return ParamCounts(trainable, frozen, 0, trainable + frozen)
 
 
 @dataclass(frozen=True)

@@ -74,3 +74,45 @@ def test_step_stats():
 def test_throughput_is_summed_over_ranks():
     total, per_gpu = metrics.throughput(4096, 0.5, world_size=2)
     assert per_gpu == 8192 and total == 16384
+
+
+def test_recompute_counts_decoder_layers_only():
+    model = _tiny("eager")
+    all_params, layers_only = metrics.count_params(model), metrics.layer_params(model)
+    lm_head = model.lm_head.in_features * model.lm_head.out_features
+    assert all_params.trainable_matmul - layers_only.trainable_matmul == lm_head
+    layers, dim = metrics.attention_dims(model.config)
+    down = sum(layer.mlp.down_proj.in_features * layer.mlp.down_proj.out_features for layer in model.model.layers)
+    recomputed = metrics.recomputed_params(model)
+    assert recomputed.trainable_matmul == layers_only.trainable_matmul - down
+    extra = metrics.recompute_flops_per_token(recomputed, layers, dim, 64)
+    assert extra == 2 * recomputed.trainable_matmul + 4 * layers * dim * 64
+
+
+def _checkpointed(model):
+    model.train()
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    return model
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_hfu_recompute_term_matches_flop_counter_with_checkpointing(lora):
+    model = _tiny("eager")
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model.requires_grad_(False)
+        model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                      "gate_proj", "up_proj", "down_proj"]))
+    model = _checkpointed(model)
+    seq = 64
+    layers, dim = metrics.attention_dims(model.config)
+    with_ckpt = _measured_flops_per_token(model, seq)
+    recompute = metrics.recompute_flops_per_token(metrics.recomputed_params(model), layers, dim, seq)
+    model.gradient_checkpointing_disable()
+    without = _measured_flops_per_token(model, seq)
+    assert with_ckpt - without == pytest.approx(recompute, rel=0.01)

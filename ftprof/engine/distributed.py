@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ftprof import metrics
 from ftprof.config import RunConfig
 
 
@@ -107,12 +108,6 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The transformer blocks (FSDP units and checkpointing units), found by class name for any HF causal LM."""
-    return [m for m in model.modules() if type(m).__name__.endswith(("DecoderLayer", "Block"))
-            and any(p.numel() for p in m.parameters())]
-
-
 def wrap(model: nn.Module, cfg: RunConfig, device: torch.device, dtype: torch.dtype) -> nn.Module:
     d = cfg.distributed
     if d.parallel == "ddp":
@@ -127,7 +122,7 @@ def wrap(model: nn.Module, cfg: RunConfig, device: torch.device, dtype: torch.dt
         MixedPrecisionPolicy()
     offload = CPUOffloadPolicy() if d.fsdp_cpu_offload else OffloadPolicy()
     kwargs = dict(mp_policy=mp, offload_policy=offload, reshard_after_forward=d.fsdp_reshard_after_forward)
-    for layer in decoder_layers(model):
+    for layer in metrics.decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     return model

@@ -185,8 +185,10 @@ class Trainer:
         layers, attn_dim = metrics.attention_dims(self.pre.source.config)
         seq = self.cfg.data.seq_len
         self.flops_token = metrics.flops_per_token(self.counts, layers, attn_dim, seq)
-        self.recompute_token = metrics.recompute_flops_per_token(self.counts, layers, attn_dim, seq) \
-            if self.cfg.model.gradient_checkpointing else 0.0
+        self.recompute_token = 0.0
+        if self.cfg.model.gradient_checkpointing:
+            recomputed = metrics.recomputed_params(self.model)
+            self.recompute_token = metrics.recompute_flops_per_token(recomputed, layers, attn_dim, seq)
 
     def _start_nvml(self) -> None:
         """NVML sampling (memory logging nvml/all) runs in its own process, watching this process's GPU."""
