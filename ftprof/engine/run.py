@@ -43,7 +43,8 @@ def _build_profiler(trainer, log):
     cfg = trainer.cfg
     meta = {"method": cfg.method.method, "model": cfg.model.model, "dtype": cfg.model.dtype,
             "checkpointing": cfg.model.gradient_checkpointing, "active_steps": cfg.profiling.prof_active_steps,
-            "seq_len": cfg.data.seq_len, "batch_size": cfg.data.batch_size}
+            "seq_len": cfg.data.seq_len, "batch_size": cfg.data.batch_size,
+            "flops_per_token": trainer.flops_token, "recompute_flops_per_token": trainer.recompute_token}
     return TorchProfiler(cfg.profiling, _profile_dir(trainer), trainer.device, rank=rank(), log=log, metadata=meta)
 
 

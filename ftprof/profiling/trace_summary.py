@@ -355,13 +355,25 @@ def diagnose(s: TraceSummary, dtype: str | None = None, checkpointing: bool | No
                              f"{n_copies} host-device copies inside the recorded steps ({dtoh} device-to-host: "
                              "each one can synchronise the host with the GPU)", copies))
     if checkpointing:
-        fwd, bwd = s.stages_us.get("ftprof/forward", 0.0), s.stages_us.get("ftprof/backward", 0.0)
-        if fwd + bwd > 0:
-            share = fwd / (fwd + bwd + s.stages_us.get("ftprof/optimizer_step", 0.0))
-            out.append(Diagnosis("recomputation", "info", f"activation checkpointing recomputes the forward in "
-                                 f"backward: about {100 * share:.0f}% of step time (estimated as one more forward)",
-                                 {"forward_us": fwd, "backward_us": bwd, "share": share}))
+        out.extend(_recomputation(s))
     return out
+
+
+def _recomputation(s: TraceSummary) -> list[Diagnosis]:
+    """Time: one more forward, estimated from the forward stage; FLOPs: exact, when ftprof wrote the trace."""
+    fwd, bwd = s.stages_us.get("ftprof/forward", 0.0), s.stages_us.get("ftprof/backward", 0.0)
+    if fwd + bwd <= 0:
+        return []
+    share = fwd / (fwd + bwd + s.stages_us.get("ftprof/optimizer_step", 0.0))
+    evidence = {"forward_us": fwd, "backward_us": bwd, "time_share": share}
+    meta = s.metadata.get("ftprof") if isinstance(s.metadata.get("ftprof"), dict) else {}
+    flops, extra = meta.get("flops_per_token"), meta.get("recompute_flops_per_token")
+    text = f"about {100 * share:.0f}% of step time (estimated as one more forward)"
+    if flops and extra:
+        evidence["flops_share"] = extra / (flops + extra)
+        text += f"; {100 * evidence['flops_share']:.0f}% of the FLOPs executed"
+    return [Diagnosis("recomputation", "info", "activation checkpointing recomputes the forward in backward: " + text,
+                      evidence)]
 
 
 def _steps(s: TraceSummary) -> int:
