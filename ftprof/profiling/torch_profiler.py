@@ -185,6 +185,7 @@ class TorchProfiler:
             msg = f"profiler: {label} export failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             warnings.warn(msg, stacklevel=2)
             self.log(msg)
+            self.settings.notes.append(msg)  # lands in result.json's notes
             return False
         self._artifacts[f"{label.replace(' ', '_')}_rank{self.rank}_cycle{self._cycle}"] = str(path)
         return True

@@ -141,3 +141,18 @@ def test_profile_each_method_on_cpu(tmp_path, method):
     assert summary["categories_us"]["gemm"] > 0 and summary["stages_us"]["ftprof/backward"] > 0
     if method == "qlora":  # bitsandbytes' 4-bit matmul shows up as quantize/dequantize work
         assert summary["categories_us"].get("quantize/dequantize", 0) > 0
+
+
+def test_a_failing_exporter_warns_and_the_rest_are_written(tmp_path, monkeypatch):
+    def broken(self, path, metric="self_cpu_time_total"):
+        raise RuntimeError("stacks exporter broke")
+
+    monkeypatch.setattr(torch.profiler.profile, "export_stacks", broken)
+    with pytest.warns(UserWarning, match="stacks export failed"):
+        result = ftprof.train(tiny_config(tmp_path, "full", max_steps=5, profile=True, prof_with_stack=True))
+    assert result.status == "ok"
+    prof = _run_dir(tmp_path, result) / "profile"
+    assert not (prof / "stacks_rank0_cycle1.txt").exists()
+    assert (prof / "trace_rank0_cycle1.pt.trace.json.gz").exists()
+    assert (prof / "key_averages_rank0_cycle1.txt").exists() and (prof / "summary.md").exists()
+    assert any("stacks export failed" in n for n in result.notes)
