@@ -146,6 +146,37 @@ def step_stats(times: list[float]) -> StepStats | None:
     return StepStats(statistics.median(ordered), p90, statistics.fmean(ordered), stdev, len(ordered))
 
 
+def steady_window(steps: list[dict]) -> tuple[list[dict], int]:
+    """The steps headline figures come from: warm-up steps excluded, and steps the profiler recorded (or warmed up
+    on) too, when unprofiled ones exist (they run slower). Returns (steps, number of profiled steps left out)."""
+    steady = [s for s in steps if not s["warmup"]]
+    unprofiled = [s for s in steady if s["profiler_phase"] in ("", "wait")]
+    if unprofiled and len(unprofiled) < len(steady):
+        return unprofiled, len(steady) - len(unprofiled)
+    return steady, 0
+
+
+def steady_figures(steps: list[dict], world_size: int, flops_per_token: float | None,
+                   recompute_flops_per_token: float | None, peak: float | None) -> dict | None:
+    """Step-time statistics, throughput and MFU/HFU of a steady window (RunResult field names).
+
+    ``steps`` carry the tokens of all ranks (for one process, its own): throughput is total tokens over total time
+    (robust to uneven steps), per GPU divided by ``world_size``. None when the window is empty."""
+    stats = step_stats([s["step_time_s"] for s in steps])
+    if stats is None:
+        return None
+    secs = sum(s["step_time_s"] for s in steps)
+    tokens, real = (sum(s[k] for s in steps) / world_size for k in ("tokens", "real_tokens"))
+    out = {"steady_steps": stats.count, "step_time_p50_s": stats.median, "step_time_p90_s": stats.p90,
+           "step_time_mean_s": stats.mean, "step_time_std_s": stats.stdev}
+    out["tokens_per_s"], out["tokens_per_s_per_gpu"] = throughput(tokens, secs, world_size)
+    out["real_tokens_per_s"], out["real_tokens_per_s_per_gpu"] = throughput(real, secs, world_size)
+    out["mfu"] = utilization(flops_per_token, out["tokens_per_s_per_gpu"], peak) if flops_per_token else None
+    out["hfu"] = utilization((flops_per_token or 0) + (recompute_flops_per_token or 0), out["tokens_per_s_per_gpu"],
+                             peak) if flops_per_token else None
+    return out
+
+
 def throughput(tokens_per_step: float, step_time_s: float, world_size: int = 1) -> tuple[float, float]:
     """(global tokens/s, per-GPU tokens/s) for a step of ``tokens_per_step`` tokens on each of ``world_size`` ranks."""
     per_rank = tokens_per_step / step_time_s

@@ -28,20 +28,11 @@ def aggregate_result(res: RunResult, gathered: list[dict], rows: list[dict], par
     res.world_size, res.parallel = world, parallel
     res.per_rank = {str(g["rank"]): g["summary"] for g in gathered}
     res.tokens_per_step = rows[-1]["tokens"] if rows else 0
-    steady = [r for r in rows if not r["warmup"] and r["profiler_phase"] in ("", "wait")] or \
-        [r for r in rows if not r["warmup"]]
-    stats = metrics.step_stats([r["step_time_s"] for r in steady])
-    if stats is not None:
-        secs = sum(r["step_time_s"] for r in steady)
-        res.tokens_per_s = sum(r["tokens"] for r in steady) / secs
-        res.real_tokens_per_s = sum(r["real_tokens"] for r in steady) / secs
-        res.tokens_per_s_per_gpu = res.tokens_per_s / world
-        res.real_tokens_per_s_per_gpu = res.real_tokens_per_s / world
-        res.step_time_p50_s, res.step_time_p90_s = stats.median, stats.p90
-        res.step_time_mean_s, res.step_time_std_s = stats.mean, stats.stdev
-        res.mfu = metrics.utilization(res.flops_per_token, res.tokens_per_s_per_gpu, res.peak_flops)
-        res.hfu = metrics.utilization((res.flops_per_token or 0) + (res.recompute_flops_per_token or 0),
-                                      res.tokens_per_s_per_gpu, res.peak_flops)
+    steady, _ = metrics.steady_window(rows)
+    figures = metrics.steady_figures(steady, world, res.flops_per_token, res.recompute_flops_per_token,
+                                     res.peak_flops)
+    for key, value in (figures or {}).items():
+        setattr(res, key, value)
     p50s = [g["summary"]["step_time_p50_s"] for g in gathered if g["summary"]["step_time_p50_s"]]
     peaks = [g["summary"]["torch_peak_allocated"] for g in gathered if g["summary"]["torch_peak_allocated"]]
     res.step_time_skew = max(p50s) / min(p50s) - 1 if p50s else None

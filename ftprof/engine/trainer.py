@@ -40,11 +40,8 @@ def profiler_overhead(steps: list[StepRecord]) -> dict[str, float | None]:
     active = [s.step_time_s for s in steps if s.profiler_phase == "active" and not s.warmup]
     plain = [s.step_time_s for s in steps if s.profiler_phase in ("", "wait") and not s.warmup]
     a, p = metrics.step_stats(active), metrics.step_stats(plain)
-    if a is None or p is None:
-        return {"active_step_p50_s": a and a.median, "unprofiled_step_p50_s": p and p.median,
-                "profiler_overhead": None}
-    return {"active_step_p50_s": a.median, "unprofiled_step_p50_s": p.median,
-            "profiler_overhead": a.median / p.median - 1.0}
+    return {"active_step_p50_s": a and a.median, "unprofiled_step_p50_s": p and p.median,
+            "profiler_overhead": a.median / p.median - 1.0 if a and p else None}
 
 
 def memory_breakdown(static: dict | None, activations: int | None, peak: int | None) -> dict:
@@ -369,36 +366,24 @@ class Trainer:
             res.loss_first, res.loss_last = self.steps[0].loss, self.steps[-1].loss
             res.tokens_per_step = self.steps[-1].tokens
         res.warmup_step_times_s = [s.step_time_s for s in self.steps if s.warmup]
-        steady = [s for s in self.steps if not s.warmup]
-        # Steps the profiler recorded (or warmed up on) run slower: keep them out of the headline figures.
-        unprofiled = [s for s in steady if s.profiler_phase in ("", "wait")]
-        if unprofiled and len(unprofiled) < len(steady):
-            res.notes.append(f"steady-state figures from {len(unprofiled)} unprofiled steps "
-                             f"({len(steady) - len(unprofiled)} profiled steps left out)")
-            steady = unprofiled
+        steady, left_out = metrics.steady_window([s.to_dict() for s in self.steps])
+        if left_out:
+            res.notes.append(f"steady-state figures from {len(steady)} unprofiled steps ({left_out} profiled steps "
+                             "left out)")
         if hasattr(self, "counts"):
             res.params_total, res.params_trainable = self.counts.total, self.counts.trainable_total
             res.params_trainable_matmul, res.params_frozen_matmul = (self.counts.trainable_matmul,
                                                                      self.counts.frozen_matmul)
             res.flops_per_token, res.recompute_flops_per_token = self.flops_token, self.recompute_token
             res.peak_flops = metrics.peak_flops(self.device_name) if self.device.type == "cuda" else None
-        stats = metrics.step_stats([s.step_time_s for s in steady])
-        if stats is None:
+        figures = metrics.steady_figures(steady, res.world_size, res.flops_per_token, res.recompute_flops_per_token,
+                                         res.peak_flops)
+        if figures is None:
             if self.steps:
                 res.notes.append("every step was a warm-up step: no steady-state figures")
             return
-        res.steady_steps = stats.count
-        res.step_time_p50_s, res.step_time_p90_s = stats.median, stats.p90
-        res.step_time_mean_s, res.step_time_std_s = stats.mean, stats.stdev
-        # Throughput over the steady window: total tokens / total time (robust to uneven steps).
-        secs = sum(s.step_time_s for s in steady)
-        res.tokens_per_s, res.tokens_per_s_per_gpu = metrics.throughput(sum(s.tokens for s in steady), secs,
-                                                                        res.world_size)
-        res.real_tokens_per_s, res.real_tokens_per_s_per_gpu = metrics.throughput(
-            sum(s.real_tokens for s in steady), secs, res.world_size)
-        res.mfu = metrics.utilization(res.flops_per_token, res.tokens_per_s_per_gpu, res.peak_flops)
-        res.hfu = metrics.utilization(res.flops_per_token + res.recompute_flops_per_token,
-                                      res.tokens_per_s_per_gpu, res.peak_flops)
+        for key, value in figures.items():
+            setattr(res, key, value)
 
     def _fill_memory(self, res: RunResult) -> None:
         summary = self.memory.summary()
