@@ -54,21 +54,28 @@ def _is_leaf_linear(module: nn.Module) -> bool:
     return _linear_shape(module) is not None and not any(_linear_shape(c) for c in module.children())
 
 
+def _matmul_size(module: nn.Module) -> tuple[int, bool]:
+    """(weights of a leaf linear, whether they train). GPTQ QuantLinear has no `weight` (packed qweight): frozen."""
+    fin, fout = _linear_shape(module)
+    weight = getattr(module, "weight", None)
+    return fin * fout, weight is not None and weight.requires_grad
+
+
 def count_params(model: nn.Module) -> ParamCounts:
     trainable_mm = frozen_mm = other = 0
     seen: set[int] = set()  # tied parameters (lm_head <-> embeddings) count once, as the matmul
     modules = list(model.modules())
     for module in filter(_is_leaf_linear, modules):
-        weight = getattr(module, "weight", None)  # GPTQ QuantLinear has no `weight` (packed qweight): frozen
+        weight = getattr(module, "weight", None)
         key = id(weight) if weight is not None else id(module)
         if key in seen:
             continue
         seen.add(key)
-        fin, fout = _linear_shape(module)
-        if weight is not None and weight.requires_grad:
-            trainable_mm += fin * fout
+        size, trains = _matmul_size(module)
+        if trains:
+            trainable_mm += size
         else:
-            frozen_mm += fin * fout
+            frozen_mm += size
     for module in modules:
         if _linear_shape(module) is None:
             for p in module.parameters(recurse=False):
@@ -119,12 +126,11 @@ def recomputed_params(model: nn.Module) -> ParamCounts:
     for layer in decoder_layers(model):
         leaves = [m for m in layer.modules() if _is_leaf_linear(m)]
         for module in leaves[:-1]:  # registration order is execution order for HF blocks and PEFT wrappers
-            fin, fout = _linear_shape(module)
-            weight = getattr(module, "weight", None)
-            if weight is not None and weight.requires_grad:
-                trainable += fin * fout
+            size, trains = _matmul_size(module)
+            if trains:
+                trainable += size
             else:
-                frozen += fin * fout
+                frozen += size
     return ParamCounts(trainable, frozen, 0, trainable + frozen)
 
 
