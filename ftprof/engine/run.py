@@ -28,10 +28,6 @@ def classify_exception(exc: BaseException) -> str:
     return "error"
 
 
-def rank() -> int:
-    return int(os.environ.get("RANK", "0"))
-
-
 def _profile_dir(trainer) -> Path:
     out = trainer.cfg.profiling.prof_output_dir
     return Path(out).expanduser() if out else trainer.run_dir / "profile"
@@ -45,7 +41,8 @@ def _build_profiler(trainer, log):
             "checkpointing": cfg.model.gradient_checkpointing, "active_steps": cfg.profiling.prof_active_steps,
             "seq_len": cfg.data.seq_len, "batch_size": cfg.data.batch_size,
             "flops_per_token": trainer.flops_token, "recompute_flops_per_token": trainer.recompute_token}
-    return TorchProfiler(cfg.profiling, _profile_dir(trainer), trainer.device, rank=rank(), log=log, metadata=meta)
+    return TorchProfiler(cfg.profiling, _profile_dir(trainer), trainer.device, rank=trainer.dist.rank, log=log,
+                         metadata=meta)
 
 
 def _summarize(trainer, result: RunResult, display) -> None:
@@ -74,7 +71,7 @@ def _oom_snapshot(trainer, result: RunResult) -> None:
 
     if trainer.device.type != "cuda" or not hasattr(trainer, "run_dir"):
         return
-    path = _profile_dir(trainer) / f"oom_snapshot_rank{rank()}.pickle"
+    path = _profile_dir(trainer) / f"oom_snapshot_rank{trainer.dist.rank}.pickle"
     if dump_oom_snapshot(path):
         result.artifacts["oom_snapshot"] = os.path.relpath(path, trainer.run_dir)
 
@@ -127,7 +124,7 @@ def train(cfg: RunConfig, *, quiet: bool | None = None, profiler=None) -> RunRes
     trainer = Trainer(pre, log=display.log, profiler=profiler, on_step=display.on_step)
     try:
         trainer.setup()
-        if profiler is None and pre.config.profiling.profile and pre.config.profiling.profiles_rank(rank()):
+        if profiler is None and pre.config.profiling.profile and pre.config.profiling.profiles_rank(trainer.dist.rank):
             trainer.profiler = _build_profiler(trainer, display.log)
         display.start(trainer)
         trainer.train_loop()

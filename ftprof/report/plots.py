@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-GIB = 1024 ** 3
+from ftprof.console import GIB
+
 MAX_EXPERIMENTS_PER_PLOT = 40  # beyond this, per-experiment plots show the first 40 (tables keep them all)
 
 

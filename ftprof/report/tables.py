@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from ftprof.console import GIB
 from ftprof.results.load import read_runs
 
-GIB = 1024 ** 3
 # Columns of summary.csv / summary.md: (source column, header, kind). Kind says how to format and aggregate.
 HEADLINE = [
     ("method", "method", "key"), ("model", "model", "key"), ("world_size", "GPUs", "key"),
