@@ -69,7 +69,7 @@ def find_run_dirs(paths: list[str | Path]) -> list[Path]:
         if (p / CONFIG).is_file():
             found.append(p)
         elif p.is_dir():
-            found.extend(sorted(c.parent for c in p.rglob(CONFIG) if "profile" not in c.parts[-3:-1]))
+            found.extend(sorted(c.parent for c in p.rglob(CONFIG)))
     return sorted(set(found))
 
 
