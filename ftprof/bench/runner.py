@@ -81,15 +81,17 @@ def plan(sweep: Sweep, out_dir: Path, *, force: bool = False, retry_failed: bool
     return planned
 
 
-def train_command(exp: Experiment, run_dir: Path, memory_logging: str) -> list[str]:
-    """The child's command line: the experiment's options as given, plus where to write and what to log."""
+def train_command(exp: Experiment, run_dir: Path) -> list[str]:
+    """The child's command line: the experiment's options as given, plus where to write and what to log
+    (the experiment's resolved memory logging: its own, else the sweep's)."""
     values = dict(exp.values)
     method = values.pop("method", "qlora")
+    values.pop("memory_logging", None)
     cmd = [sys.executable, "-m", "ftprof", "train", method]
     for key, value in values.items():
         cmd += option_flag(key, value)
     return cmd + ["--output-dir", str(run_dir.parent), "--run-name", run_dir.name, "--memory-logging",
-                  memory_logging, "--quiet"]
+                  exp.config.output.memory_logging, "--quiet"]
 
 
 def command_script(cmd: list[str], env_overrides: dict[str, str]) -> str:
@@ -139,7 +141,7 @@ class BenchRunner:
         p.run_dir.mkdir(parents=True, exist_ok=True)
         for stale in ("result.json",):  # a rerun must not inherit the previous attempt's verdict
             (p.run_dir / stale).unlink(missing_ok=True)
-        cmd = train_command(p.experiment, p.run_dir, self.sweep.memory_logging)
+        cmd = train_command(p.experiment, p.run_dir)
         overrides = {"PYTHONUNBUFFERED": "1"}
         if slot is not None:
             overrides["CUDA_VISIBLE_DEVICES"] = slot

@@ -183,7 +183,11 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
         if "model" in values:
             _check_model(path, f"{where}.model", values["model"])
         try:
-            config = RunConfig.from_flat({**values, "memory_logging": memory, "quiet": True})
+            # A cell's own memory_logging (say, to measure the NVML sampler's cost) wins over the sweep's;
+            # MEMORY_LOGGING in the environment wins over both.
+            own = None if os.environ.get("MEMORY_LOGGING") else values.get("memory_logging")
+            own = MEMORY_LOGGING_ALIASES.get(own, own)
+            config = RunConfig.from_flat({**values, "memory_logging": own or memory, "quiet": True})
         except ConfigError as exc:
             raise _fail(path, where, str(exc)) from None
         name = f"{_slug(values, varying or ['method'])}-{_digest(values)}"

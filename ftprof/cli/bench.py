@@ -111,8 +111,7 @@ def bench_command(args: argparse.Namespace) -> int:
         console.print(f"GPU slots: {', '.join(slots) if slots else 'none (CPU: one experiment at a time)'}; "
                       f"memory logging: {sweep.memory_logging}; timeout {sweep.timeout_s:g} s")
         for p in planned:
-            console.print(" ".join(shlex.quote(c) for c in train_command(p.experiment, p.run_dir,
-                                                                          sweep.memory_logging)), soft_wrap=True)
+            console.print(" ".join(shlex.quote(c) for c in train_command(p.experiment, p.run_dir)), soft_wrap=True)
         return 0
     out_dir.mkdir(parents=True, exist_ok=True)
     display = BenchDisplay(console, len(planned))

@@ -10,6 +10,8 @@ Known traps this module steps around (measured):
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -55,10 +57,35 @@ def ensure_quantized(build_model, tokenizer, label: str, key: str, method: Metho
     target = cache_root() / f"{label}-{key}"
     if (target / "quantize_config.json").is_file():
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Another process (a bench experiment beside this one, a baseline script) may be quantizing the same model:
+    # wait for it, then use its result, rather than quantize twice and race for the rename.
+    with _exclusive(target.with_name(target.name + ".lock"), log):
+        if (target / "quantize_config.json").is_file():
+            return target
+        _quantize(build_model, tokenizer, label, target, method, calibration, device, log)
+    return target
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path, log):
+    with open(lock_path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another process that is quantizing the same model ({lock_path})")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _quantize(build_model, tokenizer, label: str, target: Path, method: MethodConfig, calibration,
+              device: torch.device, log) -> None:
     ensure_workers()
     with quiet_import():
         from gptqmodel import BACKEND, GPTQModel, QuantizeConfig
-    target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{label}-", dir=target.parent))
     try:
         src, out = work / "fp", work / "gptq"
@@ -83,7 +110,6 @@ def ensure_quantized(build_model, tokenizer, label: str, key: str, method: Metho
         os.replace(out, target)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return target
 
 
 def load_gptq(path: str | Path, backend: str, device: torch.device):

@@ -1,0 +1,53 @@
+"""The GPTQ cache: one quantization per model, however many processes ask for it at once."""
+
+import threading
+import time
+
+from ftprof.config import MethodConfig
+from ftprof.models import gptq
+
+
+def test_concurrent_requests_quantize_once_and_share_the_result(tmp_path, monkeypatch):
+    monkeypatch.setenv(gptq.CACHE_ENV, str(tmp_path))
+    calls, logs = [], []
+
+    def fake_quantize(build, tok, label, target, method, calib, device, log):
+        calls.append(label)
+        time.sleep(0.5)  # long enough for the second request to find the lock taken
+        target.mkdir(parents=True)
+        (target / "quantize_config.json").write_text("{}")
+
+    monkeypatch.setattr(gptq, "_quantize", fake_quantize)
+    method = MethodConfig(method="gptq-lora").resolved("float32")
+    results = []
+
+    def request():
+        results.append(gptq.ensure_quantized(None, None, "tiny", "k1", method, None, None, logs.append))
+
+    threads = [threading.Thread(target=request) for _ in range(2)]
+    for t in threads:
+        t.start()
+        time.sleep(0.1)
+    for t in threads:
+        t.join()
+    assert calls == ["tiny"]  # the second request waited and reused the first one's checkpoint
+    assert results[0] == results[1] == tmp_path / "gptq" / "tiny-k1"
+    assert any("waiting for another process" in line for line in logs)
+
+
+def test_a_failed_quantization_leaves_no_entry_and_frees_the_lock(tmp_path, monkeypatch):
+    monkeypatch.setenv(gptq.CACHE_ENV, str(tmp_path))
+    attempts = []
+
+    def failing(build, tok, label, target, method, calib, device, log):
+        attempts.append(1)
+        raise RuntimeError("calibration failed")
+
+    monkeypatch.setattr(gptq, "_quantize", failing)
+    method = MethodConfig(method="gptq-lora").resolved("float32")
+    for _ in range(2):  # a second attempt is not blocked by the first one's lock
+        try:
+            gptq.ensure_quantized(None, None, "tiny", "k2", method, None, None, print)
+        except RuntimeError:
+            pass
+    assert len(attempts) == 2 and not (tmp_path / "gptq" / "tiny-k2").exists()
