@@ -81,7 +81,7 @@ def _model(args, device: torch.device, dtype: torch.dtype):
     from ftprof.config import MethodConfig
     from ftprof.models import gptq
 
-    method = MethodConfig(method="gptq-lora").resolved("bfloat16")
+    method = MethodConfig(method="gptq-lora").resolved("bfloat16", preset=True)
     key = gptq.cache_key(config, method, 0, args.seq_len)
     stream = synthetic_batches(DataConfig(seq_len=args.seq_len, batch_size=1), config.vocab_size, 0)
     path = gptq.ensure_quantized(lambda: build_random_model(config, device, torch.float16), build_tokenizer(),

@@ -105,6 +105,11 @@ class MethodConfig:
                                                   "gptq_marlin"))
     gptq_calibration_samples: Optional[int] = option(None, "calibration sequences when quantizing a preset "
                                                      "(gptq-lora; default 32)")
+    gptq_quantizer: Optional[str] = option(
+        None, "how a 16-bit model is quantized (gptq-lora): gptq (calibrated, error-compensating) or rtn "
+        "(round-to-nearest through GPTQModel's mock path: same checkpoint format and kernels, minutes faster); "
+        "default rtn for presets, whose random weights make calibration meaningless, gptq otherwise",
+        choices=("gptq", "rtn"))
 
     def __post_init__(self) -> None:
         _one_of("method", self.method, METHODS)
@@ -131,7 +136,8 @@ class MethodConfig:
             "lora": (LORA_METHODS, ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")),
             "bitsandbytes": (("qlora",), ("quant_type", "double_quant", "compute_dtype", "quant_storage")),
             "quantized-base": (("qlora", "gptq-lora"), ("kbit_prepare",)),
-            "GPTQ": (("gptq-lora",), ("gptq_bits", "gptq_group_size", "gptq_backend", "gptq_calibration_samples")),
+            "GPTQ": (("gptq-lora",), ("gptq_bits", "gptq_group_size", "gptq_backend", "gptq_calibration_samples",
+                                     "gptq_quantizer")),
         }
         for label, (methods, names) in groups.items():
             if self.method in methods:
@@ -141,8 +147,9 @@ class MethodConfig:
                 flag = "--" + given[0].replace("_", "-")
                 raise ConfigError(f"{flag} is a {label} option and does not apply to method '{self.method}'")
 
-    def resolved(self, run_dtype: str) -> MethodConfig:
-        """Fill method defaults (done once the run dtype is known) so config.json records what ran."""
+    def resolved(self, run_dtype: str, preset: bool = False) -> MethodConfig:
+        """Fill method defaults (done once the run dtype and the model source are known) so config.json records
+        what ran."""
         values = dataclasses.asdict(self)
         if self.method in LORA_METHODS:
             r = self.lora_r or 16
@@ -159,7 +166,8 @@ class MethodConfig:
         if self.method == "gptq-lora":
             values.update(gptq_bits=self.gptq_bits or 4, gptq_group_size=self.gptq_group_size or 128,
                           gptq_backend=self.gptq_backend or "gptq_torch",
-                          gptq_calibration_samples=self.gptq_calibration_samples or 32)
+                          gptq_calibration_samples=self.gptq_calibration_samples or 32,
+                          gptq_quantizer=self.gptq_quantizer or ("rtn" if preset else "gptq"))
         return MethodConfig(**values)
 
 

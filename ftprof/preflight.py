@@ -67,7 +67,7 @@ def preflight(cfg: RunConfig) -> Preflight:
                      f"{prof.prof_repeat} profiling cycle(s) of {prof.cycle_steps} steps complete")
         train = dataclasses.replace(train, max_steps=prof.total_steps)
     resolved = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype), train=train,
-                                   method=cfg.method.resolved(dtype))
+                                   method=cfg.method.resolved(dtype, preset=source.kind == "preset"))
     return Preflight(source, device, dtype, resolved, notes)
 
 

@@ -58,6 +58,11 @@ def test_method_defaults_resolve_per_method():
     assert q.lora_alpha == 16.0
     g = MethodConfig(method="gptq-lora", gptq_bits=8).resolved("float32")
     assert (g.gptq_bits, g.gptq_group_size, g.gptq_backend) == (8, 128, "gptq_torch")
+    # Random-weight presets round to nearest (calibration would buy nothing); real checkpoints get GPTQ proper.
+    assert g.gptq_quantizer == "gptq"
+    assert MethodConfig(method="gptq-lora").resolved("float32", preset=True).gptq_quantizer == "rtn"
+    assert MethodConfig(method="gptq-lora", gptq_quantizer="gptq").resolved("float32", preset=True).gptq_quantizer \
+        == "gptq"
     full = MethodConfig(method="full").resolved("bfloat16")
     assert full.lora_r is None and full.quant_type is None
 

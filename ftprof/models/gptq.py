@@ -43,7 +43,7 @@ def cache_key(config, method: MethodConfig, seed: int, seq_len: int) -> str:
         arch.pop(volatile, None)
     payload = json.dumps({"arch": arch, "bits": method.gptq_bits, "group_size": method.gptq_group_size,
                           "samples": method.gptq_calibration_samples, "calib_len": seq_len, "seed": seed,
-                          "v": QUANTIZER_VERSION}, sort_keys=True, default=str)
+                          "quantizer": method.gptq_quantizer, "v": QUANTIZER_VERSION}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -96,9 +96,12 @@ def _quantize(build_model, tokenizer, label: str, target: Path, method: MethodCo
             torch.cuda.empty_cache()
         tokenizer.save_pretrained(src)  # GPTQModel needs a tokenizer beside the model
         sequences = calibration()
-        log(f"quantizing {label} to {method.gptq_bits}-bit GPTQ (group {method.gptq_group_size}, "
-            f"{len(sequences)} calibration sequences); cached at {target}")
-        qcfg = QuantizeConfig(bits=method.gptq_bits, group_size=method.gptq_group_size)
+        log(f"quantizing {label} to {method.gptq_bits}-bit GPTQ ({method.gptq_quantizer}, group "
+            f"{method.gptq_group_size}, {len(sequences)} calibration sequences); cached at {target}")
+        # rtn: GPTQModel's mock path rounds each group to nearest (identity Hessian inverse) and packs the same
+        # checkpoint format; it skips the per-column error compensation that makes GPTQ take minutes per 7B model.
+        qcfg = QuantizeConfig(bits=method.gptq_bits, group_size=method.gptq_group_size,
+                              mock_quantization=method.gptq_quantizer == "rtn")
         with quiet_import():  # GPTQModel prints hundreds of progress lines per layer
             gm = GPTQModel.load(str(src), qcfg, device=str(device))
         calib = [{"input_ids": ids.view(1, -1), "attention_mask": torch.ones(1, ids.numel(), dtype=torch.long)}

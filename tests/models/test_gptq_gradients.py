@@ -54,3 +54,32 @@ def test_gptq_lora_gradients_on_gpu_bf16(tmp_path):
     _, layers = _gptq_lora_layers(tmp_path, device="cuda", dtype="bfloat16")
     for layer in layers[:4]:
         _check_layer(layer, torch.bfloat16, rtol=2e-2)
+
+
+@pytest.mark.parametrize("quantizer", ["rtn", "gptq"])
+def test_quantizers_round_within_their_bounds(tmp_path, quantizer):
+    """rtn rounds every weight to its group's nearest level: within half a step, or one step at a group's edge
+    where the rounded zero point clips it. gptq trades that bound for error compensation across columns, so some
+    weights move several steps. Both give the same checkpoint format and train through the same kernel."""
+    from ftprof.models.materialize import build_random_model
+    from ftprof.models.presets import preset_config
+
+    trainer = Trainer(preflight(tiny_config(tmp_path, "gptq-lora", gptq_calibration_samples=4,
+                                            gptq_quantizer=quantizer)), log=lambda _: None)
+    trainer.setup()
+    assert trainer.cfg.method.gptq_quantizer == quantizer
+    original = build_random_model(preset_config("tiny"), torch.device("cpu"), torch.float32, seed=0)
+    worst = 0.0
+    for name, module in trainer.model.named_modules():
+        if type(module).__name__ != "GPTQLoraLinear":
+            continue
+        base = module.base_layer
+        w = original.get_submodule(name.split("model.", 2)[-1].replace(".base_layer", "")).weight.detach()
+        deq = base.dequantize_weight().T.float()
+        group = base.group_size if base.group_size > 0 else base.in_features
+        step = base.scales.float().T.repeat_interleave(group, dim=1)[:, :w.shape[1]]  # (out, in)
+        worst = max(worst, float(((w - deq).abs() / step).max()))
+    if quantizer == "rtn":
+        assert worst <= 1.01, worst
+    else:
+        assert worst > 1.5, worst
