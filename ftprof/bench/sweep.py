@@ -100,7 +100,9 @@ def _check_model(path: Path, where: str, model: Any) -> None:
 def _slug(values: dict[str, Any], keys: list[str]) -> str:
     parts = []
     for k in keys:
-        v = values.get(k)
+        if k not in values:  # an option only some cells set: the others keep its default, unnamed
+            continue
+        v = values[k]
         v = ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v
         parts.append(f"{k}={v}")
     text = "_".join(parts) or "run"
