@@ -51,17 +51,24 @@ def build_random_model(config, device: torch.device, dtype: torch.dtype, *, seed
     model = empty_model(config, dtype, attn_implementation)
     gen = torch.Generator(device=device).manual_seed(seed)
     std = float(getattr(config, "initializer_range", 0.02))
-    done: dict[int, nn.Parameter] = {}  # tied parameters (lm_head <-> embeddings) are materialized once
+    # Tied parameters (lm_head <-> embeddings) are materialized once. Only those are remembered: holding every new
+    # parameter here would keep each replaced linear's 16-bit weight alive to the end (a 70B QLoRA build then
+    # needs the 140 GB it exists to avoid).
+    uses: dict[int, int] = {}
+    for _, param in model.named_parameters(remove_duplicate=False):
+        uses[id(param)] = uses.get(id(param), 0) + 1
+    tied: dict[int, nn.Parameter] = {}
     for mod_name, module in list(model.named_modules()):
         for p_name, param in list(module.named_parameters(recurse=False)):
-            if id(param) in done:
-                module._parameters[p_name] = done[id(param)]
+            if id(param) in tied:
+                module._parameters[p_name] = tied[id(param)]
                 continue
             if not param.is_meta:
                 continue
             new = nn.Parameter(torch.empty(param.shape, dtype=dtype, device=device), requires_grad=param.requires_grad)
             _init_(p_name, module, new, std, gen)
-            done[id(param)] = new
+            if uses[id(param)] > 1:
+                tied[id(param)] = new
             module._parameters[p_name] = new
         for b_name, buf in list(module.named_buffers(recurse=False)):
             module._buffers[b_name] = buf.to(device)
@@ -70,6 +77,7 @@ def build_random_model(config, device: torch.device, dtype: torch.dtype, *, seed
             if replacement is not None:
                 parent_name, _, child = mod_name.rpartition(".")
                 setattr(model.get_submodule(parent_name) if parent_name else model, child, replacement)
+                module._parameters.clear()  # the list above still holds the old module: drop its 16-bit weight
     return model
 
 
@@ -81,10 +89,12 @@ def materialize_sharded(model: nn.Module, device: torch.device, *, std: float = 
     """
     buffers = {name: buf for name, buf in model.named_buffers() if not buf.is_meta}
     model.to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(seed)
+    # With FSDP CPU offload the shards live in host memory: each device gets its own generator.
+    gens: dict[torch.device, torch.Generator] = {}
     for mod_name, module in model.named_modules():
         for p_name, param in module.named_parameters(recurse=False):
             local = param.to_local() if hasattr(param, "to_local") else param
+            gen = gens.setdefault(local.device, torch.Generator(device=local.device).manual_seed(seed))
             _init_(p_name, module, local, std, gen, module_name=mod_name)
     for name, buf in buffers.items():
         parent, _, leaf = name.rpartition(".")

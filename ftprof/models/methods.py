@@ -150,6 +150,8 @@ class GPTQLoRA(LoRA):
         m = ctx.cfg.method
         path = ctx.source.name if ctx.source.is_gptq_checkpoint else self._quantized_checkpoint(ctx)
         model = gptq.load_gptq(path, m.gptq_backend, ctx.device)
+        if m.gptq_backend == "gptq_torch":  # the kernel that dequantizes in torch autograd (see lean_backward)
+            gptq.lean_backward(model)
         # GPTQModel loads non-quantized parts in fp16; bring them to the run dtype so no op runs in mixed dtypes.
         for module in model.modules():
             for p_name, p in module.named_parameters(recurse=False):

@@ -1,5 +1,7 @@
 """GPTQ-LoRA's backward is correct: gradients through GPTQModel's gptq_torch kernel match a dequantized reference."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -17,7 +19,7 @@ def _gptq_lora_layers(tmp_path, device="cpu", dtype="float32"):
     return trainer, layers
 
 
-def _check_layer(layer, dtype, rtol):
+def _check_layer(layer, dtype, rtol, autocast=contextlib.nullcontext):
     torch.manual_seed(0)
     base = layer.base_layer
     with torch.no_grad():  # LoRA B starts at zero; give it values so every gradient is non-trivial
@@ -31,7 +33,9 @@ def _check_layer(layer, dtype, rtol):
     grad_out = torch.randn(6, base.out_features, dtype=dtype, device=w.device)
 
     layer.zero_grad()
-    layer(x).backward(grad_out)
+    with autocast():  # as the trainer runs it: fp32 adapters, matmuls in the run dtype
+        out = layer(x)
+    out.backward(grad_out)
     got = (x.grad, a.weight.grad.clone(), b.weight.grad.clone())
 
     a.weight.grad = b.weight.grad = None
@@ -51,9 +55,9 @@ def test_gptq_lora_gradients_match_dequantized_reference(tmp_path):
 
 @pytest.mark.gpu
 def test_gptq_lora_gradients_on_gpu_bf16(tmp_path):
-    _, layers = _gptq_lora_layers(tmp_path, device="cuda", dtype="bfloat16")
+    trainer, layers = _gptq_lora_layers(tmp_path, device="cuda", dtype="bfloat16")
     for layer in layers[:4]:
-        _check_layer(layer, torch.bfloat16, rtol=2e-2)
+        _check_layer(layer, torch.bfloat16, rtol=2e-2, autocast=trainer.autocast)
 
 
 @pytest.mark.parametrize("quantizer", ["rtn", "gptq"])
@@ -83,3 +87,21 @@ def test_quantizers_round_within_their_bounds(tmp_path, quantizer):
         assert worst <= 1.01, worst
     else:
         assert worst > 1.5, worst
+
+
+def test_backward_keeps_no_dequantized_weight(tmp_path):
+    """Autograd saves activations for the GPTQ linears, never their dequantized 16-bit weights."""
+    trainer, layers = _gptq_lora_layers(tmp_path)
+    shapes = {tuple(layer.base_layer.dequantize_weight().shape) for layer in layers}
+    saved: list[tuple[int, ...]] = []
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    batch = next(trainer.batches)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = trainer.model(**batch).loss
+    loss.backward()
+    assert saved and not shapes & set(saved), shapes & set(saved)
+    assert all(p.grad is not None for p in trainer.params)
