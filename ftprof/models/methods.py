@@ -150,7 +150,10 @@ class GPTQLoRA(LoRA):
         m = ctx.cfg.method
         path = ctx.source.name if ctx.source.is_gptq_checkpoint else self._quantized_checkpoint(ctx)
         model = gptq.load_gptq(path, m.gptq_backend, ctx.device)
-        if m.gptq_backend == "gptq_torch":  # the kernel that dequantizes in torch autograd (see lean_backward)
+        # gptq_torch dequantizes inside torch autograd, which keeps each dequantized weight until backward. Without
+        # checkpointing that is every layer at once (llama-8b on an H200: 76.7 -> 63.8 GiB peak with lean_backward,
+        # 4.5% slower); with it only the layer being recomputed, so there the extra dequantization buys nothing.
+        if m.gptq_backend == "gptq_torch" and not ctx.cfg.model.gradient_checkpointing:
             gptq.lean_backward(model)
         # GPTQModel loads non-quantized parts in fp16; bring them to the run dtype so no op runs in mixed dtypes.
         for module in model.modules():

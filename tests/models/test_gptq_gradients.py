@@ -105,3 +105,14 @@ def test_backward_keeps_no_dequantized_weight(tmp_path):
     loss.backward()
     assert saved and not shapes & set(saved), shapes & set(saved)
     assert all(p.grad is not None for p in trainer.params)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_lean_backward_only_without_checkpointing(tmp_path, checkpointing):
+    """Under checkpointing a dequantized weight lives only while its layer is recomputed: no re-dequantization."""
+    trainer = Trainer(preflight(tiny_config(tmp_path, "gptq-lora", gptq_calibration_samples=4,
+                                            gradient_checkpointing=checkpointing)), log=lambda _: None)
+    trainer.setup()
+    quant = [m for m in trainer.model.modules() if hasattr(m, "qweight")]
+    lean = [m for m in quant if "forward" in vars(m)]
+    assert quant and len(lean) == (0 if checkpointing else len(quant))
