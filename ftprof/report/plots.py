@@ -69,6 +69,7 @@ def memory_breakdown(df: pd.DataFrame, out: Path) -> Path | None:
             "gradients": _num(rows, "memory_breakdown_gradients"),
             "optimizer state": _num(rows, "memory_breakdown_optimizer_state"),
             "activations (saved for backward)": _num(rows, "memory_breakdown_activations_saved"),
+            "logits gradients (estimate)": _num(rows, "memory_breakdown_logits_gradients"),
         }
         label = "transients"
     else:  # older runs: stage deltas
