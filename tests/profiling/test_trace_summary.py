@@ -65,6 +65,10 @@ def test_gpu_categories_idle_and_fp32_share(tmp_path):
     assert codes["fp32_gemm"].evidence["share"] == pytest.approx(100 / 820)
     assert "fp32 GEMMs take 12.2%" in codes["fp32_gemm"].message
     assert {"dequantization", "gpu_idle", "host_device_copies"} <= set(codes)
+    # silu 50 + add 20 (elementwise) + rms_norm 100 (normalization) of 820 us: 20.7%, just over the line
+    assert codes["elementwise"].severity == "info"
+    assert codes["elementwise"].evidence["share"] == pytest.approx(170 / 820)
+    assert codes["elementwise"].evidence["top_kernels"][0]["name"] == "void rms_norm_kernel<bf16>"
     assert s.host_device_copies["DtoH"] == {"count": 1, "us": 50, "bytes": 4}
     assert s.verdict.startswith("GPU-bound")
 
@@ -95,6 +99,17 @@ def test_fp32_gemm_found_through_operator_dtypes(tmp_path):
     ]
     s = summarize(_write(tmp_path / "t.json", events))
     assert s.fp32_gemm_us == 70 and s.gemm_us == 100
+
+
+def test_elementwise_heavy_trace_is_a_warning_and_a_gemm_heavy_one_is_silent(tmp_path):
+    heavy = [_kernel("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", 0, 500),
+             _kernel("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add>", 500, 300),
+             _kernel("void at::native::elementwise_kernel<128, 4, pow>", 800, 100)]
+    codes = {d.code: d for d in summarize(_write(tmp_path / "h.json", heavy)).diagnoses}
+    assert codes["elementwise"].severity == "warning" and "44.4%" in codes["elementwise"].message
+    light = [_kernel("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", 0, 900),
+             _kernel("void at::native::vectorized_elementwise_kernel<8, add>", 900, 100)]
+    assert "elementwise" not in {d.code for d in summarize(_write(tmp_path / "l.json", light)).diagnoses}
 
 
 def test_bf16_only_trace_has_no_fp32_diagnosis(tmp_path):
