@@ -60,10 +60,14 @@ def ensure_quantized(build_model, tokenizer, label: str, key: str, method: Metho
     target.parent.mkdir(parents=True, exist_ok=True)
     # Another process (a bench experiment beside this one, a baseline script) may be quantizing the same model:
     # wait for it, then use its result, rather than quantize twice and race for the rename.
-    with _exclusive(target.with_name(target.name + ".lock"), log):
+    lock = target.with_name(target.name + ".lock")
+    with _exclusive(lock, log):
         if (target / "quantize_config.json").is_file():
             return target
         _quantize(build_model, tokenizer, label, target, method, calibration, device, log)
+        # Safe to remove once the checkpoint exists: every process checks for it after taking the lock, so one
+        # that locks this (now unlinked) file, or a new file of the same name, finds the checkpoint and leaves.
+        lock.unlink(missing_ok=True)
     return target
 
 

@@ -33,6 +33,7 @@ def test_concurrent_requests_quantize_once_and_share_the_result(tmp_path, monkey
     assert calls == ["tiny"]  # the second request waited and reused the first one's checkpoint
     assert results[0] == results[1] == tmp_path / "gptq" / "tiny-k1"
     assert any("waiting for another process" in line for line in logs)
+    assert sorted(p.name for p in (tmp_path / "gptq").iterdir()) == ["tiny-k1"]  # no lock file left behind
 
 
 def test_a_failed_quantization_leaves_no_entry_and_frees_the_lock(tmp_path, monkeypatch):
