@@ -19,7 +19,9 @@ HEADLINE = [
     ("tokens_per_s", "tokens/s", "num"), ("tokens_per_s_per_gpu", "tokens/s/GPU", "num"),
     ("real_tokens_per_s", "real tokens/s", "num"), ("step_time_p50_s", "step p50 (s)", "num"),
     ("step_time_p90_s", "step p90 (s)", "num"), ("mfu", "MFU %", "pct"),
-    ("torch_peak_allocated", "peak alloc GiB", "gib"), ("torch_peak_reserved", "peak reserved GiB", "gib"),
+    ("torch_peak_allocated", "peak alloc GiB", "gib"),
+    ("memory_breakdown_training_peak", "training peak GiB", "gib"),  # loading excluded (quantizing can peak higher)
+    ("torch_peak_reserved", "peak reserved GiB", "gib"),
     ("nvml_device_used_peak", "NVML peak GiB", "gib"), ("non_torch_overhead", "non-torch GiB", "gib"),
     ("energy_per_token_j", "mJ/token", "mj"), ("status", "status", "status"),
 ]

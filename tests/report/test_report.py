@@ -8,7 +8,7 @@ import pytest
 
 import ftprof
 from ftprof.cli.main import main
-from ftprof.report.tables import ci95
+from ftprof.report.tables import ci95, display_rows, summarize
 from tests.conftest import tiny_config
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -76,6 +76,19 @@ def test_report_tables_equal_the_inputs(results, tmp_path, capsys, monkeypatch):
     with open(out / "raw_summary.csv") as fh:
         raw = list(csv.DictReader(fh))
     assert len(raw) == 5 and "memory_stages_mem_load_delta" in raw[0]
+
+
+def test_training_peak_column_beside_the_overall_peak(results, tmp_path):
+    """A run whose load peaked above training (an in-process quantization) shows both peaks."""
+    run = tmp_path / "runs" / "q"
+    shutil.copytree(results / "a", run)
+    result = json.loads((run / "result.json").read_text())
+    result.update(torch_peak_allocated=5 * 2**30, memory_breakdown={**result["memory_breakdown"],
+                                                                     "training_peak": 3 * 2**30})
+    (run / "result.json").write_text(json.dumps(result))
+    headers, rows = display_rows(summarize(ftprof.load_results(run)))
+    cells = dict(zip(headers, rows[0], strict=True))
+    assert cells["peak alloc GiB"] == "5.00" and cells["training peak GiB"] == "3.00"
 
 
 def test_plots_and_html(results, tmp_path):
