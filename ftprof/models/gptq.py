@@ -110,13 +110,32 @@ def _quantize(build_model, tokenizer, label: str, target: Path, method: MethodCo
             gm = GPTQModel.load(str(src), qcfg, device=str(device))
         calib = [{"input_ids": ids.view(1, -1), "attention_mask": torch.ones(1, ids.numel(), dtype=torch.long)}
                  for ids in sequences]
-        with quiet_import():
+        with quiet_import(), _logs_in(work / "logs"):
             gm.quantize(calib, batch_size=1, backend=BACKEND(method.gptq_backend))
             gm.save(str(out))
         del gm
+        if (work / "logs").is_dir():  # per-module quantization logs travel with the checkpoint
+            shutil.move(str(work / "logs"), str(out / "quantize_logs"))
         os.replace(out, target)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _logs_in(folder: Path):
+    """GPTQModel writes its per-module quantization logs to ``./logs`` in the caller's working directory: point
+    that at ``folder`` instead, so a run leaves nothing in the user's folder."""
+    try:
+        from gptqmodel.looper import loop_processor
+    except ImportError:  # a GPTQModel without that module: nothing to redirect
+        yield
+        return
+    before = getattr(loop_processor, "_PROJECT_LOG_DIR", None)
+    loop_processor._PROJECT_LOG_DIR = folder
+    try:
+        yield
+    finally:
+        loop_processor._PROJECT_LOG_DIR = before
 
 
 def load_gptq(path: str | Path, backend: str, device: torch.device):

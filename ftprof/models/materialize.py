@@ -94,7 +94,9 @@ def materialize_sharded(model: nn.Module, device: torch.device, *, std: float = 
     for mod_name, module in model.named_modules():
         for p_name, param in module.named_parameters(recurse=False):
             local = param.to_local() if hasattr(param, "to_local") else param
-            gen = gens.setdefault(local.device, torch.Generator(device=local.device).manual_seed(seed))
+            if local.device not in gens:
+                gens[local.device] = torch.Generator(device=local.device).manual_seed(seed)
+            gen = gens[local.device]
             _init_(p_name, module, local, std, gen, module_name=mod_name)
     for name, buf in buffers.items():
         parent, _, leaf = name.rpartition(".")

@@ -61,18 +61,25 @@ def test_gptq_lora_gradients_on_gpu_bf16(tmp_path):
 
 
 @pytest.mark.parametrize("quantizer", ["rtn", "gptq"])
-def test_quantizers_round_within_their_bounds(tmp_path, quantizer):
+def test_quantizers_round_within_their_bounds(tmp_path, quantizer, monkeypatch):
     """rtn rounds every weight to its group's nearest level: within half a step, or one step at a group's edge
     where the rounded zero point clips it. gptq trades that bound for error compensation across columns, so some
     weights move several steps. Both give the same checkpoint format and train through the same kernel."""
+    from ftprof.models.gptq import cache_root
     from ftprof.models.materialize import build_random_model
     from ftprof.models.presets import preset_config
 
+    monkeypatch.chdir(tmp_path)
     trainer = Trainer(preflight(tiny_config(tmp_path, "gptq-lora", gptq_calibration_samples=4,
-                                            gptq_quantizer=quantizer)), log=lambda _: None)
+                                            gptq_quantizer=quantizer, seed=7 if quantizer == "rtn" else 8)),
+                      log=lambda _: None)
     trainer.setup()
     assert trainer.cfg.method.gptq_quantizer == quantizer
-    original = build_random_model(preset_config("tiny"), torch.device("cpu"), torch.float32, seed=0)
+    # GPTQModel's per-module logs go beside the checkpoint, not into the working directory
+    assert not (tmp_path / "logs").exists()
+    assert any((entry / "quantize_logs").is_dir() for entry in cache_root().iterdir())
+    original = build_random_model(preset_config("tiny"), torch.device("cpu"), torch.float32,
+                                  seed=trainer.cfg.train.seed)
     worst = 0.0
     for name, module in trainer.model.named_modules():
         if type(module).__name__ != "GPTQLoraLinear":
