@@ -77,6 +77,16 @@ def memory_breakdown(static: dict | None, activations: int | None, peak: int | N
     return out
 
 
+def _last_contiguous(steps: list[dict]) -> list[dict]:
+    """The last run of consecutive step numbers (a profiled stretch in the middle splits the steady window)."""
+    tail: list[dict] = []
+    for s in steps:
+        if tail and s["step"] != tail[-1]["step"] + 1:
+            tail = []
+        tail.append(s)
+    return tail
+
+
 def _now() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
@@ -229,15 +239,18 @@ class Trainer:
             res.notes.append(self.nvml_note)
         if getattr(self, "nvml", None) is None:
             return
-        steady = [s for s in self.steps if not s.warmup]
-        window = (steady[0].started_unix, steady[-1].started_unix + steady[-1].step_time_s) if steady else None
+        steady = _last_contiguous(metrics.steady_window([s.to_dict() for s in self.steps])[0])
+        # One wall-clock window of the steps the headline comes from: energy of profiled steps (and of the trace
+        # export between them) stays out, as it does from throughput.
+        window = (steady[0]["started_unix"], steady[-1]["started_unix"] + steady[-1]["step_time_s"]) \
+            if steady else None
         summary = self.nvml.stop(window)
         self.nvml = None
         res.nvml = summary
         res.nvml_device_used_peak = summary.get("device_used_peak")
         res.nvml_process_used_peak = summary.get("process_used_peak")
         if window is not None and summary.get("energy_j") is not None:
-            res.energy_per_token_j = summary["energy_j"] / sum(s.tokens for s in steady)
+            res.energy_per_token_j = summary["energy_j"] / sum(s["tokens"] for s in steady)
         if res.nvml_process_used_peak is not None and res.torch_peak_reserved is not None:
             res.non_torch_overhead = res.nvml_process_used_peak - res.torch_peak_reserved
         if "error" in summary:

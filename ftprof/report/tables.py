@@ -16,6 +16,7 @@ HEADLINE = [
     ("method", "method", "key"), ("model", "model", "key"), ("world_size", "GPUs", "key"),
     ("batch_size", "batch/GPU", "key"), ("seq_len", "seq len", "key"), ("grad_accum", "grad accum", "key"),
     ("gradient_checkpointing", "checkpointing", "key"), ("dtype", "dtype", "key"),
+    ("memory_logging", "memory logging", "key"), ("profile", "profiled", "key"),
     ("tokens_per_s", "tokens/s", "num"), ("tokens_per_s_per_gpu", "tokens/s/GPU", "num"),
     ("real_tokens_per_s", "real tokens/s", "num"), ("step_time_p50_s", "step p50 (s)", "num"),
     ("step_time_p90_s", "step p90 (s)", "num"), ("mfu", "MFU %", "pct"),
@@ -63,15 +64,23 @@ def load_results(*paths, problems: list[str] | None = None) -> pd.DataFrame:
     return df
 
 
-def config_columns(df: pd.DataFrame) -> list[str]:
+# Of those, options that do change the step time a little (what measuring costs): a configuration of their own in a
+# table when they vary across the runs shown (an overhead sweep), ignored otherwise and when matching baselines.
+MEASUREMENT_OPTIONS = ("memory_logging",)
+
+
+def config_columns(df: pd.DataFrame, measurement_if_varying: bool = False) -> list[str]:
     """Columns that identify an experiment's configuration (from config.json), for repeats and baselines."""
     from ftprof.config import flat_field_owners
 
-    return [c for c in flat_field_owners() if c in df.columns and c not in NOT_CONFIG]
+    cols = [c for c in flat_field_owners() if c in df.columns and c not in NOT_CONFIG]
+    if measurement_if_varying:
+        cols += [c for c in MEASUREMENT_OPTIONS if c in df.columns and df[c].map(str).nunique() > 1]
+    return cols
 
 
-def config_key(df: pd.DataFrame) -> pd.Series:
-    cols = config_columns(df)
+def config_key(df: pd.DataFrame, measurement_if_varying: bool = False) -> pd.Series:
+    cols = config_columns(df, measurement_if_varying)
     if not cols:
         return pd.Series([""] * len(df), index=df.index)
     return df[cols].apply(lambda row: "|".join(str(v) for v in row), axis=1)
@@ -89,7 +98,7 @@ def summarize(df: pd.DataFrame, sort: str | None = None, group_by: str | None = 
     df = df.copy()
     for col in NUM_COLUMNS:
         df[col] = pd.to_numeric(df[col], errors="coerce") if col in df else float("nan")
-    df["_key"] = config_key(df)
+    df["_key"] = config_key(df, measurement_if_varying=True)
     rows = []
     for _, group in df.groupby("_key", sort=False):
         first = group.iloc[0]

@@ -132,3 +132,42 @@ def test_memory_breakdown_parts_against_a_peak():
     assert with_logits["transients"] == 10 and with_logits["explained"] == pytest.approx(240 / 250)
     assert "transients" not in memory_breakdown(static, 60, peak=None)  # CPU: no allocator peak
     assert memory_breakdown(None, 60, 250) == {}
+
+
+def test_energy_window_is_the_last_unbroken_stretch_of_headline_steps():
+    """Energy per token is read over one wall-clock window: profiled steps in the middle of a run split the steady
+    steps, and the window takes the stretch after them (energy of the profiler's export stays out)."""
+    from ftprof.engine.trainer import _last_contiguous
+
+    steps = [{"step": i} for i in (3, 4, 9, 10, 11)]  # 5-8 were profiled
+    assert [s["step"] for s in _last_contiguous(steps)] == [9, 10, 11]
+    assert [s["step"] for s in _last_contiguous(steps[:2])] == [3, 4]
+    assert _last_contiguous([]) == []
+
+
+def test_nvml_energy_is_read_over_the_unprofiled_stretch():
+    """Trainer._stop_nvml asks the sampler for the window of the last unbroken run of headline steps and divides
+    its energy by their tokens (the sampler itself needs a GPU; a stand-in records what it is asked)."""
+    from types import SimpleNamespace
+
+    from ftprof.engine.trainer import Trainer
+    from ftprof.results.schema import RunResult, StepRecord
+
+    phases = {1: "wait", 2: "wait", 3: "warmup", 4: "active", 5: "active", 6: "", 7: ""}
+    steps = [StepRecord(step=i, loss=1.0, step_time_s=0.5, tokens=100, real_tokens=100, lr=1e-4, warmup=i == 1,
+                        profiler_phase=phases[i], started_unix=1000.0 + i, mem_allocated=0, mem_peak_allocated=0,
+                        mem_reserved=0, mem_peak_reserved=0) for i in phases]
+    asked = []
+
+    class Sampler:
+        def stop(self, window):
+            asked.append(window)
+            return {"energy_j": 30.0, "device_used_peak": 5, "process_used_peak": 4}
+
+    fake = SimpleNamespace(steps=steps, nvml=Sampler(), nvml_note=None, nvml_file="nvml.csv")
+    res = RunResult(status="ok", run_dir="", method="lora", model="tiny", device="cuda", device_name="x",
+                    started_at="", finished_at="", steps_completed=7, seq_len=8, batch_size=1, grad_accum=1)
+    Trainer._stop_nvml(fake, res)
+    assert asked == [(1006.0, 1007.5)]  # steps 6-7: steps 2 (wait) and 6-7 are unprofiled; 6-7 is the last run
+    assert res.energy_per_token_j == pytest.approx(30.0 / 200)
+    assert res.artifacts["nvml"] == "nvml.csv"

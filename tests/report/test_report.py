@@ -91,6 +91,25 @@ def test_training_peak_column_beside_the_overall_peak(results, tmp_path):
     assert cells["peak alloc GiB"] == "5.00" and cells["training peak GiB"] == "3.00"
 
 
+def test_memory_logging_separates_rows_only_when_it_varies(results, tmp_path):
+    """An overhead sweep (same cell, different memory logging) gets a row per logging mode; elsewhere the mode is
+    a header fact and does not split repeats."""
+    def copy(name, mode):
+        run = tmp_path / "runs" / name
+        shutil.copytree(results / "a", run)
+        cfg = json.loads((run / "config.json").read_text())
+        cfg["output"]["memory_logging"] = mode
+        (run / "config.json").write_text(json.dumps(cfg))
+        return run
+
+    runs = [copy("x1", "none"), copy("x2", "none"), copy("y", "all")]
+    table = summarize(ftprof.load_results(tmp_path / "runs"))
+    assert sorted(table.frame["memory_logging"]) == ["all", "none"]
+    assert sorted(table.frame["repeats"]) == [1, 2]
+    same = summarize(ftprof.load_results(runs[:2]))
+    assert len(same.frame) == 1 and same.frame["repeats"][0] == 2
+
+
 def test_plots_and_html(results, tmp_path):
     rep = ftprof.build_report([results], tmp_path / "rep")
     pngs = [p for n, p in rep.files.items() if n.endswith(".png")]
