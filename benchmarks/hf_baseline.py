@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from ftprof import metrics
 from ftprof.config import DEFAULT_LORA_TARGETS, DataConfig
 from ftprof.data import synthetic_batches
 from ftprof.models.materialize import build_random_model
@@ -118,16 +119,23 @@ def run(args) -> dict:
                               gradient_checkpointing_kwargs={"use_reentrant": False},
                               optim="adamw_torch_fused" if cuda else "adamw_torch", logging_steps=10 ** 6,
                               save_strategy="no", report_to=[], dataloader_num_workers=0, use_cpu=not cuda)
+    # FLOPs per token by the DESIGN.md convention, counted on the model as trained (the same count ftprof uses)
+    config = preset_config(args.model)
+    layers, attn_dim = metrics.attention_dims(config)
+    flops = metrics.flops_per_token(metrics.count_params(model), layers, attn_dim, args.seq_len)
     timer = _timer_callback(cuda)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     Trainer(model=model, args=targs, train_dataset=data, callbacks=[timer]).train()
     steady = timer.times[args.warmup_steps:]
     p50 = statistics.median(steady)
+    tokens_per_s = args.batch_size * args.seq_len * len(steady) / sum(steady)
+    peak = metrics.peak_flops(torch.cuda.get_device_name()) if cuda else None
     return {"recipe": "hf-trainer", "method": args.method, "model": args.model, "batch_size": args.batch_size,
             "seq_len": args.seq_len, "gradient_checkpointing": args.gradient_checkpointing,
             "device": torch.cuda.get_device_name() if cuda else "cpu", "steps": len(steady),
-            "step_time_p50_s": p50, "tokens_per_s": args.batch_size * args.seq_len * len(steady) / sum(steady),
+            "step_time_p50_s": p50, "tokens_per_s": tokens_per_s, "flops_per_token": flops,
+            "mfu": tokens_per_s * flops / peak if peak else None,
             "torch_peak_allocated": torch.cuda.max_memory_allocated() if cuda else None,
             "versions": {m: __import__(m).__version__ for m in ("torch", "transformers", "peft")}}
 

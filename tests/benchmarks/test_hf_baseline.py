@@ -8,7 +8,7 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "hf_baseline.py"
 
 
-def test_baseline_script_reports_throughput():
+def test_baseline_script_reports_throughput(tmp_path):
     out = subprocess.run([sys.executable, str(SCRIPT), "--method", "lora", "--model", "tiny", "--batch-size", "2",
                           "--seq-len", "32", "--max-steps", "5", "--warmup-steps", "2"],
                          capture_output=True, text=True, timeout=300)
@@ -16,6 +16,14 @@ def test_baseline_script_reports_throughput():
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["recipe"] == "hf-trainer" and row["method"] == "lora" and row["steps"] == 3
     assert row["tokens_per_s"] > 0 and row["step_time_p50_s"] > 0
+    assert row["mfu"] is None  # no peak FLOPs for a CPU
+
+    # the same FLOP count ftprof puts in result.json for the same preset, method and sequence length
+    import ftprof
+    from tests.conftest import tiny_config
+
+    result = ftprof.train(tiny_config(tmp_path, "lora", batch_size=2, seq_len=32, max_steps=2))
+    assert row["flops_per_token"] == result.flops_per_token
 
 
 def test_gptq_baseline_reuses_ftprofs_quantized_checkpoint(tmp_path):
