@@ -187,10 +187,10 @@ class Trainer:
             model = distributed.wrap(model, cfg, self.device, self.dtype)
         if deferred:
             std = float(getattr(self.pre.source.config, "initializer_range", 0.02))
-            # FSDP2's CPU offload wants the shards in host memory from the start (measured on two H200s: it
-            # refuses parameters materialized on the GPU).
-            home = torch.device("cpu") if cfg.distributed.fsdp_cpu_offload else self.device
-            materialize_sharded(model, home, std=std, seed=cfg.train.seed + self.dist.rank)
+            # FSDP2's CPU offload wants the shards in host memory from the start (seen on two H200s: it refuses
+            # parameters materialized on the GPU).
+            host = torch.device("cpu") if cfg.distributed.fsdp_cpu_offload else None
+            materialize_sharded(model, self.device, std=std, seed=cfg.train.seed + self.dist.rank, params_on=host)
         return model
 
     def _set_precision(self) -> None:

@@ -81,22 +81,22 @@ def build_random_model(config, device: torch.device, dtype: torch.dtype, *, seed
     return model
 
 
-def materialize_sharded(model: nn.Module, device: torch.device, *, std: float = 0.02, seed: int = 0) -> None:
+def materialize_sharded(model: nn.Module, device: torch.device, *, std: float = 0.02, seed: int = 0,
+                        params_on: torch.device | None = None) -> None:
     """Allocate and initialise a model whose parameters are still on the meta device after FSDP2 sharding.
 
     Each rank allocates only its shards (DTensor local tensors) and fills them; non-persistent buffers (rotary
-    tables) are real tensors built at construction, which ``to_empty`` would wipe, so they are kept and restored.
+    tables) are real tensors built at construction, which ``to_empty`` would wipe, so they are kept and restored on
+    ``device``, where the forward runs. ``params_on`` puts the shards elsewhere: FSDP2's CPU offload wants them in
+    host memory (it refuses GPU-materialized parameters), while buffers, which FSDP does not move, stay on the GPU.
     """
     buffers = {name: buf for name, buf in model.named_buffers() if not buf.is_meta}
-    model.to_empty(device=device)
-    # With FSDP CPU offload the shards live in host memory: each device gets its own generator.
-    gens: dict[torch.device, torch.Generator] = {}
+    home = params_on or device
+    model.to_empty(device=home)
+    gen = torch.Generator(device=home).manual_seed(seed)
     for mod_name, module in model.named_modules():
         for p_name, param in module.named_parameters(recurse=False):
             local = param.to_local() if hasattr(param, "to_local") else param
-            if local.device not in gens:
-                gens[local.device] = torch.Generator(device=local.device).manual_seed(seed)
-            gen = gens[local.device]
             _init_(p_name, module, local, std, gen, module_name=mod_name)
     for name, buf in buffers.items():
         parent, _, leaf = name.rpartition(".")
