@@ -107,7 +107,8 @@ class MethodConfig:
                                                      "(gptq-lora; default 32)")
     gptq_quantizer: Optional[str] = option(
         None, "how a 16-bit model is quantized (gptq-lora): gptq (calibrated, error-compensating) or rtn "
-        "(round-to-nearest through GPTQModel's mock path: same checkpoint format and kernels, minutes faster); "
+        "(round-to-nearest through GPTQModel's mock path: same checkpoint format and kernels, no error "
+        "compensation); "
         "default rtn for presets, whose random weights make calibration meaningless, gptq otherwise",
         choices=("gptq", "rtn"))
 

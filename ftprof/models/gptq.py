@@ -103,7 +103,7 @@ def _quantize(build_model, tokenizer, label: str, target: Path, method: MethodCo
         log(f"quantizing {label} to {method.gptq_bits}-bit GPTQ ({method.gptq_quantizer}, group "
             f"{method.gptq_group_size}, {len(sequences)} calibration sequences); cached at {target}")
         # rtn: GPTQModel's mock path rounds each group to nearest (identity Hessian inverse) and packs the same
-        # checkpoint format; it skips the per-column error compensation that makes GPTQ take minutes per 7B model.
+        # checkpoint format; it skips GPTQ's per-column error compensation (its slow part).
         qcfg = QuantizeConfig(bits=method.gptq_bits, group_size=method.gptq_group_size,
                               mock_quantization=method.gptq_quantizer == "rtn")
         with quiet_import():  # GPTQModel prints hundreds of progress lines per layer
