@@ -12,11 +12,10 @@ dataset exist, does the sequence fit the model) live in ``ftprof.preflight``.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
-from ftprof.errors import ConfigError
+from ftprof.errors import ConfigError, did_you_mean
 
 SCHEMA_VERSION = 1
 
@@ -46,9 +45,8 @@ def _require(cond: bool, message: str) -> None:
 
 def _one_of(name: str, value: Any, allowed: tuple) -> None:
     if value not in allowed:
-        hint = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
-        extra = f" (did you mean '{hint[0]}'?)" if hint else ""
-        raise ConfigError(f"{name}: '{value}' is not one of {', '.join(map(str, allowed))}{extra}")
+        raise ConfigError(f"{name}: '{value}' is not one of {', '.join(map(str, allowed))}"
+                          f"{did_you_mean(value, allowed)}")
 
 
 @dataclass
@@ -326,9 +324,7 @@ class RunConfig:
         owner = flat_field_owners()
         unknown = [k for k in values if k not in owner]
         if unknown:
-            hint = difflib.get_close_matches(unknown[0], list(owner), n=1)
-            extra = f" (did you mean '{hint[0]}'?)" if hint else ""
-            raise ConfigError(f"unknown option '{unknown[0]}'{extra}")
+            raise ConfigError(f"unknown option '{unknown[0]}'{did_you_mean(unknown[0], owner)}")
         parts: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
         for key, value in values.items():
             parts[owner[key]][key] = _check_type(key, value)
@@ -358,11 +354,36 @@ class RunConfig:
             flat["lora_targets"] = tuple(flat["lora_targets"])
         return cls.from_flat(flat)
 
+    def cli_args(self) -> list[str]:
+        """The command-line words that rebuild this config (``ftprof train`` after the method: options that differ
+        from their defaults). The one place where a config is spelled as a command line: command.sh uses it; child
+        processes get the config as a file instead."""
+        defaults = RunConfig().to_flat()
+        values = self.to_flat()
+        args = [values.pop("method")]
+        for key, value in values.items():
+            if value == defaults.get(key) or key == "profile" or value is None:
+                continue
+            args += option_words(key, value)
+        if values.get("profile") and not any(a.startswith("--prof-") for a in args):
+            args += ["--prof-active-steps", str(values["prof_active_steps"])]  # any --prof-* option turns it on
+        return args
+
     def replace(self, **flat: Any) -> RunConfig:
         """A copy with some options changed, by flat name."""
         values = self.to_flat()
         values.update(flat)
         return RunConfig.from_flat(values)
+
+
+def option_words(key: str, value: Any) -> list[str]:
+    """One option as command-line words: --flag / --no-flag for booleans, comma-joined lists, str() otherwise."""
+    flag = "--" + key.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag if value else "--no-" + key.replace("_", "-")]
+    if isinstance(value, (list, tuple)):
+        return [flag, ",".join(map(str, value))]
+    return [flag, str(value)]
 
 
 def _field_types() -> dict[str, Any]:

@@ -38,9 +38,9 @@ class RunDisplay:
     def start(self, trainer) -> None:
         if self.quiet:
             return
-        c = trainer.counts
+        c = trainer.built.counts
         self.log(f"{self.cfg.method.method} on {self.cfg.model.model} ({c.total / 1e6:,.1f}M params, "
-                 f"{c.trainable_total / 1e6:,.2f}M trainable) | {trainer.device_name} {self.cfg.model.dtype} | "
+                 f"{c.trainable_total / 1e6:,.2f}M trainable) | {trainer.built.device_name} {self.cfg.model.dtype} | "
                  f"batch {self.cfg.data.batch_size}x{self.cfg.train.grad_accum} seq {self.cfg.data.seq_len} | "
                  f"run dir {trainer.run_dir}")
         self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),

@@ -1,6 +1,8 @@
-"""The one place where throughput, step-time statistics, FLOPs, MFU and HFU are computed.
+"""The one place where every derived figure is computed: FLOPs per token, steady window, step-time statistics,
+throughput, MFU/HFU, run and training memory peaks, the memory breakdown, energy per token and non-torch overhead.
+The one-process run, the rank aggregation and the report all call these. torch is not imported here.
 
-Conventions (../shared/DESIGN.md):
+Conventions (README "Definitions"):
 - model FLOPs per token = 6 * N_trainable + 4 * N_frozen + 12 * L * d * T, where N counts matmul weights only
   (embedding lookups excluded; a tied lm_head counts once, as a matmul), L layers, d = heads * head_dim, T = seq len.
   6N: forward 2N + weight-grad 2N + input-grad 2N; frozen weights need no weight-grad, hence 4N. The attention term
@@ -13,9 +15,12 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:
+    from torch import nn
 
 # Dense bf16 peak FLOP/s by device-name substring (first match wins; order matters: "H100 PCIe" before "H100").
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
@@ -110,11 +115,6 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
             and any(p.numel() for p in m.parameters())]
 
 
-def layer_params(model: nn.Module) -> ParamCounts:
-    """Matmul parameter counts of the decoder layers alone."""
-    return count_params(nn.ModuleList(decoder_layers(model)))
-
-
 def recomputed_params(model: nn.Module) -> ParamCounts:
     """Matmul parameters that activation checkpointing runs again in backward.
 
@@ -194,3 +194,100 @@ def utilization(flops_token: float, tokens_per_s_per_device: float, peak: float 
     if peak is None:
         return None
     return flops_token * tokens_per_s_per_device / peak
+
+
+# ---------------------------------------------------------------------------------------------------- memory
+# Stages whose allocator peaks belong to training (loading and quantizing a model can peak higher, once).
+TRAINING_STAGES = ("first_forward", "first_backward", "first_optimizer_step", "steady_state")
+
+
+def max_present(values: Iterable[Any]) -> Any:
+    """The largest of the values that are known (None and "" are unknown), or None."""
+    present = [v for v in values if v is not None and v != ""]
+    return max(present) if present else None
+
+
+def run_peak(stage_peaks: Iterable[int | None], step_peaks: Iterable[int | None]) -> int | None:
+    """A run's peak: the max over every stage and every step (each step's counter is reset at its start, so a peak
+    in any middle step is seen however the stages are cut)."""
+    return max_present([*stage_peaks, *step_peaks])
+
+
+def training_peak(stages: dict[str, int | None], step_peaks: Iterable[int | None]) -> int | None:
+    """The peak of training alone (loading excluded): training stages' peaks and every step's."""
+    return run_peak((stages.get(s) for s in TRAINING_STAGES), step_peaks)
+
+
+def logits_gradient_bytes(tokens: int, vocab: int) -> int:
+    """Estimated transient of the loss's backward: the causal-LM loss upcasts the logits to fp32, and backward
+    holds two fp32 logit-sized gradients at once (of the log-softmax output and of its input) before casting back
+    to the run dtype. Checked on an H200 (llama-8b, 4 x 2048 tokens, vocab 128,256): 7.83 GiB estimated, 7.74 GiB
+    measured as the peak above every other part, with and without checkpointing, for LoRA and QLoRA alike."""
+    return 2 * 4 * tokens * vocab
+
+
+def memory_breakdown(static: dict | None, activations: int | None, peak: int | None,
+                     logits_gradients: int | None = None) -> dict:
+    """Where the training peak went: the exact static parts, the activations saved by one micro-batch's forward,
+    the estimated logits gradients, and the rest ("transients": backward temporaries, recomputed layers,
+    dequantized weights, allocator rounding). ``explained`` = parts / peak (CUDA only); ``peak`` is the training
+    peak (loading excluded), kept as ``training_peak``."""
+    if not static:
+        return {}
+    out = dict(static)
+    if activations is not None:
+        out["activations_saved"] = activations
+    if logits_gradients:
+        out["logits_gradients"] = logits_gradients
+    if peak:
+        parts = sum(out.values())
+        out["transients"] = peak - parts
+        out["explained"] = parts / peak
+        out["training_peak"] = peak
+    return out
+
+
+def gap(larger: int | None, smaller: int | None) -> int | None:
+    """A derived memory gap (non-torch overhead = NVML process peak - torch reserved peak; fragmentation =
+    reserved - allocated), or None when either side is unknown."""
+    return None if larger is None or smaller is None else larger - smaller
+
+
+# ---------------------------------------------------------------------------------------------------- energy
+def last_contiguous(steps: list[dict]) -> list[dict]:
+    """The last run of consecutive step numbers (a profiled stretch in the middle splits the steady window)."""
+    tail: list[dict] = []
+    for s in steps:
+        if tail and s["step"] != tail[-1]["step"] + 1:
+            tail = []
+        tail.append(s)
+    return tail
+
+
+def energy_steps(steps: list[dict]) -> list[dict]:
+    """The steps whose energy is measured: the last unbroken stretch of the steady window, so the energy of
+    profiled steps (and of the trace export between them) stays out, as it does from throughput."""
+    return last_contiguous(steady_window(steps)[0])
+
+
+def wall_window(steps: list[dict]) -> tuple[float, float] | None:
+    """(start, end) wall-clock seconds of consecutive steps, to cut the NVML samples that belong to them."""
+    if not steps:
+        return None
+    return steps[0]["started_unix"], steps[-1]["started_unix"] + steps[-1]["step_time_s"]
+
+
+def energy_per_token(energy_j: float | None, steps: list[dict]) -> float | None:
+    """Joules per token over ``steps`` (energy_steps), tokens of every rank when the rows are aggregated."""
+    tokens = sum(s["tokens"] for s in steps)
+    return energy_j / tokens if energy_j is not None and tokens else None
+
+
+# ---------------------------------------------------------------------------------------------------- profiler
+def profiler_overhead(steps: list[dict]) -> dict[str, float | None]:
+    """Median active-step time against median unprofiled steady step (same run): the profiler's cost."""
+    active = [s["step_time_s"] for s in steps if s["profiler_phase"] == "active" and not s["warmup"]]
+    plain = [s["step_time_s"] for s in steps if s["profiler_phase"] in ("", "wait") and not s["warmup"]]
+    a, p = step_stats(active), step_stats(plain)
+    return {"active_step_p50_s": a and a.median, "unprofiled_step_p50_s": p and p.median,
+            "profiler_overhead": a.median / p.median - 1.0 if a and p else None}

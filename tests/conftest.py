@@ -31,3 +31,23 @@ def tiny_config(tmp_path, method="full", **flat) -> RunConfig:
                   output_dir=str(tmp_path), quiet=True, device="cpu")
     values.update(flat)
     return RunConfig.from_flat(values)
+
+
+def build_run(cfg: RunConfig):
+    """(preflight, Built) for a config: the model, optimizer and data a run would train, without the loop."""
+    from ftprof.engine.build import build
+    from ftprof.preflight import preflight
+    from ftprof.profiling.memory import MemoryTracker
+    from ftprof.ranks import DistInfo
+
+    pre = preflight(cfg)
+    return pre, build(pre, DistInfo(), MemoryTracker(pre.device), lambda _: None)
+
+
+def run_one_step(pre, built) -> None:
+    """Forward and backward of one step (no optimizer step), as the loop runs them."""
+    from ftprof.engine.loop import train_step
+    from ftprof.engine.trackers import FirstStepMemory
+    from ftprof.profiling.memory import MemoryTracker
+
+    train_step(pre.config, built, pre.device, MemoryTracker(pre.device), FirstStepMemory(False), is_first=False)

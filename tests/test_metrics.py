@@ -78,7 +78,8 @@ def test_throughput_is_summed_over_ranks():
 
 def test_recompute_counts_decoder_layers_only():
     model = _tiny("eager")
-    all_params, layers_only = metrics.count_params(model), metrics.layer_params(model)
+    all_params = metrics.count_params(model)
+    layers_only = metrics.count_params(torch.nn.ModuleList(metrics.decoder_layers(model)))
     lm_head = model.lm_head.in_features * model.lm_head.out_features
     assert all_params.trainable_matmul - layers_only.trainable_matmul == lm_head
     layers, dim = metrics.attention_dims(model.config)
@@ -116,3 +117,47 @@ def test_hfu_recompute_term_matches_flop_counter_with_checkpointing(lora):
     model.gradient_checkpointing_disable()
     without = _measured_flops_per_token(model, seq)
     assert with_ckpt - without == pytest.approx(recompute, rel=0.01)
+
+
+def _step(i, phase="", warmup=False, tokens=100, seconds=0.5):
+    return {"step": i, "loss": 1.0, "step_time_s": seconds, "tokens": tokens, "real_tokens": tokens,
+            "warmup": warmup, "profiler_phase": phase, "started_unix": 1000.0 + i}
+
+
+def test_energy_is_read_over_the_last_unbroken_stretch_of_headline_steps():
+    """Profiled steps in the middle split the steady steps; energy per token comes from the last unbroken
+    stretch of unprofiled ones (the trace export between cycles stays out, as it does from throughput)."""
+    phases = {1: "wait", 2: "wait", 3: "warmup", 4: "active", 5: "active", 6: "", 7: ""}
+    steps = [_step(i, phase, warmup=i == 1) for i, phase in phases.items()]
+    window = metrics.energy_steps(steps)
+    assert [s["step"] for s in window] == [6, 7]
+    assert metrics.wall_window(window) == (1006.0, 1007.5)
+    assert metrics.energy_per_token(30.0, window) == pytest.approx(30.0 / 200)
+    assert metrics.energy_per_token(None, window) is None and metrics.energy_per_token(3.0, []) is None
+
+
+def test_rank_aggregation_uses_the_same_energy_and_peak_definitions():
+    from ftprof.engine.aggregate import aggregate_result, aggregate_steps
+    from ftprof.results.schema import RunResult
+
+    phases = {1: "", 2: "active", 3: "", 4: ""}
+    per_rank = [[dict(_step(i, p, warmup=i == 1), mem_allocated=1, mem_peak_allocated=10 * r + i, mem_reserved=2,
+                      mem_peak_reserved=20 * r + i) for i, p in phases.items()] for r in (1, 2)]
+    rows = aggregate_steps(per_rank)
+    gathered = [{"rank": r, "summary": {"step_time_p50_s": 0.5, "torch_peak_allocated": 100 * (r + 1),
+                                        "torch_peak_reserved": 150 * (r + 1)},
+                 "nvml": {"energy_j": 10.0, "device_used_peak": 5, "process_used_peak": 400}} for r in (0, 1)]
+    res = aggregate_result(RunResult(status="ok", run_dir="", method="lora", model="tiny", device="cuda",
+                                     device_name="x"), gathered, rows, "ddp")
+    # ranks' energy summed, over the tokens of both ranks in steps 3-4 (the last unbroken unprofiled stretch)
+    assert res.energy_per_token_j == pytest.approx(20.0 / 400)
+    assert res.torch_peak_allocated == 200 and res.torch_peak_reserved == 300
+    assert res.non_torch_overhead == 400 - 300 and res.fragmentation == 100
+
+
+def test_run_peak_is_the_max_over_steps_and_stages():
+    assert metrics.run_peak([5, None, 7], [3, 12, None]) == 12
+    assert metrics.run_peak([None], []) is None
+    stages = {"load": 50, "first_forward": 7, "steady_state": 8}
+    assert metrics.training_peak(stages, [9, 3]) == 9  # loading excluded
+    assert metrics.training_peak(stages, []) == 8

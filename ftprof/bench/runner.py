@@ -1,9 +1,11 @@
 """Run a sweep: one process per experiment, in its own directory, failures recorded as results, resumable.
 
-Each experiment runs ``python -m ftprof train ...`` in a new process session (so Ctrl-C, timeouts and kills reach
-its whole tree), with stdout.log, stderr.log and command.sh (which replays the run, environment included) beside
-the run files. On a machine with several GPUs experiments run side by side on disjoint GPUs, each seeing only its
-own through CUDA_VISIBLE_DEVICES; on CPU they run one at a time.
+Each experiment's validated configuration is written to its run directory's config.json, and a child process
+loads it (``python -m ftprof.engine.worker config.json``) in a new process session (so Ctrl-C, timeouts and kills
+reach its whole tree), with stdout.log, stderr.log and command.sh (the same run as an ``ftprof train`` command line,
+environment included, for people to read and replay) beside the run files. On a machine with several GPUs
+experiments run side by side on disjoint GPUs, each seeing only its own through CUDA_VISIBLE_DEVICES; on CPU they
+run one at a time.
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ftprof.bench.sweep import Experiment, Sweep
-from ftprof.cli.common import option_flag
 from ftprof.config import RunConfig
+from ftprof.results import run_dir as files
 from ftprof.results.load import read_runs
 from ftprof.results.run_dir import RunDirWriter
 from ftprof.results.schema import failure_result
+from ftprof.results.status import Status
 from ftprof.results.store import write_csv_atomic, write_json_atomic, write_text_atomic
 
-FAILED = ("oom_device", "oom_host", "timeout", "error")
 INTERRUPT_GRACE_S = 30.0  # time a child gets to record 'interrupted' after Ctrl-C before it is killed
 POLL_S = 0.2
 
@@ -61,7 +63,7 @@ class Outcome:
 
 def previous_status(run_dir: Path) -> str | None:
     try:
-        return json.loads((run_dir / "result.json").read_text()).get("status")
+        return json.loads((run_dir / files.RESULT).read_text()).get("status")
     except (OSError, ValueError):
         return None
 
@@ -71,9 +73,10 @@ def plan(sweep: Sweep, out_dir: Path, *, force: bool = False, retry_failed: bool
     for exp in sweep.experiments:
         run_dir = out_dir / exp.name
         prev = previous_status(run_dir)
-        if force or prev is None or prev == "interrupted":
+        status = Status.parse(prev)
+        if force or status is None or status is Status.INTERRUPTED:
             action = "run"
-        elif prev in FAILED:
+        elif status.failed:
             action = "run" if retry_failed else "skip"
         else:
             action = "skip"
@@ -81,17 +84,28 @@ def plan(sweep: Sweep, out_dir: Path, *, force: bool = False, retry_failed: bool
     return planned
 
 
-def train_command(exp: Experiment, run_dir: Path) -> list[str]:
-    """The child's command line: the experiment's options as given, plus where to write and what to log
-    (the experiment's resolved memory logging: its own, else the sweep's)."""
-    values = dict(exp.values)
-    method = values.pop("method", "qlora")
-    values.pop("memory_logging", None)
-    cmd = [sys.executable, "-m", "ftprof", "train", method]
-    for key, value in values.items():
-        cmd += option_flag(key, value)
-    return cmd + ["--output-dir", str(run_dir.parent), "--run-name", run_dir.name, "--memory-logging",
-                  exp.config.output.memory_logging, "--quiet"]
+def run_config(exp: Experiment, run_dir: Path) -> RunConfig:
+    """The experiment's validated configuration, writing into ``run_dir`` (its memory logging is already resolved:
+    its own, else the sweep's)."""
+    return exp.config.replace(output_dir=str(run_dir.parent), run_name=run_dir.name, quiet=True)
+
+
+def child_command(run_dir: Path) -> list[str]:
+    """What bench starts: a worker that loads the run directory's config.json."""
+    return [sys.executable, "-m", "ftprof.engine.worker", str(run_dir / files.CONFIG)]
+
+
+def replay_command(exp: Experiment, run_dir: Path) -> list[str]:
+    """The same run as an ``ftprof train`` command line (command.sh and --dry-run show it)."""
+    return [sys.executable, "-m", "ftprof", "train", *run_config(exp, run_dir).cli_args()]
+
+
+def clear_attempt(run_dir: Path) -> None:
+    """A rerun must not inherit the previous attempt's verdict, steps or logs (per-rank files included)."""
+    for name in files.ATTEMPT_FILES:
+        stem, _, ext = name.partition(".")
+        for path in [run_dir / name, *run_dir.glob(f"{stem}_rank*.{ext}")]:
+            path.unlink(missing_ok=True)
 
 
 def command_script(cmd: list[str], env_overrides: dict[str, str]) -> str:
@@ -139,9 +153,9 @@ class BenchRunner:
     # ------------------------------------------------------------------ one experiment
     def _launch(self, p: Planned, slot: str | None) -> Running:
         p.run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in ("result.json",):  # a rerun must not inherit the previous attempt's verdict
-            (p.run_dir / stale).unlink(missing_ok=True)
-        cmd = train_command(p.experiment, p.run_dir)
+        clear_attempt(p.run_dir)
+        RunDirWriter(p.run_dir).write_config(run_config(p.experiment, p.run_dir).to_dict())
+        cmd = child_command(p.run_dir)
         overrides = {"PYTHONUNBUFFERED": "1"}
         if slot is not None:
             overrides["CUDA_VISIBLE_DEVICES"] = slot
@@ -151,10 +165,11 @@ class BenchRunner:
         for key in ("PYTORCH_ALLOC_CONF", "MEMORY_LOGGING"):
             if os.environ.get(key):
                 overrides[key] = os.environ[key]
-        write_text_atomic(p.run_dir / "command.sh", command_script(cmd, overrides))
-        os.chmod(p.run_dir / "command.sh", 0o755)
+        script = write_text_atomic(p.run_dir / files.COMMAND,
+                                   command_script(replay_command(p.experiment, p.run_dir), overrides))
+        os.chmod(script, 0o755)
         env = {**os.environ, **overrides}
-        with open(p.run_dir / "stdout.log", "wb") as out, open(p.run_dir / "stderr.log", "wb") as err:
+        with open(p.run_dir / files.STDOUT, "wb") as out, open(p.run_dir / files.STDERR, "wb") as err:
             proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True)
         now = time.monotonic()
         self.on_event("start", p)
@@ -163,12 +178,13 @@ class BenchRunner:
     def _finish(self, r: Running) -> Outcome:
         code = r.proc.returncode
         status = previous_status(r.planned.run_dir)
-        if status is None or (r.timed_out and status != "ok"):
-            status = self._classify(r, code)
-            self._write_failure(r, status, code)
+        if status is None or (r.timed_out and status != Status.OK):
+            classified = self._classify(r, code)
+            self._write_failure(r, classified, code)
+            status = classified.value
         result = {}
         try:
-            result = json.loads((r.planned.run_dir / "result.json").read_text())
+            result = json.loads((r.planned.run_dir / files.RESULT).read_text())
         except (OSError, ValueError):
             pass
         outcome = Outcome(r.planned.experiment.name, status, time.monotonic() - r.started, result)
@@ -177,26 +193,28 @@ class BenchRunner:
         return outcome
 
     @staticmethod
-    def _classify(r: Running, code: int) -> str:
+    def _classify(r: Running, code: int) -> Status:
         if r.timed_out:
-            return "timeout"
-        if r.interrupted or code in (130, -signal.SIGINT):
-            return "interrupted"
+            return Status.TIMEOUT
+        if r.interrupted or code in (Status.INTERRUPTED.exit_code, -signal.SIGINT):
+            return Status.INTERRUPTED
         if code == -signal.SIGKILL:
-            return "oom_host"  # killed without our asking: the kernel's OOM killer is the usual sender
-        return "error"
+            return Status.OOM_HOST  # killed without our asking: the kernel's OOM killer is the usual sender
+        return Status.ERROR
 
-    def _write_failure(self, r: Running, status: str, code: int) -> None:
+    def _write_failure(self, r: Running, status: Status, code: int) -> None:
         """The child died before writing result.json: record what bench knows, keep what the child wrote."""
         exp = r.planned.experiment
         cfg: RunConfig = exp.config
-        tail = _tail(r.planned.run_dir / "stderr.log")
-        reason = {"timeout": f"timed out after {self.sweep.timeout_s:g} s", "oom_host": "killed by SIGKILL "
-                  "(out of host memory?)", "interrupted": "interrupted"}.get(status, f"exited with code {code}")
+        tail = _tail(r.planned.run_dir / files.STDERR)
+        reason = {Status.TIMEOUT: f"timed out after {self.sweep.timeout_s:g} s",
+                  Status.OOM_HOST: "killed by SIGKILL (out of host memory?)",
+                  Status.INTERRUPTED: "interrupted"}.get(status, f"exited with code {code}")
         last = next((ln for ln in reversed(tail.splitlines()) if ln.strip()), reason)
-        res = failure_result(cfg, r.planned.run_dir, status, status, reason if status != "error" else last, tail,
+        res = failure_result(cfg, r.planned.run_dir, status.value, status.value,
+                             reason if status is not Status.ERROR else last, tail,
                              f"recorded by ftprof bench: {reason}")
-        if not (r.planned.run_dir / "config.json").is_file():
+        if not (r.planned.run_dir / files.CONFIG).is_file():
             RunDirWriter(r.planned.run_dir).write_config(cfg.to_dict())
         RunDirWriter(r.planned.run_dir).write_result(res)
 
@@ -204,10 +222,11 @@ class BenchRunner:
         """An experiment that cannot start here is still a row: status error, with the reason."""
         p.run_dir.mkdir(parents=True, exist_ok=True)
         cfg = p.experiment.config
-        res = failure_result(cfg, p.run_dir, "error", "unrunnable", reason, note=f"recorded by ftprof bench: {reason}")
+        res = failure_result(cfg, p.run_dir, Status.ERROR.value, "unrunnable", reason,
+                             note=f"recorded by ftprof bench: {reason}")
         RunDirWriter(p.run_dir).write_config(cfg.to_dict())
         RunDirWriter(p.run_dir).write_result(res)
-        outcome = Outcome(p.experiment.name, "error", 0.0, res.to_dict())
+        outcome = Outcome(p.experiment.name, Status.ERROR.value, 0.0, res.to_dict())
         self.outcomes.append(outcome)
         self.on_event("finish", outcome)
 

@@ -14,7 +14,6 @@ Every problem is reported as one line naming the file and where in it (``sweep.y
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import itertools
 import json
@@ -27,8 +26,8 @@ from typing import Any
 import yaml
 
 from ftprof.config import MEMORY_LOGGING, MEMORY_LOGGING_ALIASES, RunConfig, flat_field_owners
-from ftprof.errors import ConfigError
-from ftprof.models.presets import PRESETS
+from ftprof.errors import ConfigError, did_you_mean
+from ftprof.models.source import classify_model_name, unknown_model_message
 
 TOP_KEYS = {"name": str, "base": dict, "matrix": dict, "experiments": list, "exclude": list, "repeats": int,
             "memory_logging": str, "timeout_s": (int, float), "description": str}
@@ -41,7 +40,6 @@ class Experiment:
     name: str  # directory name: stable across runs of the same sweep, so resume finds it
     values: dict[str, Any]  # the flat options of this cell (base merged), as given
     config: RunConfig
-    repeat: int = 0
 
     @property
     def gpus(self) -> int:
@@ -64,11 +62,6 @@ def _fail(path: Path, where: str, message: str) -> ConfigError:
     return ConfigError(f"{path.name}: {where}: {message}" if where else f"{path.name}: {message}")
 
 
-def _did_you_mean(key: str, choices) -> str:
-    hint = difflib.get_close_matches(key, list(choices), n=1)
-    return f" (did you mean '{hint[0]}'?)" if hint else ""
-
-
 def _check_keys(path: Path, where: str, mapping: Any, *, allow_lists: bool) -> None:
     owners = flat_field_owners()
     if not isinstance(mapping, dict):
@@ -77,7 +70,7 @@ def _check_keys(path: Path, where: str, mapping: Any, *, allow_lists: bool) -> N
         if key in SWEEP_ONLY:
             raise _fail(path, f"{where}.{key}", "is set by bench for each experiment; use --output-dir")
         if key not in owners:
-            raise _fail(path, f"{where}.{key}", f"unknown option{_did_you_mean(str(key), owners)}")
+            raise _fail(path, f"{where}.{key}", f"unknown option{did_you_mean(str(key), owners)}")
         if allow_lists:
             if not isinstance(value, list) or not value:
                 raise _fail(path, f"{where}.{key}", "must be a non-empty list of values")
@@ -88,13 +81,11 @@ def _check_keys(path: Path, where: str, mapping: Any, *, allow_lists: bool) -> N
 def _check_model(path: Path, where: str, model: Any) -> None:
     """Presets and directories are checked now; hub ids are left to the run (no network here)."""
     name = str(model)
-    if name in PRESETS or Path(name).expanduser().is_dir():
-        return
-    if name.startswith((".", "/", "~")):
+    kind = classify_model_name(name)
+    if kind is None:
+        raise _fail(path, where, unknown_model_message(name))
+    if kind == "local" and not Path(name).expanduser().is_dir():
         raise _fail(path, where, f"model directory '{name}' does not exist")
-    if "/" not in name:
-        raise _fail(path, where, f"'{name}' is not a preset ({', '.join(PRESETS)}) or a directory"
-                    f"{_did_you_mean(name, PRESETS)}")
 
 
 def _slug(values: dict[str, Any], keys: list[str]) -> str:
@@ -130,7 +121,7 @@ def load_sweep(path: str | Path) -> Sweep:
         raise _fail(path, "", "must be a YAML mapping with at least 'matrix' or 'experiments'")
     for key, value in data.items():
         if key not in TOP_KEYS:
-            raise _fail(path, str(key), f"unknown key{_did_you_mean(str(key), TOP_KEYS)}")
+            raise _fail(path, str(key), f"unknown key{did_you_mean(str(key), TOP_KEYS)}")
         if not isinstance(value, TOP_KEYS[key]) or isinstance(value, bool):
             want = TOP_KEYS[key].__name__ if isinstance(TOP_KEYS[key], type) else "number"
             raise _fail(path, str(key), f"must be a {want}, got {type(value).__name__}")
@@ -197,7 +188,7 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
             raise _fail(path, where, f"duplicates {seen[name]}")
         seen[name] = where
         for r in range(repeats):
-            experiments.append(Experiment(name if repeats == 1 else f"{name}-r{r + 1}", values, config, r))
+            experiments.append(Experiment(name if repeats == 1 else f"{name}-r{r + 1}", values, config))
     sweep_name = str(data.get("name") or path.stem)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", sweep_name):
         raise _fail(path, "name", f"'{sweep_name}' must be a plain directory name")

@@ -12,9 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ftprof.console import fmt_gib, fmt_num
-
-STATUS_STYLE = {"ok": "green", "oom_device": "red", "oom_host": "red", "timeout": "yellow", "error": "red",
-                "interrupted": "yellow", "incomplete": "yellow"}
+from ftprof.results.status import status_style
 
 
 def bench_parser(subparsers) -> argparse.ArgumentParser:
@@ -61,7 +59,7 @@ class BenchDisplay:
             if payload.name in self.running:
                 self.running.remove(payload.name)
             self.progress.advance(self.task)
-            style = STATUS_STYLE.get(payload.status, "white")
+            style = status_style(payload.status)
             tps = payload.result.get("tokens_per_s")
             self.last = (f"last: {payload.name} [{style}]{payload.status}[/{style}] in {payload.seconds:.0f} s"
                          + (f", {tps:,.0f} tok/s" if tps else ""))
@@ -75,7 +73,7 @@ def results_table(rows: list[dict], title: str, keys: list[str]) -> Table:
     for col in (*keys, "status", "tokens/s", "step p50 (s)", "MFU", "torch peak GiB", "NVML peak GiB"):
         table.add_column(col, justify="left" if col in (*keys, "status") else "right")
     for r in rows:
-        style = STATUS_STYLE.get(r.get("status"), "white")
+        style = status_style(r.get("status"))
         mfu = r.get("mfu")
         table.add_row(*(str(r.get(k, "")) for k in keys), f"[{style}]{r.get('status')}[/{style}]",
                       fmt_num(_num(r, "tokens_per_s")),
@@ -91,7 +89,7 @@ def _num(row: dict, key: str):
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    from ftprof.bench.runner import BenchRunner, gpu_slots, plan, train_command
+    from ftprof.bench.runner import BenchRunner, gpu_slots, plan, replay_command
     from ftprof.bench.sweep import load_sweep
     from ftprof.results.load import read_runs
 
@@ -111,7 +109,7 @@ def bench_command(args: argparse.Namespace) -> int:
         console.print(f"GPU slots: {', '.join(slots) if slots else 'none (CPU: one experiment at a time)'}; "
                       f"memory logging: {sweep.memory_logging}; timeout {sweep.timeout_s:g} s")
         for p in planned:
-            console.print(" ".join(shlex.quote(c) for c in train_command(p.experiment, p.run_dir)), soft_wrap=True)
+            console.print(" ".join(shlex.quote(c) for c in replay_command(p.experiment, p.run_dir)), soft_wrap=True)
         return 0
     out_dir.mkdir(parents=True, exist_ok=True)
     display = BenchDisplay(console, len(planned))

@@ -90,27 +90,3 @@ def option_names() -> list[str]:
     """Every common option's long name, as the CLI spells it."""
     return ["--" + f.name.replace("_", "-") for cls in SECTIONS.values() for f in fields(cls)
             if f.name not in POSITIONAL]
-
-
-def option_flag(key: str, value) -> list[str]:
-    """One option as command-line words: --flag / --no-flag for booleans, comma-joined lists, str() otherwise."""
-    flag = "--" + key.replace("_", "-")
-    if isinstance(value, bool):
-        return [flag if value else "--no-" + key.replace("_", "-")]
-    if isinstance(value, (list, tuple)):
-        return [flag, ",".join(map(str, value))]
-    return [flag, str(value)]
-
-
-def cli_args(cfg: RunConfig) -> list[str]:
-    """The command line that rebuilds ``cfg`` (options that differ from their defaults), method first."""
-    defaults = RunConfig().to_flat()
-    values = cfg.to_flat()
-    args = [values.pop("method")]
-    for key, value in values.items():
-        if value == defaults.get(key) or key == "profile" or value is None:
-            continue
-        args += option_flag(key, value)
-    if values.get("profile") and not any(a.startswith("--prof-") for a in args):
-        args += ["--prof-active-steps", str(values["prof_active_steps"])]  # any --prof-* option turns profiling on
-    return args

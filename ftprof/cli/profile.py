@@ -8,9 +8,9 @@ from dataclasses import fields
 from pathlib import Path
 
 from ftprof.cli.common import add_common_arguments, config_from_args
-from ftprof.cli.train import EXIT_CODES
 from ftprof.config import METHODS, ProfilingConfig
 from ftprof.errors import ConfigError
+from ftprof.results.run_dir import CONFIG
 
 # Inside `profile` the --prof-* options also answer to their short names, except where a short name is already a
 # training option (--warmup-steps is the training warm-up, --output-dir the run directory's parent).
@@ -42,7 +42,7 @@ def summarize_command(trace: str) -> int:
     path = Path(trace).expanduser()
     if not path.is_file():
         raise ConfigError(f"--summarize: '{trace}' does not exist")
-    config_path = path.parent.parent / "config.json"  # an ftprof run dir: <run>/profile/<trace>
+    config_path = path.parent.parent / CONFIG  # an ftprof run dir: <run>/profile/<trace>
     run_config = json.loads(config_path.read_text()) if config_path.is_file() else None
     try:
         summary = summarize(path, run_config=run_config)
@@ -62,8 +62,9 @@ def profile_command(args: argparse.Namespace) -> int:
     if args.summarize:
         return summarize_command(args.summarize)
     from ftprof.engine.run import train
+    from ftprof.results.status import exit_code
 
     cfg = config_from_args(args, extra_keys={"summarize"})
     cfg = cfg.replace(profile=True)
     result = train(cfg)
-    return EXIT_CODES.get(result.status, 1)
+    return exit_code(result.status)

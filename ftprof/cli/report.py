@@ -7,7 +7,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-STATUS_STYLE = {"ok": "green", "timeout": "yellow", "interrupted": "yellow", "incomplete": "yellow"}
+from ftprof.results.status import status_style
 
 
 def report_parser(subparsers) -> argparse.ArgumentParser:
@@ -40,7 +40,7 @@ def terminal_table(report) -> Table:
     for row in rows:
         style = None
         if status_idx is not None and row[status_idx] != "ok":
-            style = "red" if row[status_idx] not in STATUS_STYLE else STATUS_STYLE[row[status_idx]]
+            style = status_style(row[status_idx])
             row = row[:status_idx] + [f"[bold]{row[status_idx]}[/bold]"] + row[status_idx + 1:]
         table.add_row(*row, style=style)
     return table

@@ -7,8 +7,6 @@ import argparse
 from ftprof.cli.common import add_common_arguments, config_from_args
 from ftprof.config import METHODS
 
-EXIT_CODES = {"ok": 0, "error": 1, "oom_device": 3, "oom_host": 3, "timeout": 4, "interrupted": 130}
-
 
 def train_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -22,25 +20,12 @@ def train_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def train_command(args: argparse.Namespace) -> int:
-    from ftprof.engine import distributed
     from ftprof.engine.run import train
+    from ftprof.engine.worker import exit_worker
+    from ftprof.ranks import under_torchrun
+    from ftprof.results.status import exit_code
 
-    result = train(config_from_args(args))
-    code = EXIT_CODES.get(result.status, 1)
-    if distributed.under_torchrun():
+    code = exit_code(train(config_from_args(args)).status)
+    if under_torchrun():  # started by the user's own torchrun
         exit_worker(code)
     return code
-
-
-def exit_worker(code: int) -> None:
-    """A torchrun worker leaves without interpreter teardown: gloo's threads can abort it there (seen with torch
-    2.14 on CPU: 'terminate called without an active exception') after every file is already written."""
-    import os
-    import sys
-
-    from ftprof.engine import distributed
-
-    distributed.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

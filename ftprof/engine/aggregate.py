@@ -39,15 +39,17 @@ def aggregate_result(res: RunResult, gathered: list[dict], rows: list[dict], par
     res.memory_skew = max(peaks) / min(peaks) - 1 if peaks else None
     if peaks:
         res.torch_peak_allocated = max(peaks)
-        res.torch_peak_reserved = max(g["summary"]["torch_peak_reserved"] or 0 for g in gathered)
+        res.torch_peak_reserved = metrics.max_present(g["summary"]["torch_peak_reserved"] for g in gathered)
+        res.fragmentation = metrics.gap(res.torch_peak_reserved, res.torch_peak_allocated)
     nvml = [g["nvml"] for g in gathered if g["nvml"]]
     if nvml:
-        res.nvml_device_used_peak = max(n.get("device_used_peak", 0) for n in nvml)
-        res.nvml_process_used_peak = max(n.get("process_used_peak", 0) for n in nvml)
-        energy = sum(n.get("energy_j", 0.0) for n in nvml)
+        res.nvml_device_used_peak = metrics.max_present(n.get("device_used_peak") for n in nvml)
+        res.nvml_process_used_peak = metrics.max_present(n.get("process_used_peak") for n in nvml)
+        # Each rank measured its energy over the same steps (metrics.energy_steps of its own rows): sum of the
+        # ranks' energy over those steps' tokens, summed over ranks in the aggregated rows.
+        energies = [n["energy_j"] for n in nvml if n.get("energy_j") is not None]
+        energy = sum(energies) if energies else None
         res.nvml = {"ranks": len(nvml), "energy_j": energy, "device_used_peak": res.nvml_device_used_peak}
-        if steady and energy:
-            res.energy_per_token_j = energy / sum(r["tokens"] for r in steady)
-        if res.nvml_process_used_peak and res.torch_peak_reserved:
-            res.non_torch_overhead = res.nvml_process_used_peak - res.torch_peak_reserved
+        res.energy_per_token_j = metrics.energy_per_token(energy, metrics.energy_steps(rows))
+        res.non_torch_overhead = metrics.gap(res.nvml_process_used_peak, res.torch_peak_reserved)
     return res

@@ -10,38 +10,13 @@ import os
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ftprof import metrics
 from ftprof.config import RunConfig
-
-
-@dataclass(frozen=True)
-class DistInfo:
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def env_info() -> DistInfo:
-    """Rank information from torchrun's environment (rank 0 of 1 outside torchrun)."""
-    return DistInfo(int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
-                    int(os.environ.get("WORLD_SIZE", 1)))
-
-
-def under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+from ftprof.ranks import env_info, under_torchrun
 
 
 def needs_launch(cfg: RunConfig) -> bool:
@@ -54,21 +29,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_command(cfg: RunConfig, train_args: list[str]) -> list[str]:
+def torchrun_command(cfg: RunConfig, config_file: str) -> list[str]:
+    """torchrun over ``ftprof.engine.worker``: every worker loads the same config file."""
     d = cfg.distributed
     endpoint = d.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(d.nproc_per_node),
             "--nnodes", str(d.nnodes), "--node-rank", str(d.node_rank), "--rdzv-backend", d.rdzv_backend,
-            "--rdzv-endpoint", endpoint, "-m", "ftprof", "train", *train_args]
+            "--rdzv-endpoint", endpoint, "-m", "ftprof.engine.worker", str(config_file)]
 
 
-def launch(cfg: RunConfig, train_args: list[str]) -> int:
+def launch(cfg: RunConfig, config_file: str) -> int:
     """Run the same training under torchrun; returns its exit status. Ctrl-C reaches the workers through torchrun."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    return subprocess.run(torchrun_command(cfg, train_args), env=env).returncode
+    return subprocess.run(torchrun_command(cfg, config_file), env=env).returncode
 
 
-def init(device_type: str) -> DistInfo:
+def init(device_type: str):
     """Join the process group (once). The device must be chosen before NCCL initialises."""
     import torch.distributed as dist
 
@@ -81,23 +57,6 @@ def init(device_type: str) -> DistInfo:
     else:
         dist.init_process_group("gloo")
     return info
-
-
-def barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.barrier()
-
-
-def all_gather_object(obj) -> list:
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return [obj]
-    out: list = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
 
 
 def shutdown() -> None:

@@ -10,37 +10,32 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ftprof import ranks
 from ftprof.config import RunConfig
-from ftprof.errors import ConfigError
+from ftprof.results import run_dir as files
 from ftprof.results.schema import RunResult, failure_result
+from ftprof.results.status import Status
 from ftprof.runtime import pin_allocator_config
-
-
-def classify_exception(exc: BaseException) -> str:
-    import torch
-
-    if isinstance(exc, torch.OutOfMemoryError):
-        return "oom_device"
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted"
-    if isinstance(exc, MemoryError):
-        return "oom_host"
-    return "error"
 
 
 def _profile_dir(trainer) -> Path:
     out = trainer.cfg.profiling.prof_output_dir
-    return Path(out).expanduser() if out else trainer.run_dir / "profile"
+    return Path(out).expanduser() if out else trainer.run_dir / files.PROFILE
 
 
-def _build_profiler(trainer, log):
-    from ftprof.profiling.torch_profiler import TorchProfiler
+def make_profiler(trainer, built, log):
+    """The run's profiler: torch.profiler when profiling is on for this rank, else the null one."""
+    from ftprof.profiling.noop import NullProfiler
 
     cfg = trainer.cfg
+    if not (cfg.profiling.profile and cfg.profiling.profiles_rank(trainer.dist.rank)):
+        return NullProfiler()
+    from ftprof.profiling.torch_profiler import TorchProfiler
+
     meta = {"method": cfg.method.method, "model": cfg.model.model, "dtype": cfg.model.dtype,
             "checkpointing": cfg.model.gradient_checkpointing, "active_steps": cfg.profiling.prof_active_steps,
             "seq_len": cfg.data.seq_len, "batch_size": cfg.data.batch_size,
-            "flops_per_token": trainer.flops_token, "recompute_flops_per_token": trainer.recompute_token}
+            "flops_per_token": built.flops.per_token, "recompute_flops_per_token": built.flops.recompute_per_token}
     return TorchProfiler(cfg.profiling, _profile_dir(trainer), trainer.device, rank=trainer.dist.rank, log=log,
                          metadata=meta)
 
@@ -69,7 +64,7 @@ def _summarize(trainer, result: RunResult, display) -> None:
 def _oom_snapshot(trainer, result: RunResult) -> None:
     from ftprof.profiling.memory import dump_oom_snapshot
 
-    if trainer.device.type != "cuda" or not hasattr(trainer, "run_dir"):
+    if trainer.device.type != "cuda":
         return
     path = _profile_dir(trainer) / f"oom_snapshot_rank{trainer.dist.rank}.pickle"
     if dump_oom_snapshot(path):
@@ -77,29 +72,31 @@ def _oom_snapshot(trainer, result: RunResult) -> None:
 
 
 def _launch_and_collect(cfg: RunConfig, quiet: bool | None) -> RunResult:
-    """Relaunch this run under torchrun and read back the result rank 0 wrote."""
+    """Relaunch this run under torchrun: every worker loads the run's config.json; read back rank 0's result."""
     import dataclasses
 
-    from ftprof.cli.common import cli_args
     from ftprof.engine import distributed
     from ftprof.preflight import preflight
-    from ftprof.results.run_dir import default_run_name
+    from ftprof.results.run_dir import RunDirWriter, default_run_name
     from ftprof.results.store import read_json
 
     preflight(cfg)  # bad input fails here, once, before any process starts
     name = cfg.output.run_name or default_run_name(cfg.method.method, cfg.model.model)
     out = dataclasses.replace(cfg.output, run_name=name, quiet=cfg.output.quiet if quiet is None else quiet)
     cfg = dataclasses.replace(cfg, output=out)
-    code = distributed.launch(cfg, cli_args(cfg))
-    path = Path(cfg.output.output_dir).expanduser() / name / "result.json"
+    run_dir = Path(cfg.output.output_dir).expanduser() / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    RunDirWriter(run_dir).write_config(cfg.to_dict())
+    code = distributed.launch(cfg, str(run_dir / files.CONFIG))
+    path = run_dir / files.RESULT
     if path.is_file():
         return RunResult.from_dict(read_json(path))
-    status = "interrupted" if code in (130, -2) else "error"
-    return failure_result(cfg, path.parent, status, "torchrun", f"torchrun exited with code {code} before rank 0 "
+    status = Status.INTERRUPTED if code in (Status.INTERRUPTED.exit_code, -2) else Status.ERROR
+    return failure_result(cfg, run_dir, status.value, "torchrun", f"torchrun exited with code {code} before rank 0 "
                           "recorded a result (see the ranks' output above)")
 
 
-def train(cfg: RunConfig, *, quiet: bool | None = None, profiler=None) -> RunResult:
+def train(cfg: RunConfig, *, quiet: bool | None = None, make_profiler_fn=None) -> RunResult:
     # Before torch touches CUDA: the allocator reads PYTORCH_ALLOC_CONF at its first allocation.
     pin_allocator_config(cfg.output.alloc_conf)
     from ftprof.engine import distributed
@@ -110,39 +107,26 @@ def train(cfg: RunConfig, *, quiet: bool | None = None, profiler=None) -> RunRes
     from ftprof.engine.trainer import Trainer
     from ftprof.preflight import preflight
 
-    if distributed.under_torchrun():
+    if ranks.under_torchrun():
         import torch
 
         use_cuda = cfg.output.device != "cpu" and torch.cuda.is_available()
         distributed.init("cuda" if use_cuda else "cpu")
     pre = preflight(cfg)
     if quiet is None:
-        quiet = cfg.output.quiet or not distributed.env_info().is_main
+        quiet = cfg.output.quiet or not ranks.env_info().is_main
     display = RunDisplay(pre.config, quiet=quiet)
     for note in pre.notes:
         display.log(note)
-    trainer = Trainer(pre, log=display.log, profiler=profiler, on_step=display.on_step)
+    factory = make_profiler_fn or (lambda trainer, built: make_profiler(trainer, built, display.log))
+    trainer = Trainer(pre, log=display.log, on_start=display.start, on_step=display.on_step, make_profiler=factory)
     try:
-        trainer.setup()
-        if profiler is None and pre.config.profiling.profile and pre.config.profiling.profiles_rank(trainer.dist.rank):
-            trainer.profiler = _build_profiler(trainer, display.log)
-        display.start(trainer)
-        trainer.train_loop()
-        result = trainer.result("ok")
-        if trainer.dist.enabled:
-            result = trainer.aggregate_ranks(result)
-    except ConfigError:
+        result = trainer.run()
+    finally:
         display.stop()
-        trainer.teardown(trainer.result("error"))
-        trainer.release()
-        raise
-    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - every failure becomes a recorded status
-        display.stop()
-        result = trainer.result(classify_exception(exc), exc)
-        if result.status == "oom_device":
-            _oom_snapshot(trainer, result)
-    display.stop()
-    if trainer.profiler.enabled and result.status == "ok":
+    if result.status == Status.OOM_DEVICE.value:
+        _oom_snapshot(trainer, result)
+    if trainer.profiler.enabled and result.status == Status.OK.value:
         _summarize(trainer, result, display)
     trainer.teardown(result)
     trainer.release()

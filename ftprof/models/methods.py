@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ftprof import ranks
 from ftprof.config import RunConfig
 from ftprof.models.materialize import build_random_model
 from ftprof.models.source import ModelSource
@@ -174,14 +175,12 @@ class GPTQLoRA(LoRA):
         build = lambda: _build(dataclasses.replace(ctx, dtype=fp_dtype))  # noqa: E731
         # Several ranks: rank 0 quantizes, the others wait and then read the cache (never two writers, and never
         # two GPTQModel quantizers competing for the same GPUs).
-        from ftprof.engine import distributed
-
-        info = distributed.env_info()
+        info = ranks.env_info()
         if info.enabled and not info.is_main:
-            distributed.barrier()
+            ranks.barrier()
         path = gptq.ensure_quantized(build, ctx.tokenizer, label, key, m, ctx.calibration, ctx.device, ctx.log)
         if info.enabled and info.is_main:
-            distributed.barrier()
+            ranks.barrier()
         return path
 
 

@@ -5,13 +5,12 @@ Resolving a source reads only the model's config (no weights), so bad input is c
 
 from __future__ import annotations
 
-import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ftprof.errors import ConfigError
+from ftprof.errors import ConfigError, did_you_mean
 from ftprof.models.presets import PRESETS, preset_config
 
 
@@ -34,15 +33,28 @@ class ModelSource:
         return getattr(self.config, "max_position_embeddings", None)
 
 
-def _looks_like_path(name: str) -> bool:
-    return name.startswith((".", "/", "~")) or Path(name).exists()
+def classify_model_name(name: str) -> str | None:
+    """What ``--model NAME`` names, without reading anything: "preset", "local" (a path: it starts with ., / or ~,
+    or exists), "hub" (exactly owner/name), or None (none of these). The sweep check and the run agree through it."""
+    if name in PRESETS:
+        return "preset"
+    if name.startswith((".", "/", "~")) or Path(name).exists():
+        return "local"
+    if name.count("/") == 1 and all(name.split("/")):
+        return "hub"
+    return None
+
+
+def unknown_model_message(name: str) -> str:
+    return f"'{name}' is not a preset ({', '.join(PRESETS)}), a directory, or a hub id{did_you_mean(name, PRESETS)}"
 
 
 def resolve_model_source(name: str) -> ModelSource:
     """Classify ``name`` and read its config; raise ConfigError with one line on failure."""
-    if name in PRESETS:
+    kind = classify_model_name(name)
+    if kind == "preset":
         return ModelSource("preset", name, preset_config(name))
-    if _looks_like_path(name):
+    if kind == "local":
         path = Path(name).expanduser().resolve()
         if not path.is_dir():
             raise ConfigError(f"--model: '{name}' is not a directory")
@@ -56,7 +68,7 @@ def resolve_model_source(name: str) -> ModelSource:
         except Exception as exc:  # noqa: BLE001 - any parse failure is a user error here
             raise ConfigError(f"--model: cannot read {path / 'config.json'}: {exc}") from None
         return ModelSource("local", str(path), config)
-    if name.count("/") == 1 and all(name.split("/")):
+    if kind == "hub":
         try:
             from transformers import AutoConfig
 
@@ -65,6 +77,4 @@ def resolve_model_source(name: str) -> ModelSource:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(f"--model: cannot load hub id '{name}': {first}") from None
         return ModelSource("hub", name, config)
-    hint = difflib.get_close_matches(name, list(PRESETS), n=1)
-    extra = f" (did you mean '{hint[0]}'?)" if hint else ""
-    raise ConfigError(f"--model: '{name}' is not a preset ({', '.join(PRESETS)}), a directory, or a hub id{extra}")
+    raise ConfigError(f"--model: {unknown_model_message(name)}")

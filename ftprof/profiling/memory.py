@@ -1,7 +1,8 @@
 """Memory per stage: torch allocator stats on CUDA, process RSS on CPU. Bytes everywhere.
 
 Stages: load, method_setup, first_forward, first_backward, first_optimizer_step, steady_state. At each stage
-boundary the torch peak counters are reset, so each stage's peak is its own; the run's peak is the max over stages.
+boundary the torch peak counters are reset, so each stage's peak is its own; the run's peak is the max over stages
+and steps (``ftprof.metrics.run_peak``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from dataclasses import asdict, dataclass
 
 import psutil
 import torch
-
-STAGES = ("load", "method_setup", "first_forward", "first_backward", "first_optimizer_step", "steady_state")
 
 
 @dataclass
@@ -38,15 +37,28 @@ def _peak_rss_bytes() -> int:
 
 
 class MemoryTracker:
-    """Records memory per stage. On CPU, 'allocated' is the process RSS (no allocator stats exist)."""
+    """Records memory per stage. On CPU, 'allocated' is the process RSS (no allocator stats exist).
+
+    A context manager like the other trackers; what it recorded (``stages``) is read when the run ends. The run's
+    peaks are derived from the stages and the steps together (``ftprof.metrics.run_peak``)."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.cuda = device.type == "cuda"
         self.stages: list[StageMemory] = []
         self._proc = psutil.Process()
+        self.open_peak: dict[str, int] = {}  # the peak counters when the run ended, set on exit
 
-    def _allocated(self) -> int:
+    def __enter__(self) -> MemoryTracker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        # The counters since the last reset count too: after an OOM they hold the high-water mark that did not fit.
+        if self.cuda:
+            now = self.current()
+            self.open_peak = {"allocated": now["peak_allocated"], "reserved": now["peak_reserved"]}
+
+    def allocated(self) -> int:
         return torch.cuda.memory_allocated(self.device) if self.cuda else self._proc.memory_info().rss
 
     def reset_peak(self) -> None:
@@ -68,28 +80,28 @@ class MemoryTracker:
         # Sync so the 'before' numbers do not include work still queued from the previous stage.
         if self.cuda:
             torch.cuda.synchronize(self.device)
-        before = self._allocated()
+        before = self.allocated()
         self.reset_peak()
         yield
         self.close_stage(name, before)
 
-    def close_stage(self, name: str, before: int) -> None:
+    def close_stage(self, name: str, before: int, *, peak_allocated: int | None = None,
+                    peak_reserved: int | None = None) -> None:
+        """Record a stage that began with ``before`` bytes allocated. Its peaks are the allocator's counters since
+        the last reset unless given (a stage spanning several steps passes the max of the steps' own peaks)."""
         if self.cuda:
             torch.cuda.synchronize(self.device)
         now = self.current()
-        peak_alloc = now["peak_allocated"] if self.cuda else max(now["allocated"], before)
-        self.stages.append(StageMemory(name, before, now["allocated"], peak_alloc, now["reserved"],
-                                       now["peak_reserved"], self._proc.memory_info().rss))
+        if peak_allocated is None:
+            peak_allocated = now["peak_allocated"] if self.cuda else max(now["allocated"], before)
+        if peak_reserved is None:
+            peak_reserved = now["peak_reserved"]
+        self.stages.append(StageMemory(name, before, now["allocated"], peak_allocated, now["reserved"],
+                                       peak_reserved, self._proc.memory_info().rss))
 
-    def summary(self) -> dict[str, int | None]:
-        """Run-level fields (DESIGN.md names) plus per-stage deltas and peaks."""
-        out: dict[str, int | None] = {"torch_peak_allocated": None, "torch_peak_reserved": None,
-                                      "host_peak_rss": _peak_rss_bytes()}
-        if self.cuda:
-            # The open stage's peak counts too: after an OOM it holds the high-water mark that did not fit.
-            now = self.current()
-            out["torch_peak_allocated"] = max([s.peak_allocated for s in self.stages] + [now["peak_allocated"]])
-            out["torch_peak_reserved"] = max([s.peak_reserved for s in self.stages] + [now["peak_reserved"]])
+    def stage_fields(self) -> dict[str, int]:
+        """Per-stage deltas and peaks, as result.json's memory_stages holds them."""
+        out: dict[str, int] = {}
         for s in self.stages:
             out[f"mem_{s.stage}_delta"] = s.delta
             out[f"mem_{s.stage}_peak"] = s.peak_allocated
@@ -97,6 +109,10 @@ class MemoryTracker:
 
     def stage_rows(self) -> list[dict]:
         return [asdict(s) | {"delta": s.delta} for s in self.stages]
+
+
+def host_peak_rss() -> int:
+    return _peak_rss_bytes()
 
 
 def dump_oom_snapshot(path) -> bool:

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from ftprof.config import SCHEMA_VERSION, SECTIONS
-
-CONFIG, RESULT = "config.json", "result.json"
+from ftprof.results.run_dir import CONFIG, RESULT
+from ftprof.results.status import INCOMPLETE
 
 
 @dataclass
@@ -48,7 +48,7 @@ def run_row(run_dir: Path) -> dict[str, Any]:
     row["run_name"] = run_dir.name  # the directory, even if copied or renamed since the run
     result_path = run_dir / RESULT
     if not result_path.is_file():
-        row["status"] = "incomplete"  # started, never finished (killed before bench could record it)
+        row["status"] = INCOMPLETE  # started, never finished (killed before bench could record it)
         return row
     try:
         result = json.loads(result_path.read_text())

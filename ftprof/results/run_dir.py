@@ -1,4 +1,4 @@
-"""The run directory (format in ../shared/DESIGN.md): naming and the files every run writes."""
+"""The run directory: its naming and the one place where its file names are spelled (README.md lists them)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,25 @@ from pathlib import Path
 from ftprof.results.schema import STEP_COLUMNS, RunResult, StepRecord
 from ftprof.results.store import write_csv_atomic, write_json_atomic
 
-CONFIG, ENV, STEPS, RESULT, MEMORY_STAGES = "config.json", "env.json", "steps.csv", "result.json", "memory_stages.csv"
+CONFIG = "config.json"  # the resolved RunConfig; child processes load it (ftprof.engine.worker)
+ENV = "env.json"
+STEPS = "steps.csv"
+RESULT = "result.json"
+MEMORY_STAGES = "memory_stages.csv"
+NVML = "nvml.csv"
+COMMAND = "command.sh"  # bench: the experiment as a readable, replayable command line
+STDOUT, STDERR = "stdout.log", "stderr.log"  # bench: the experiment's output
+PROFILE = "profile"  # torch.profiler artifacts (a folder)
+# What one attempt of a run leaves behind: a rerun clears these (per-rank variants included) before it starts.
+ATTEMPT_FILES = (RESULT, STEPS, MEMORY_STAGES, ENV, NVML, STDOUT, STDERR)
+
+
+def rank_file(name: str, rank: int | None) -> str:
+    """``steps.csv`` -> ``steps_rank1.csv`` for a rank's own file; the name itself when ``rank`` is None."""
+    if rank is None:
+        return name
+    stem, dot, ext = name.partition(".")
+    return f"{stem}_rank{rank}{dot}{ext}"
 
 
 def _slug(text: str) -> str:
@@ -43,10 +61,7 @@ class RunDirWriter:
         self.rank = rank
 
     def _name(self, name: str) -> str:
-        if self.rank is None:
-            return name
-        stem, dot, ext = name.partition(".")
-        return f"{stem}_rank{self.rank}{dot}{ext}"
+        return rank_file(name, self.rank)
 
     def write_config(self, config: dict) -> None:
         write_json_atomic(self.path / CONFIG, config)

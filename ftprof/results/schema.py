@@ -10,8 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
 from ftprof.config import SCHEMA_VERSION
-
-STATUSES = ("ok", "oom_device", "oom_host", "timeout", "interrupted", "error")
+from ftprof.results.status import STATUSES
 
 
 @dataclass
@@ -112,17 +111,6 @@ class RunResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    def to_flat(self) -> dict[str, Any]:
-        """One level deep: nested dicts become prefixed keys (memory_stages.load_delta -> memory_stages_load_delta)."""
-        out: dict[str, Any] = {}
-        for key, value in self.to_dict().items():
-            if isinstance(value, dict):
-                for sub, v in value.items():
-                    out[f"{key}_{sub}"] = v
-            else:
-                out[key] = value
-        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunResult:

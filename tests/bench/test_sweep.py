@@ -50,7 +50,7 @@ def test_memory_logging_env_override_and_alias(tmp_path, monkeypatch):
 
 
 def test_cell_memory_logging_wins_over_the_sweep_and_reaches_the_command(tmp_path, monkeypatch):
-    from ftprof.bench.runner import train_command
+    from ftprof.bench.runner import replay_command
 
     monkeypatch.delenv("MEMORY_LOGGING", raising=False)
     path = _sweep(tmp_path, "memory_logging: all\nbase: {model: tiny}\nmatrix: {memory_logging: [none, nvidia]}\n")
@@ -58,8 +58,8 @@ def test_cell_memory_logging_wins_over_the_sweep_and_reaches_the_command(tmp_pat
     modes = sorted(e.config.output.memory_logging for e in sweep.experiments)
     assert modes == ["none", "nvml"]
     for exp in sweep.experiments:
-        cmd = train_command(exp, tmp_path / exp.name)
-        assert cmd.count("--memory-logging") == 1
+        cmd = replay_command(exp, tmp_path / exp.name)
+        assert cmd.count("--memory-logging") == 1  # neither cell's mode is the default (torch)
         assert cmd[cmd.index("--memory-logging") + 1] == exp.config.output.memory_logging
     monkeypatch.setenv("MEMORY_LOGGING", "torch")
     assert {e.config.output.memory_logging for e in load_sweep(path).experiments} == {"torch"}

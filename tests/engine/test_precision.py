@@ -4,9 +4,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ftprof.engine.trainer import Trainer
-from ftprof.preflight import preflight
-from tests.conftest import tiny_config
+from tests.conftest import build_run, run_one_step, tiny_config
 
 MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
            torch.ops.aten.baddbmm.default}
@@ -26,10 +24,9 @@ class MatmulDtypes(TorchDispatchMode):
 
 
 def matmul_dtypes(cfg) -> list[torch.dtype]:
-    trainer = Trainer(preflight(cfg), log=lambda _: None)
-    trainer.setup()
+    pre, built = build_run(cfg)
     with MatmulDtypes() as mode:
-        trainer.train_step()
+        run_one_step(pre, built)
     return mode.dtypes
 
 
@@ -71,10 +68,9 @@ class Conversions(TorchDispatchMode):
 
 def _conversions(tmp_path, method) -> int:
     cfg = tiny_config(tmp_path / method, method, dtype="bfloat16", max_steps=2)
-    trainer = Trainer(preflight(cfg), log=lambda _: None)
-    trainer.setup()
+    pre, built = build_run(cfg)
     with Conversions(min_numel=cfg.data.batch_size * cfg.data.seq_len * 64) as mode:  # tiny's hidden size: 64
-        trainer.train_step()
+        run_one_step(pre, built)
     return mode.count
 
 

@@ -7,7 +7,7 @@ import pytest
 
 import ftprof
 from ftprof.results.schema import STEP_COLUMNS
-from tests.conftest import tiny_config
+from tests.conftest import build_run, tiny_config
 
 LEARNING_RATES = {"full": 3e-3, "lora": 1e-2, "qlora": 1e-2, "gptq-lora": 1e-2}
 
@@ -90,16 +90,12 @@ def test_memory_breakdown_is_exact(tmp_path, method):
     else:  # 4-bit: half a byte per quantized weight plus its block constants, everything else in fp32
         import bitsandbytes as bnb
 
-        from ftprof.engine.trainer import Trainer
-        from ftprof.preflight import preflight
-
-        trainer = Trainer(preflight(tiny_config(tmp_path / "again", method, max_steps=2)), log=lambda _: None)
-        trainer.setup()
-        quantized = sum(m.in_features * m.out_features for m in trainer.model.modules()
+        _, built = build_run(tiny_config(tmp_path / "again", method, max_steps=2))
+        quantized = sum(m.in_features * m.out_features for m in built.model.modules()
                         if isinstance(m, bnb.nn.Linear4bit))
-        plain = sum(4 * p.numel() for m in trainer.model.modules() if not isinstance(m, bnb.nn.Linear4bit)
+        plain = sum(4 * p.numel() for m in built.model.modules() if not isinstance(m, bnb.nn.Linear4bit)
                     for p in m.parameters(recurse=False) if not p.requires_grad)
-        buffers = sum(b_.numel() * b_.element_size() for b_ in trainer.model.buffers())
+        buffers = sum(b_.numel() * b_.element_size() for b_ in built.model.buffers())
         per_weight = (b["weights_frozen"] - plain - buffers) / quantized
         assert 0.5 <= per_weight < 0.56  # 4 bits + NF4 absmax (one byte per 64 with double quant) + nested constants
 
@@ -117,13 +113,13 @@ def test_checkpointing_really_shrinks_saved_activations(tmp_path):
 def test_logits_gradient_estimate_matches_the_h200_measurement():
     """llama-8b, 4 x 2048 tokens, vocab 128,256: the peak exceeded every measured part by 7.74 GiB (LoRA and QLoRA,
     with and without checkpointing; docs/measurements). The estimate must land within 2% of that."""
-    from ftprof.engine.trainer import logits_gradient_bytes
+    from ftprof.metrics import logits_gradient_bytes
 
     assert logits_gradient_bytes(4 * 2048, 128256) / 2**30 == pytest.approx(7.74, rel=0.02)
 
 
 def test_memory_breakdown_parts_against_a_peak():
-    from ftprof.engine.trainer import memory_breakdown
+    from ftprof.metrics import memory_breakdown
 
     static = {"weights_frozen": 100, "weights_trainable": 10, "gradients": 10, "optimizer_state": 20}
     out = memory_breakdown(static, 60, peak=250)
@@ -134,40 +130,3 @@ def test_memory_breakdown_parts_against_a_peak():
     assert memory_breakdown(None, 60, 250) == {}
 
 
-def test_energy_window_is_the_last_unbroken_stretch_of_headline_steps():
-    """Energy per token is read over one wall-clock window: profiled steps in the middle of a run split the steady
-    steps, and the window takes the stretch after them (energy of the profiler's export stays out)."""
-    from ftprof.engine.trainer import _last_contiguous
-
-    steps = [{"step": i} for i in (3, 4, 9, 10, 11)]  # 5-8 were profiled
-    assert [s["step"] for s in _last_contiguous(steps)] == [9, 10, 11]
-    assert [s["step"] for s in _last_contiguous(steps[:2])] == [3, 4]
-    assert _last_contiguous([]) == []
-
-
-def test_nvml_energy_is_read_over_the_unprofiled_stretch():
-    """Trainer._stop_nvml asks the sampler for the window of the last unbroken run of headline steps and divides
-    its energy by their tokens (the sampler itself needs a GPU; a stand-in records what it is asked)."""
-    from types import SimpleNamespace
-
-    from ftprof.engine.trainer import Trainer
-    from ftprof.results.schema import RunResult, StepRecord
-
-    phases = {1: "wait", 2: "wait", 3: "warmup", 4: "active", 5: "active", 6: "", 7: ""}
-    steps = [StepRecord(step=i, loss=1.0, step_time_s=0.5, tokens=100, real_tokens=100, lr=1e-4, warmup=i == 1,
-                        profiler_phase=phases[i], started_unix=1000.0 + i, mem_allocated=0, mem_peak_allocated=0,
-                        mem_reserved=0, mem_peak_reserved=0) for i in phases]
-    asked = []
-
-    class Sampler:
-        def stop(self, window):
-            asked.append(window)
-            return {"energy_j": 30.0, "device_used_peak": 5, "process_used_peak": 4}
-
-    fake = SimpleNamespace(steps=steps, nvml=Sampler(), nvml_note=None, nvml_file="nvml.csv")
-    res = RunResult(status="ok", run_dir="", method="lora", model="tiny", device="cuda", device_name="x",
-                    started_at="", finished_at="", steps_completed=7, seq_len=8, batch_size=1, grad_accum=1)
-    Trainer._stop_nvml(fake, res)
-    assert asked == [(1006.0, 1007.5)]  # steps 6-7: steps 2 (wait) and 6-7 are unprofiled; 6-7 is the last run
-    assert res.energy_per_token_j == pytest.approx(30.0 / 200)
-    assert res.artifacts["nvml"] == "nvml.csv"

@@ -5,18 +5,15 @@ import contextlib
 import pytest
 import torch
 
-from ftprof.engine.trainer import Trainer
-from ftprof.preflight import preflight
-from tests.conftest import tiny_config
+from tests.conftest import build_run, tiny_config
 
 
 def _gptq_lora_layers(tmp_path, device="cpu", dtype="float32"):
-    trainer = Trainer(preflight(tiny_config(tmp_path, "gptq-lora", device=device, dtype=dtype,
-                                            gptq_calibration_samples=4)), log=lambda _: None)
-    trainer.setup()
-    layers = [m for m in trainer.model.modules() if type(m).__name__ == "GPTQLoraLinear"]
+    pre, built = build_run(tiny_config(tmp_path, "gptq-lora", device=device, dtype=dtype,
+                                       gptq_calibration_samples=4))
+    layers = [m for m in built.model.modules() if type(m).__name__ == "GPTQLoraLinear"]
     assert layers, "no GPTQ LoRA layers found"
-    return trainer, layers
+    return built, layers
 
 
 def _check_layer(layer, dtype, rtol, autocast=contextlib.nullcontext):
@@ -55,9 +52,9 @@ def test_gptq_lora_gradients_match_dequantized_reference(tmp_path):
 
 @pytest.mark.gpu
 def test_gptq_lora_gradients_on_gpu_bf16(tmp_path):
-    trainer, layers = _gptq_lora_layers(tmp_path, device="cuda", dtype="bfloat16")
+    built, layers = _gptq_lora_layers(tmp_path, device="cuda", dtype="bfloat16")
     for layer in layers[:4]:
-        _check_layer(layer, torch.bfloat16, rtol=2e-2, autocast=trainer.autocast)
+        _check_layer(layer, torch.bfloat16, rtol=2e-2, autocast=built.autocast)
 
 
 @pytest.mark.parametrize("quantizer", ["rtn", "gptq"])
@@ -70,18 +67,16 @@ def test_quantizers_round_within_their_bounds(tmp_path, quantizer, monkeypatch):
     from ftprof.models.presets import preset_config
 
     monkeypatch.chdir(tmp_path)
-    trainer = Trainer(preflight(tiny_config(tmp_path, "gptq-lora", gptq_calibration_samples=4,
-                                            gptq_quantizer=quantizer, seed=7 if quantizer == "rtn" else 8)),
-                      log=lambda _: None)
-    trainer.setup()
-    assert trainer.cfg.method.gptq_quantizer == quantizer
+    pre, built = build_run(tiny_config(tmp_path, "gptq-lora", gptq_calibration_samples=4,
+                                       gptq_quantizer=quantizer, seed=7 if quantizer == "rtn" else 8))
+    assert pre.config.method.gptq_quantizer == quantizer
     # GPTQModel's per-module logs go beside the checkpoint, not into the working directory
     assert not (tmp_path / "logs").exists()
     assert any((entry / "quantize_logs").is_dir() for entry in cache_root().iterdir())
     original = build_random_model(preset_config("tiny"), torch.device("cpu"), torch.float32,
-                                  seed=trainer.cfg.train.seed)
+                                  seed=pre.config.train.seed)
     worst = 0.0
-    for name, module in trainer.model.named_modules():
+    for name, module in built.model.named_modules():
         if type(module).__name__ != "GPTQLoraLinear":
             continue
         base = module.base_layer
@@ -98,7 +93,7 @@ def test_quantizers_round_within_their_bounds(tmp_path, quantizer, monkeypatch):
 
 def test_backward_keeps_no_dequantized_weight(tmp_path):
     """Autograd saves activations for the GPTQ linears, never their dequantized 16-bit weights."""
-    trainer, layers = _gptq_lora_layers(tmp_path)
+    built, layers = _gptq_lora_layers(tmp_path)
     shapes = {tuple(layer.base_layer.dequantize_weight().shape) for layer in layers}
     saved: list[tuple[int, ...]] = []
 
@@ -106,20 +101,19 @@ def test_backward_keeps_no_dequantized_weight(tmp_path):
         saved.append(tuple(t.shape))
         return t
 
-    batch = next(trainer.batches)
+    batch = next(built.batches)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = trainer.model(**batch).loss
+        loss = built.model(**batch).loss
     loss.backward()
     assert saved and not shapes & set(saved), shapes & set(saved)
-    assert all(p.grad is not None for p in trainer.params)
+    assert all(p.grad is not None for p in built.params)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_lean_backward_only_without_checkpointing(tmp_path, checkpointing):
     """Under checkpointing a dequantized weight lives only while its layer is recomputed: no re-dequantization."""
-    trainer = Trainer(preflight(tiny_config(tmp_path, "gptq-lora", gptq_calibration_samples=4,
-                                            gradient_checkpointing=checkpointing)), log=lambda _: None)
-    trainer.setup()
-    quant = [m for m in trainer.model.modules() if hasattr(m, "qweight")]
+    _, built = build_run(tiny_config(tmp_path, "gptq-lora", gptq_calibration_samples=4,
+                                     gradient_checkpointing=checkpointing))
+    quant = [m for m in built.model.modules() if hasattr(m, "qweight")]
     lean = [m for m in quant if "forward" in vars(m)]
     assert quant and len(lean) == (0 if checkpointing else len(quant))

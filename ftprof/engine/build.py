@@ -1,0 +1,161 @@
+"""Building a run: tokenizer and data, the model by its method, checkpointing and the data-parallel wrapper, the
+optimizer, precision, and the FLOP counts. ``build`` returns everything the loop needs in one ``Built``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ftprof import metrics
+from ftprof.data import make_batches
+from ftprof.engine import distributed
+from ftprof.models.materialize import materialize_sharded
+from ftprof.models.methods import LoadContext, get_strategy
+from ftprof.models.tokenizer import build_tokenizer
+from ftprof.preflight import Preflight
+from ftprof.profiling.memory import MemoryTracker
+from ftprof.ranks import DistInfo
+from ftprof.runtime import torch_dtype
+
+
+@dataclass(frozen=True)
+class FlopCounts:
+    per_token: float  # model FLOPs per token (MFU)
+    recompute_per_token: float  # what activation checkpointing runs again (HFU adds it)
+
+
+@dataclass(frozen=True)
+class Built:
+    tokenizer: object
+    batches: Iterator[dict]
+    model: torch.nn.Module
+    params: list[torch.nn.Parameter]  # the trainable ones
+    optimizer: torch.optim.Optimizer
+    autocast: Callable[[], contextlib.AbstractContextManager]
+    counts: metrics.ParamCounts
+    flops: FlopCounts
+    device_name: str
+
+
+def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[str], None]) -> Built:
+    cfg = pre.config
+    dtype = torch_dtype(pre.dtype)
+    strategy = get_strategy(cfg.method.method)
+    torch.manual_seed(cfg.train.seed)  # same initial weights on every rank
+    tokenizer = load_tokenizer(pre, log)
+    vocab = pre.source.config.vocab_size
+    # Each rank reads a different stream of batches (data parallelism).
+    batches = make_batches(cfg.data, tokenizer, vocab, cfg.train.seed + dist.rank)
+
+    def calibration() -> list[torch.Tensor]:
+        return calibration_rows(pre, tokenizer)
+
+    # Under FSDP a preset is sharded while still on the meta device: no rank ever holds the whole model.
+    defer = (dist.enabled and cfg.distributed.parallel == "fsdp" and pre.source.kind == "preset"
+             and strategy.can_defer_init)
+    with memory.stage("load"):
+        model = strategy.load(LoadContext(cfg, pre.source, pre.device, dtype, tokenizer, calibration, log,
+                                          defer_init=defer))
+    with memory.stage("method_setup"):
+        model = prepare_model(strategy.apply(model, cfg), pre, dist, dtype, defer)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = make_optimizer(params, pre)
+    autocast = precision(model, pre, dtype, strategy.uses_lora)
+    counts = metrics.count_params(model)
+    device_name = torch.cuda.get_device_name(pre.device) if pre.device.type == "cuda" else "cpu"
+    return Built(tokenizer, batches, model, params, optimizer, autocast, counts, count_flops(model, counts, pre),
+                 device_name)
+
+
+def load_tokenizer(pre: Preflight, log: Callable[[str], None]):
+    if pre.source.kind == "preset":
+        return build_tokenizer()
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(pre.source.name)
+    except Exception:  # noqa: BLE001 - a checkpoint without a tokenizer still trains on synthetic data
+        if pre.config.data.dataset != "synthetic":
+            raise
+        log("no tokenizer beside the model; using ftprof's built-in tokenizer for synthetic data")
+        return build_tokenizer()
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def calibration_rows(pre: Preflight, tokenizer) -> list[torch.Tensor]:
+    """GPTQ calibration sequences, from the run's own data stream (a fresh iterator, same seed)."""
+    cfg = pre.config
+    n = cfg.method.gptq_calibration_samples
+    stream = make_batches(cfg.data, tokenizer, pre.source.config.vocab_size, cfg.train.seed)
+    rows: list[torch.Tensor] = []
+    while len(rows) < n:
+        batch = next(stream)
+        for ids, mask in zip(batch["input_ids"], batch["attention_mask"], strict=False):
+            rows.append(ids[mask.bool()])
+    return rows[:n]
+
+
+def prepare_model(model, pre: Preflight, dist: DistInfo, dtype: torch.dtype, deferred: bool):
+    """Checkpointing, train mode, and the data-parallel wrapper, on a model whose method is applied."""
+    cfg = pre.config
+    if cfg.model.gradient_checkpointing:
+        # Non-reentrant checkpointing needs no input-grad trick for frozen embeddings (LoRA methods).
+        # transformers 5.24 renamed the method; PEFT wrappers forward either name to the base model.
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if hasattr(model, "config"):
+        model.config.use_cache = False
+    model.train()  # HF models start in eval mode, where gradient checkpointing silently does nothing
+    if dist.enabled:
+        model = distributed.wrap(model, cfg, pre.device, dtype)
+    if deferred:
+        std = float(getattr(pre.source.config, "initializer_range", 0.02))
+        # FSDP2's CPU offload wants the shards in host memory from the start (seen on two H200s: it refuses
+        # parameters materialized on the GPU).
+        host = torch.device("cpu") if cfg.distributed.fsdp_cpu_offload else None
+        materialize_sharded(model, pre.device, std=std, seed=cfg.train.seed + dist.rank, params_on=host)
+    return model
+
+
+def make_optimizer(params: list[torch.nn.Parameter], pre: Preflight) -> torch.optim.Optimizer:
+    t = pre.config.train
+    if t.optimizer == "paged_adamw_8bit":
+        import bitsandbytes as bnb
+
+        return bnb.optim.PagedAdamW8bit(params, lr=t.lr, weight_decay=t.weight_decay)
+    fused = pre.device.type == "cuda" and all(p.is_floating_point() for p in params)
+    return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, fused=fused or None)
+
+
+def precision(model, pre: Preflight, dtype: torch.dtype, uses_lora: bool) -> Callable:
+    """The forward's autocast context (a factory). Adapters are fp32 master weights: their matmuls run in the run
+    dtype under autocast. The textbook recipe (kbit_prepare) runs without autocast, as it was written to: its fp32
+    upcasts then cost what they cost."""
+    use_autocast = uses_lora and dtype != torch.float32 and not pre.config.method.kbit_prepare
+    if not use_autocast:
+        return contextlib.nullcontext
+    # PEFT casts each adapter's input to the adapter dtype (fp32) and autocast casts it straight back to bf16 for
+    # the matmul: two full activation copies per adapted projection (measured on an H200: 20% of QLoRA's kernel
+    # time in copy kernels). Under autocast the cast is pointless; switch it off.
+    for module in model.modules():
+        if hasattr(module, "cast_input_dtype_enabled"):
+            module.cast_input_dtype_enabled = False
+    device_type = pre.device.type
+    return lambda: torch.autocast(device_type, dtype=dtype)
+
+
+def count_flops(model, counts: metrics.ParamCounts, pre: Preflight) -> FlopCounts:
+    layers, attn_dim = metrics.attention_dims(pre.source.config)
+    seq = pre.config.data.seq_len
+    recompute = 0.0
+    if pre.config.model.gradient_checkpointing:
+        recompute = metrics.recompute_flops_per_token(metrics.recomputed_params(model), layers, attn_dim, seq)
+    return FlopCounts(metrics.flops_per_token(counts, layers, attn_dim, seq), recompute)

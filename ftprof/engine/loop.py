@@ -1,0 +1,76 @@
+"""The training loop: forward and backward over the micro-batches of a step, the optimizer step, and the steps.
+
+Forward, backward and the optimizer step run inside ``torch.profiler.record_function`` labels
+(``ftprof/forward``, ``ftprof/backward``, ``ftprof/optimizer_step``) so traces show them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+from torch.profiler import record_function
+
+from ftprof.config import RunConfig
+from ftprof.data import count_tokens
+from ftprof.engine.build import Built
+from ftprof.engine.trackers import FirstStepMemory, StepLog
+from ftprof.profiling.memory import MemoryTracker
+from ftprof.results.schema import StepRecord
+
+
+def run_steps(cfg: RunConfig, built: Built, device: torch.device, memory: MemoryTracker, log: StepLog,
+              first: FirstStepMemory, profiler, on_step: Callable[[StepRecord], None]) -> None:
+    for index in range(1, cfg.train.max_steps + 1):
+        phase = profiler.phase(index)
+        started = log.begin(index)
+        loss, tokens, real = train_step(cfg, built, device, memory, first, index == 1)
+        optimizer_step(cfg, built, memory, first, index == 1)
+        seconds = log.timer.stop()
+        mem = memory.current()
+        record = StepRecord(step=index, loss=float(loss), step_time_s=seconds, tokens=tokens, real_tokens=real,
+                            lr=cfg.train.lr, warmup=index <= cfg.train.warmup_steps, profiler_phase=phase,
+                            started_unix=started, mem_allocated=mem["allocated"],
+                            mem_peak_allocated=mem["peak_allocated"], mem_reserved=mem["reserved"],
+                            mem_peak_reserved=mem["peak_reserved"])
+        log.end(record)
+        profiler.step()
+        on_step(record)
+
+
+def _stage(memory: MemoryTracker, name: str, on: bool):
+    return memory.stage(name) if on else contextlib.nullcontext()
+
+
+def train_step(cfg: RunConfig, built: Built, device: torch.device, memory: MemoryTracker, first: FirstStepMemory,
+               is_first: bool) -> tuple[torch.Tensor, int, int]:
+    """Forward and backward over grad_accum micro-batches. Returns (mean loss tensor, tokens, real tokens)."""
+    accum = cfg.train.grad_accum
+    loss_sum = torch.zeros((), device=device)
+    tokens = real = 0
+    for micro in range(accum):
+        batch = next(built.batches)
+        n, r = count_tokens(batch)
+        tokens, real = tokens + n, real + r
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        measured = is_first and micro == 0
+        meter = first.forward_meter(built.model, measured)
+        with _stage(memory, "first_forward", measured), record_function("ftprof/forward"), built.autocast(), meter:
+            loss = built.model(**batch).loss
+        first.after_forward(meter)
+        with _stage(memory, "first_backward", measured), record_function("ftprof/backward"):
+            (loss / accum).backward()
+        loss_sum += loss.detach()
+    return loss_sum / accum, tokens, real
+
+
+def optimizer_step(cfg: RunConfig, built: Built, memory: MemoryTracker, first: FirstStepMemory,
+                   is_first: bool) -> None:
+    with _stage(memory, "first_optimizer_step", is_first), record_function("ftprof/optimizer_step"):
+        if cfg.train.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(built.params, cfg.train.max_grad_norm)
+        built.optimizer.step()
+        if is_first:  # gradients and optimizer state both exist now: the one moment to size them
+            first.after_optimizer_step(built.model, built.optimizer)
+        built.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,62 @@
+"""A child process's entry point: ``python -m ftprof.engine.worker CONFIG.json``.
+
+Every process ftprof starts for a run (each torchrun worker, each bench experiment, each Slurm task) receives the
+validated configuration as a file (the run's ``config.json``: it already records the resolved configuration) and
+runs it here, exiting with the run's status code (``Status.exit_code``). The command-line spelling of a config
+appears only in ``command.sh``, for people to read and replay.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ftprof.errors import FtprofError
+
+
+def run_config_file(path: str) -> int:
+    from ftprof.config import RunConfig
+    from ftprof.engine.run import train
+    from ftprof.results.status import exit_code
+    from ftprof.results.store import read_json
+
+    try:
+        cfg = RunConfig.from_dict(read_json(path))
+    except (OSError, ValueError) as exc:  # ConfigError is a ValueError too
+        raise FtprofError(f"cannot load the run configuration {path}: {exc}") from None
+    return exit_code(train(cfg).status)
+
+
+def exit_worker(code: int) -> None:
+    """A torchrun worker leaves without interpreter teardown: gloo's threads can abort it there (seen with torch
+    2.14 on CPU: 'terminate called without an active exception') after every file is already written."""
+    from ftprof.engine import distributed
+
+    distributed.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m ftprof.engine.worker CONFIG.json", file=sys.stderr)
+        return 2
+    try:
+        code = run_config_file(argv[0])
+    except FtprofError as exc:
+        print(f"ftprof: error: {exc}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        print("ftprof: interrupted", file=sys.stderr)
+        code = 130
+    from ftprof.engine.distributed import under_torchrun
+
+    if under_torchrun():
+        exit_worker(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

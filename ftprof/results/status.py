@@ -1,0 +1,63 @@
+"""The one vocabulary of run outcomes: each failure class with its exit status, display style and what a rerun does.
+
+``ok`` is a finished run; ``oom_device`` a CUDA out-of-memory; ``oom_host`` a process killed by the kernel (SIGKILL
+without our asking); ``timeout`` killed at its time limit; ``interrupted`` stopped by Ctrl-C or SIGTERM (resumable:
+a rerun of the sweep runs it again); ``error`` anything else, with the last lines of stderr.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Status(str, Enum):
+    OK = "ok"
+    OOM_DEVICE = "oom_device"
+    OOM_HOST = "oom_host"
+    TIMEOUT = "timeout"
+    INTERRUPTED = "interrupted"
+    ERROR = "error"
+
+    @property
+    def exit_code(self) -> int:
+        """What `ftprof train`/`profile` exit with: 0 ok, 1 error, 3 out of memory, 4 timeout, 130 interrupted."""
+        return _EXIT[self]
+
+    @property
+    def style(self) -> str:
+        """rich style for tables and progress lines."""
+        return _STYLE[self]
+
+    @property
+    def failed(self) -> bool:
+        """A failure a sweep keeps unless asked to retry (``--retry-failed``); ``interrupted`` is rerun anyway."""
+        return self not in (Status.OK, Status.INTERRUPTED)
+
+    @classmethod
+    def parse(cls, value: object) -> Status | None:
+        """The status named by ``value`` (a string from a file), or None when it names none."""
+        try:
+            return cls(value)
+        except ValueError:
+            return None
+
+
+_EXIT = {Status.OK: 0, Status.ERROR: 1, Status.OOM_DEVICE: 3, Status.OOM_HOST: 3, Status.TIMEOUT: 4,
+         Status.INTERRUPTED: 130}
+_STYLE = {Status.OK: "green", Status.OOM_DEVICE: "red", Status.OOM_HOST: "red", Status.TIMEOUT: "yellow",
+          Status.INTERRUPTED: "yellow", Status.ERROR: "red"}
+
+STATUSES = tuple(s.value for s in Status)
+# A run directory with a config but no result yet: started and never finished (not a run status of its own).
+INCOMPLETE = "incomplete"
+
+
+def status_style(value: object) -> str:
+    """Style for any status string a table shows, ``incomplete`` included."""
+    status = Status.parse(value)
+    return status.style if status else "yellow"
+
+
+def exit_code(value: object) -> int:
+    status = Status.parse(value)
+    return status.exit_code if status else 1
