@@ -118,7 +118,8 @@ def run(args) -> dict:
                               gradient_checkpointing=args.gradient_checkpointing,
                               gradient_checkpointing_kwargs={"use_reentrant": False},
                               optim="adamw_torch_fused" if cuda else "adamw_torch", logging_steps=10 ** 6,
-                              save_strategy="no", report_to=[], dataloader_num_workers=0, use_cpu=not cuda)
+                              save_strategy="no", report_to=[], dataloader_num_workers=0, use_cpu=not cuda,
+                              use_liger_kernel=args.liger)  # the Trainer's own Liger switch (patches the instance)
     # FLOPs per token by the DESIGN.md convention, counted on the model as trained (the same count ftprof uses)
     config = preset_config(args.model)
     layers, attn_dim = metrics.attention_dims(config)
@@ -132,7 +133,7 @@ def run(args) -> dict:
     tokens_per_s = args.batch_size * args.seq_len * len(steady) / sum(steady)
     peak = metrics.peak_flops(torch.cuda.get_device_name()) if cuda else None
     return {"recipe": "hf-trainer", "method": args.method, "model": args.model, "batch_size": args.batch_size,
-            "seq_len": args.seq_len, "gradient_checkpointing": args.gradient_checkpointing,
+            "seq_len": args.seq_len, "gradient_checkpointing": args.gradient_checkpointing, "liger": args.liger,
             "device": torch.cuda.get_device_name() if cuda else "cpu", "steps": len(steady),
             "step_time_p50_s": p50, "tokens_per_s": tokens_per_s, "flops_per_token": flops,
             "mfu": tokens_per_s * flops / peak if peak else None,
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-steps", type=int, default=20)
     p.add_argument("--warmup-steps", type=int, default=3)
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--liger", action="store_true", help="TrainingArguments(use_liger_kernel=True)")
     args = p.parse_args(argv)
     if args.max_steps <= args.warmup_steps:
         p.error("--max-steps must exceed --warmup-steps")

@@ -27,6 +27,8 @@ DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up
 # Aliases accepted for memory logging: the names users of the earlier benchmark scripts know.
 MEMORY_LOGGING_ALIASES = {"nvidia": "nvml", "huggingface": "torch"}
 MEMORY_LOGGING = ("none", "torch", "nvml", "all")
+CHECKPOINTING = ("none", "full", "selective", "auto")
+KERNELS = ("eager", "liger")
 
 
 def option(default: Any = None, help: str = "", *, choices: tuple | None = None, metavar: str | None = None,
@@ -53,13 +55,36 @@ def _one_of(name: str, value: Any, allowed: tuple) -> None:
 class ModelConfig:
     model: str = option("tiny", "built-in preset name, local checkpoint directory, or hub id", metavar="NAME|DIR|ID")
     dtype: str = option("auto", "parameter/compute dtype; auto = float32 on CPU, bfloat16 on CUDA", choices=DTYPES)
-    gradient_checkpointing: bool = option(False, "recompute activations in backward (activation checkpointing)")
+    checkpointing: Optional[str] = option(
+        None, "activation checkpointing: none; full (each decoder layer's forward recomputed in backward); "
+        "selective (matmul and attention outputs saved, the cheap ops between them recomputed); auto (the fastest "
+        "of these whose estimated peak fits the device's memory with a margin; result.json says which and why) "
+        "(default none)", choices=CHECKPOINTING)
+    gradient_checkpointing: Optional[bool] = option(None, "the HF spelling: --gradient-checkpointing = "
+                                                    "--checkpointing full, --no-gradient-checkpointing = none")
+    kernels: str = option("eager", "eager (PyTorch/transformers ops), or liger: Liger-Kernel's fused RMSNorm, "
+                          "SwiGLU, RoPE and fused linear cross entropy (Llama and Mistral; CUDA)", choices=KERNELS)
+    compile: bool = option(False, "torch.compile each decoder block (not the whole model); a block that does not "
+                           "compile runs eager, with a note; compile time is reported apart from step time")
     attn_implementation: str = option("sdpa", "attention kernel passed to transformers",
                                       choices=("sdpa", "eager", "flash_attention_2"))
 
     def __post_init__(self) -> None:
         _require(bool(self.model), "--model must not be empty")
         _one_of("--dtype", self.dtype, DTYPES)
+        _one_of("--kernels", self.kernels, KERNELS)
+        if self.checkpointing is not None:
+            _one_of("--checkpointing", self.checkpointing, CHECKPOINTING)
+        # One policy, two spellings: gradient_checkpointing is kept as the derived yes/no (None while auto decides).
+        if self.gradient_checkpointing is not None:
+            implied = "full" if self.gradient_checkpointing else "none"
+            given = self.checkpointing
+            _require(given in (None, implied) or (self.gradient_checkpointing and given == "selective"),
+                     f"--{'no-' if not self.gradient_checkpointing else ''}gradient-checkpointing contradicts "
+                     f"--checkpointing {given}")
+            self.checkpointing = given or implied
+        self.checkpointing = self.checkpointing or "none"
+        self.gradient_checkpointing = None if self.checkpointing == "auto" else self.checkpointing != "none"
 
 
 @dataclass
@@ -314,6 +339,13 @@ class RunConfig:
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
+        if self.model.checkpointing == "auto" and self.distributed.world_size > 1 and \
+                self.distributed.parallel == "fsdp":
+            raise ConfigError("--checkpointing auto estimates one process's memory: use it on one GPU or with "
+                              "--parallel ddp, or pick a policy for FSDP runs")
+        if self.model.kernels == "liger" and "lm_head" in (self.method.lora_targets or ()):
+            raise ConfigError("--lora-targets lm_head: Liger's fused linear cross entropy computes the loss from "
+                              "lm_head's weight directly and would skip its adapter; use --kernels eager")
         _require(self.train.warmup_steps < self.train.max_steps or self.train.max_steps == 1,
                  f"--warmup-steps ({self.train.warmup_steps}) must be below --max-steps ({self.train.max_steps}) "
                  "so that some steps are measured")
@@ -362,7 +394,8 @@ class RunConfig:
         values = self.to_flat()
         args = [values.pop("method")]
         for key, value in values.items():
-            if value == defaults.get(key) or key == "profile" or value is None:
+            # profile and gradient_checkpointing are implied by other options (--prof-*, --checkpointing)
+            if value == defaults.get(key) or key in ("profile", "gradient_checkpointing") or value is None:
                 continue
             args += option_words(key, value)
         if values.get("profile") and not any(a.startswith("--prof-") for a in args):

@@ -7,9 +7,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ftprof.config import RunConfig
+from ftprof.metrics import GIB
 from ftprof.results.schema import RunResult
-
-GIB = 1024 ** 3
 
 
 def fmt_gib(value: int | None) -> str:

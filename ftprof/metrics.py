@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import nn
 
+GIB = 1024 ** 3  # bytes in files, GiB in tables
+
 # Dense bf16 peak FLOP/s by device-name substring (first match wins; order matters: "H100 PCIe" before "H100").
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
     ("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("GH200", 989e12), ("H800", 989e12),

@@ -57,6 +57,10 @@ def preflight(cfg: RunConfig) -> Preflight:
         raise ConfigError("--optimizer paged_adamw_8bit needs a CUDA device (paged memory is CUDA unified memory)")
     if cfg.model.attn_implementation == "flash_attention_2" and device.type != "cuda":
         raise ConfigError("--attn-implementation flash_attention_2 needs a CUDA device")
+    if cfg.model.kernels == "liger":
+        from ftprof.models.kernels import check_liger
+
+        check_liger(getattr(source.config, "model_type", None), device.type)
     dtype = resolve_dtype_name(cfg.model.dtype, device)
     _check_distributed(cfg, device, dtype)
     notes: list[str] = []

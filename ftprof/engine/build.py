@@ -1,5 +1,6 @@
-"""Building a run: tokenizer and data, the model by its method, checkpointing and the data-parallel wrapper, the
-optimizer, precision, and the FLOP counts. ``build`` returns everything the loop needs in one ``Built``."""
+"""Building a run: tokenizer and data, the model by its method, precision, the checkpointing policy, the
+data-parallel wrapper, the optimizer, compiled blocks, and the FLOP counts. ``build`` returns everything the loop
+needs in one ``Built``. (Fused kernels are patched into transformers before this runs: see models/kernels.py.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import torch
 
 from ftprof import metrics
 from ftprof.data import make_batches
-from ftprof.engine import distributed
+from ftprof.engine import checkpointing, distributed
+from ftprof.engine.checkpointing import AutoChoice, SelectivePolicy
+from ftprof.engine.compile import CompileOutcome, warm_up
 from ftprof.models.materialize import materialize_sharded
 from ftprof.models.methods import LoadContext, get_strategy
 from ftprof.models.tokenizer import build_tokenizer
@@ -38,6 +41,10 @@ class Built:
     counts: metrics.ParamCounts
     flops: FlopCounts
     device_name: str
+    checkpointing: str  # the policy that runs (auto resolved)
+    auto_choice: AutoChoice | None  # what --checkpointing auto estimated and chose
+    compiled: CompileOutcome | None  # --compile's outcome
+    selective: SelectivePolicy | None  # counts what selective checkpointing caches (activations it saves)
 
 
 def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[str], None]) -> Built:
@@ -60,14 +67,26 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
         model = strategy.load(LoadContext(cfg, pre.source, pre.device, dtype, tokenizer, calibration, log,
                                           defer_init=defer))
     with memory.stage("method_setup"):
-        model = prepare_model(strategy.apply(model, cfg), pre, dist, dtype, defer)
+        model = strategy.apply(model, cfg)
+        autocast = precision(model, pre, dtype, strategy.uses_lora)
+        if hasattr(model, "config"):
+            model.config.use_cache = False
+        model.train()  # HF models start in eval mode, where gradient checkpointing silently does nothing
+        policy, auto, selective = checkpointing.resolve_policy(model, autocast, pre, cfg.train.optimizer)
+        if auto is not None:
+            log(f"--checkpointing auto: {auto.reason}")
+        model = wrap_model(model, pre, dist, dtype, defer)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = make_optimizer(params, pre)
-    autocast = precision(model, pre, dtype, strategy.uses_lora)
+    compiled = None
+    if cfg.model.compile:
+        with memory.stage("compile"):
+            first = next(make_batches(cfg.data, tokenizer, vocab, cfg.train.seed + dist.rank))  # stream untouched
+            compiled = warm_up(model, params, {k: v.to(pre.device) for k, v in first.items()}, autocast, log)
     counts = metrics.count_params(model)
     device_name = torch.cuda.get_device_name(pre.device) if pre.device.type == "cuda" else "cpu"
-    return Built(tokenizer, batches, model, params, optimizer, autocast, counts, count_flops(model, counts, pre),
-                 device_name)
+    return Built(tokenizer, batches, model, params, optimizer, autocast, counts,
+                 count_flops(model, counts, pre, policy), device_name, policy, auto, compiled, selective)
 
 
 def load_tokenizer(pre: Preflight, log: Callable[[str], None]):
@@ -100,20 +119,9 @@ def calibration_rows(pre: Preflight, tokenizer) -> list[torch.Tensor]:
     return rows[:n]
 
 
-def prepare_model(model, pre: Preflight, dist: DistInfo, dtype: torch.dtype, deferred: bool):
-    """Checkpointing, train mode, and the data-parallel wrapper, on a model whose method is applied."""
+def wrap_model(model, pre: Preflight, dist: DistInfo, dtype: torch.dtype, deferred: bool):
+    """The data-parallel wrapper (and, for a preset sharded on the meta device, each rank's own weights)."""
     cfg = pre.config
-    if cfg.model.gradient_checkpointing:
-        # Non-reentrant checkpointing needs no input-grad trick for frozen embeddings (LoRA methods).
-        # transformers 5.24 renamed the method; PEFT wrappers forward either name to the base model.
-        kwargs = {"use_reentrant": False}
-        if hasattr(model, "activation_checkpointing_enable"):
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    if hasattr(model, "config"):
-        model.config.use_cache = False
-    model.train()  # HF models start in eval mode, where gradient checkpointing silently does nothing
     if dist.enabled:
         model = distributed.wrap(model, cfg, pre.device, dtype)
     if deferred:
@@ -152,10 +160,12 @@ def precision(model, pre: Preflight, dtype: torch.dtype, uses_lora: bool) -> Cal
     return lambda: torch.autocast(device_type, dtype=dtype)
 
 
-def count_flops(model, counts: metrics.ParamCounts, pre: Preflight) -> FlopCounts:
+def count_flops(model, counts: metrics.ParamCounts, pre: Preflight, policy: str) -> FlopCounts:
+    """Model FLOPs per token, and what checkpointing recomputes: the layers' forward under full checkpointing;
+    under selective the matmuls and attention are saved, so only elementwise work (no counted FLOPs) reruns."""
     layers, attn_dim = metrics.attention_dims(pre.source.config)
     seq = pre.config.data.seq_len
     recompute = 0.0
-    if pre.config.model.gradient_checkpointing:
+    if policy == "full":
         recompute = metrics.recompute_flops_per_token(metrics.recomputed_params(model), layers, attn_dim, seq)
     return FlopCounts(metrics.flops_per_token(counts, layers, attn_dim, seq), recompute)

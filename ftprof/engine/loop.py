@@ -55,10 +55,10 @@ def train_step(cfg: RunConfig, built: Built, device: torch.device, memory: Memor
         tokens, real = tokens + n, real + r
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         measured = is_first and micro == 0
-        meter = first.forward_meter(built.model, measured)
+        meter = first.forward_meter(built.model, measured, built.selective)
         with _stage(memory, "first_forward", measured), record_function("ftprof/forward"), built.autocast(), meter:
             loss = built.model(**batch).loss
-        first.after_forward(meter)
+        first.after_forward(meter, built.selective)
         with _stage(memory, "first_backward", measured), record_function("ftprof/backward"):
             (loss / accum).backward()
         loss_sum += loss.detach()

@@ -74,6 +74,14 @@ def _throughput(res: RunResult, rec: Recorded, steps: list[dict]) -> None:
         res.flops_per_token = rec.built.flops.per_token
         res.recompute_flops_per_token = rec.built.flops.recompute_per_token
         res.peak_flops = metrics.peak_flops(rec.built.device_name) if rec.pre.device.type == "cuda" else None
+        res.checkpointing_policy = rec.built.checkpointing
+        if rec.built.auto_choice is not None:
+            res.checkpointing_auto = rec.built.auto_choice.to_dict()
+        if rec.built.compiled is not None:
+            res.compile = rec.built.compiled.to_dict()
+            res.compile_time_s = rec.built.compiled.compile_time_s
+            if rec.built.compiled.fallback:
+                res.notes.append(f"--compile fell back to eager: {rec.built.compiled.fallback}")
     figures = metrics.steady_figures(steady, res.world_size, res.flops_per_token, res.recompute_flops_per_token,
                                      res.peak_flops)
     if figures is None:

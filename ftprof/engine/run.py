@@ -33,7 +33,8 @@ def make_profiler(trainer, built, log):
     from ftprof.profiling.torch_profiler import TorchProfiler
 
     meta = {"method": cfg.method.method, "model": cfg.model.model, "dtype": cfg.model.dtype,
-            "checkpointing": cfg.model.gradient_checkpointing, "active_steps": cfg.profiling.prof_active_steps,
+            "checkpointing": built.checkpointing != "none", "checkpointing_policy": built.checkpointing,
+            "kernels": cfg.model.kernels, "compile": cfg.model.compile, "active_steps": cfg.profiling.prof_active_steps,
             "seq_len": cfg.data.seq_len, "batch_size": cfg.data.batch_size,
             "flops_per_token": built.flops.per_token, "recompute_flops_per_token": built.flops.recompute_per_token}
     return TorchProfiler(cfg.profiling, _profile_dir(trainer), trainer.device, rank=trainer.dist.rank, log=log,

@@ -105,14 +105,19 @@ class FirstStepMemory:
         self.saved_activations: int | None = None
         self.static: dict[str, int] | None = None
 
-    def forward_meter(self, model, first: bool):
+    def forward_meter(self, model, first: bool, selective=None):
         if not first or not self.measure_activations:
             return contextlib.nullcontext()
+        if selective is not None:  # selective checkpointing caches matmul outputs outside autograd's hooks
+            selective.saved_bytes, selective.counting = 0, True
         return SavedActivations(model)
 
-    def after_forward(self, meter) -> None:
+    def after_forward(self, meter, selective=None) -> None:
         if isinstance(meter, SavedActivations):
             self.saved_activations = meter.bytes
+            if selective is not None:
+                self.saved_activations += selective.saved_bytes
+                selective.counting = False
 
     def after_optimizer_step(self, model, optimizer) -> None:
         self.static = static_breakdown(model, optimizer)

@@ -25,6 +25,7 @@ from ftprof.engine.loop import run_steps
 from ftprof.engine.result import Recorded, assemble
 from ftprof.engine.trackers import FirstStepMemory, NvmlTracker, StepLog
 from ftprof.errors import ConfigError
+from ftprof.models import kernels
 from ftprof.preflight import Preflight
 from ftprof.profiling.memory import MemoryTracker
 from ftprof.profiling.noop import NullProfiler
@@ -103,6 +104,7 @@ class Trainer:
             with contextlib.ExitStack() as trackers:
                 trackers.enter_context(self.nvml)
                 trackers.enter_context(self.memory)
+                trackers.enter_context(kernels.patched(self.cfg.model.kernels, self.pre.source.config.model_type))
                 t0 = time.perf_counter()
                 self.built = build(self.pre, self.dist, self.memory, self.log)
                 self.setup_time_s = time.perf_counter() - t0

@@ -92,6 +92,11 @@ class RunResult:
     nvml: dict[str, Any] = field(default_factory=dict)  # sampler summary: per-GPU peaks/means, energy, power
     energy_per_token_j: Optional[float] = None  # NVML energy over the steady steps / their tokens (all GPUs)
     setup_time_s: Optional[float] = None
+    # fast paths: what ran (config.json says what was asked)
+    checkpointing_policy: Optional[str] = None  # none | full | selective (--checkpointing auto resolved)
+    checkpointing_auto: dict[str, Any] = field(default_factory=dict)  # auto's estimates, budget and reason
+    compile: dict[str, Any] = field(default_factory=dict)  # --compile: blocks, compiled, fallback
+    compile_time_s: Optional[float] = None  # the compile warm-up (first forward + backward), apart from step times
     # distributed runs: per-rank figures and how far the slowest/largest rank is from the fastest/smallest
     per_rank: dict[str, Any] = field(default_factory=dict)
     step_time_skew: Optional[float] = None  # max/min - 1 of the ranks' median step times

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU runs behind BENCHMARKS.md's fast-paths table, on one H200, from the repository root:
+#   benchmarks/fast_paths_session.sh tests OUT    # GPU tests: every fast path against eager (loss, gradients)
+#   benchmarks/fast_paths_session.sh sweep OUT    # examples/fast-paths.yaml (resumes), then the HF + Liger baseline
+# Each phase keeps to BUDGET_S seconds (a device call's limit) and always ends by packing its results into
+# OUT/PHASE.tgz (no traces).
+set -u
+phase=${1:?phase: tests or sweep}
+out=${2:?output folder}
+budget=${BUDGET_S:-550}
+t0=$(date +%s)
+left() { echo $(( budget - ($(date +%s) - t0) )); }
+mkdir -p runs "$out"
+if [ "$(df -k --output=avail /dev/shm 2>/dev/null | tail -1)" -gt 60000000 ] 2>/dev/null; then
+  export TMPDIR=/dev/shm FTPROF_CACHE_DIR=${FTPROF_CACHE_DIR:-/dev/shm/ftprof-cache}
+fi
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c 'import torch, transformers, peft, bitsandbytes, liger_kernel, importlib.metadata as m; print(torch.__version__, transformers.__version__, peft.__version__, bitsandbytes.__version__, "liger", m.version("liger-kernel"))'
+} > runs/machine.txt 2>&1
+case $phase in
+  tests)
+    timeout $(( $(left) - 20 )) python3 -m pytest -m gpu -q -p no:cacheprovider ${TESTS:-tests/gpu/test_gpu_fast_paths.py} \
+      > runs/pytest-gpu-fast.log 2>&1 ;;
+  sweep)
+    timeout -s INT $(( $(left) - ${BASELINE_S:-0} - 15 )) python3 -m ftprof bench examples/fast-paths.yaml \
+      --output-dir runs/fast-paths > runs/bench-fast-paths.log 2>&1
+    if [ "${BASELINE_S:-0}" -gt 0 ] && [ "$(left)" -gt 60 ]; then
+      timeout $(( $(left) - 15 )) python3 benchmarks/hf_baseline.py --method qlora --model llama-8b --batch-size 4 \
+        --seq-len 2048 --max-steps 12 --warmup-steps 4 --gradient-checkpointing --liger \
+        > runs/hf_baseline_qlora_liger.out 2> runs/hf_baseline_qlora_liger.err
+    fi
+    python3 -m ftprof report runs/fast-paths > runs/report-fast-paths.log 2>&1 ;;
+  *) echo "unknown phase '$phase' (tests or sweep)" >&2; exit 2 ;;
+esac
+tar czf "$out/$phase.tgz" --exclude='*.pt.trace.json.gz' --exclude='*.pickle' runs
+echo "phase $phase done in $(( $(date +%s) - t0 )) s"

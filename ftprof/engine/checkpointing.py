@@ -1,0 +1,201 @@
+"""Activation checkpointing policies (``--checkpointing none|full|selective|auto``).
+
+- ``full``: each decoder layer's forward runs again in backward (torch's non-reentrant checkpoint per layer).
+- ``selective``: per layer too, but the outputs of matmuls and attention are saved during the forward (torch's
+  selective activation checkpointing, op by op, as torchtitan does); only the cheap ops between them (norms,
+  activations, rotary, residual adds) are recomputed.
+- ``auto``: the fastest of none > selective > full whose estimated peak fits the memory this process can have,
+  with a margin. The estimate is the memory model the run records: exact static parts (weights, gradients,
+  optimizer state) plus activations per token measured for each policy on a short probe sequence (what autograd
+  saves, and what selective checkpointing caches), plus the loss backward's logits gradients.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from ftprof import metrics
+from ftprof.profiling.memory import SavedActivations
+
+SPEED_ORDER = ("none", "selective", "full")  # fastest first: less recomputation
+PROBE_TOKENS = 256  # activations scale linearly with tokens under SDPA/flash attention: a short probe suffices
+MARGIN_FRACTION, MARGIN_MIN = 0.08, 1 << 30  # headroom for fragmentation and kernels' workspaces
+
+
+def _saved_ops() -> set:
+    aten = torch.ops.aten
+    ops = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+    for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                 "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"):
+        if hasattr(aten, name):
+            ops.add(getattr(aten, name).default)
+    return ops
+
+
+class SelectivePolicy:
+    """Save matmul and attention outputs, recompute the rest. Counts what it saves (bytes) while ``counting``."""
+
+    def __init__(self, lora_rank: int = 0):
+        self.saved_ops = _saved_ops()
+        self.lora_rank = lora_rank  # matmuls with this inner dimension are LoRA's B: recomputed (see _low_rank)
+        self.counting = False
+        self.saved_bytes = 0
+
+    def __call__(self, ctx, op, *args, **kwargs):
+        from torch.utils.checkpoint import CheckpointPolicy
+
+        if op in self.saved_ops and not _low_rank(op, args, self.lora_rank):
+            if self.counting and not ctx.is_recompute:
+                self.saved_bytes += _output_bytes(op, args)
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    def context_fn(self):
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        return create_selective_checkpoint_contexts(self)
+
+
+def _low_rank(op, args, rank: int) -> bool:
+    """A matmul with a small inner dimension (LoRA's B: rank r in, a full projection out) costs little to redo and
+    its output is as large as the projection's: recompute it rather than save a second projection-sized tensor."""
+    if "attention" in op.__name__:
+        return False
+    return rank > 0 and args[-2].shape[-1] == rank
+
+
+def _output_bytes(op, args) -> int:
+    """Size of a saved op's output from its inputs: (m, k) @ (k, n) -> m n; attention -> the query's shape with
+    the value's head size (plus a float logsumexp per query and head)."""
+    a, b = args[-2], args[-1]
+    if "attention" in op.__name__:
+        q, v = args[0], args[2]
+        out = q.numel() // q.shape[-1] * v.shape[-1]
+        return out * q.element_size() + (q.numel() // q.shape[-1]) * 4
+    rows = a.numel() // a.shape[-1]
+    return rows * b.shape[-1] * a.element_size()
+
+
+def apply_policy(model, policy: str, selective: SelectivePolicy | None = None) -> None:
+    """Set ``model``'s checkpointing to ``policy`` (none, full or selective), on HF models and PEFT wrappers."""
+    enabled = getattr(model, "is_activation_checkpointing", None) or getattr(model, "is_gradient_checkpointing",
+                                                                            False)
+    if policy == "none":
+        if enabled:
+            disable = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
+            disable()
+        return
+    # Non-reentrant checkpointing needs no input-grad trick for frozen embeddings (LoRA methods).
+    kwargs: dict = {"use_reentrant": False}
+    if policy == "selective":
+        kwargs["context_fn"] = (selective or SelectivePolicy()).context_fn
+        if "respect_saved_tensors_hooks" in inspect.signature(torch.utils.checkpoint.checkpoint).parameters:
+            # torch >= 2.14 asks: SAC's cache stays out of saved-tensor hooks (SelectivePolicy counts it instead)
+            kwargs["respect_saved_tensors_hooks"] = False
+    # transformers 5.24 renamed the method; PEFT wrappers forward either name to the base model.
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+@dataclass
+class AutoChoice:
+    """What ``auto`` chose and why (recorded in result.json as ``checkpointing_auto``)."""
+
+    policy: str
+    reason: str
+    estimated_peak: dict[str, int] = field(default_factory=dict)  # bytes, per policy
+    activations_per_token: dict[str, float] = field(default_factory=dict)
+    static_bytes: int = 0
+    available_bytes: int = 0
+    margin_bytes: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def choose(estimated_peak: dict[str, int], available: int) -> tuple[str, int, str]:
+    """(policy, margin, reason): the fastest policy whose estimate fits ``available`` less the margin; full when
+    none fits (the least memory there is: the run may still fail, and the reason says so)."""
+    margin = max(int(MARGIN_FRACTION * available), MARGIN_MIN)
+    budget = available - margin
+    for policy in SPEED_ORDER:
+        if estimated_peak[policy] <= budget:
+            gib = metrics.GIB
+            return policy, margin, (f"{policy}: estimated peak {estimated_peak[policy] / gib:.1f} GiB fits "
+                                    f"{budget / gib:.1f} GiB ({available / gib:.1f} GiB available less a "
+                                    f"{margin / gib:.1f} GiB margin)"
+                                    + ("" if policy == "none" else "; faster policies did not"))
+    return "full", margin, (f"full: no policy's estimate fits {budget / metrics.GIB:.1f} GiB; full needs the "
+                            "least memory")
+
+
+def static_bytes(model, optimizer_name: str) -> int:
+    """Weights (as stored), gradients and optimizer state of a model about to train: exact weights, gradients of
+    the trainable parameters in their dtype, AdamW's two moments (one byte each for 8-bit paged AdamW)."""
+    weights = sum(t.numel() * t.element_size() for t in {id(p): p for p in model.parameters()}.values())
+    weights += sum(b.numel() * b.element_size() for b in model.buffers())
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    grads = sum(p.numel() * p.element_size() for p in trainable)
+    state_bytes = 2 if optimizer_name == "paged_adamw_8bit" else None
+    state = sum(p.numel() * (state_bytes or 2 * p.element_size()) for p in trainable)
+    return weights + grads + state
+
+
+def measure_activations(model, autocast, vocab: int, device: torch.device, tokens: int,
+                        lora_rank: int = 0) -> dict[str, float]:
+    """Bytes per token each policy keeps for backward, measured on one probe sequence (no backward is run)."""
+    ids = torch.randint(0, vocab, (1, tokens), device=device)
+    per_token: dict[str, float] = {}
+    for policy in SPEED_ORDER:
+        selective = SelectivePolicy(lora_rank)
+        apply_policy(model, policy, selective)
+        selective.counting = True
+        with SavedActivations(model) as meter, autocast():
+            loss = model(input_ids=ids, labels=ids).loss
+        per_token[policy] = (meter.bytes + selective.saved_bytes) / tokens
+        del loss  # frees the graph and the selective cache
+    return per_token
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes this process can use for training now: free device memory plus what torch already holds (CUDA), or
+    available host memory (CPU)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device)
+    import psutil
+
+    return psutil.virtual_memory().available + psutil.Process().memory_info().rss
+
+
+def choose_auto(model, autocast, pre, optimizer_name: str) -> AutoChoice:
+    cfg = pre.config
+    tokens_per_micro = cfg.data.batch_size * cfg.data.seq_len
+    vocab = pre.source.config.vocab_size
+    probe = min(PROBE_TOKENS, cfg.data.seq_len)
+    per_token = measure_activations(model, autocast, vocab, pre.device, probe, cfg.method.lora_r or 0)
+    static = static_bytes(model, optimizer_name)
+    logits = metrics.logits_gradient_bytes(tokens_per_micro, vocab)
+    estimates = {p: int(static + per_token[p] * tokens_per_micro + logits) for p in SPEED_ORDER}
+    available = available_memory(pre.device)
+    policy, margin, reason = choose(estimates, available)
+    return AutoChoice(policy, reason, estimates, per_token, static, available, margin)
+
+
+def resolve_policy(model, autocast, pre, optimizer_name: str) -> tuple[str, AutoChoice | None,
+                                                                       SelectivePolicy | None]:
+    """Apply the configured policy (choosing it first under auto). Returns (policy, the auto choice or None, the
+    selective policy object, whose counter sizes what selective checkpointing caches, or None)."""
+    policy = pre.config.model.checkpointing
+    choice = None
+    if policy == "auto":
+        choice = choose_auto(model, autocast, pre, optimizer_name)
+        policy = choice.policy
+    selective = SelectivePolicy(pre.config.method.lora_r or 0) if policy == "selective" else None
+    apply_policy(model, policy, selective)
+    return policy, choice, selective
