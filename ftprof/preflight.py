@@ -22,6 +22,8 @@ class Preflight:
     dtype: str  # resolved dtype name
     config: RunConfig  # with method defaults and dtype filled in
     notes: list[str] = field(default_factory=list)  # adjustments the user should hear about
+    tokenizer: object = None  # loaded here for real data (None for synthetic runs: the trainer picks one)
+    data: object = None  # ftprof.data.PreparedData for real data: tokenized, checked, with its stats
 
 
 def _need_package(module: str, method: str, extra: str) -> None:
@@ -68,7 +70,19 @@ def preflight(cfg: RunConfig) -> Preflight:
         train = dataclasses.replace(train, max_steps=prof.total_steps)
     resolved = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype), train=train,
                                    method=cfg.method.resolved(dtype, preset=source.kind == "preset"))
-    return Preflight(source, device, dtype, resolved, notes)
+    tokenizer, data = _prepare_data(cfg, source)
+    return Preflight(source, device, dtype, resolved, notes, tokenizer, data)
+
+
+def _prepare_data(cfg: RunConfig, source: ModelSource):
+    """Real data is loaded, checked and tokenized here, so bad data is one line before the model loads."""
+    if cfg.data.dataset == "synthetic":
+        return None, None
+    from ftprof.data import prepare_dataset
+    from ftprof.models.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(source, synthetic=False)
+    return tokenizer, prepare_dataset(cfg.data, tokenizer, cfg.model.model, progress=not cfg.output.quiet)
 
 
 def _check_distributed(cfg: RunConfig, device, dtype: str) -> None:

@@ -92,6 +92,9 @@ class RunResult:
     nvml: dict[str, Any] = field(default_factory=dict)  # sampler summary: per-GPU peaks/means, energy, power
     energy_per_token_j: Optional[float] = None  # NVML energy over the steady steps / their tokens (all GPUs)
     setup_time_s: Optional[float] = None
+    # real data (empty for synthetic): dataset, split, format, fingerprint, rows, mean/max_seq_len,
+    # padding_fraction, label_fraction, tokenize_s (ftprof.data.prepare)
+    data: dict[str, Any] = field(default_factory=dict)
     # distributed runs: per-rank figures and how far the slowest/largest rank is from the fastest/smallest
     per_rank: dict[str, Any] = field(default_factory=dict)
     step_time_skew: Optional[float] = None  # max/min - 1 of the ranks' median step times
