@@ -105,7 +105,7 @@ def load_rows(data: DataConfig):
         raise ConfigError(f"--dataset: cannot reach hub dataset '{data.dataset}' and it is not in the local "
                           f"datasets cache ({_first_line(exc)})") from None
     except (ValueError, KeyError) as exc:  # a bad split name or slice, a bad config name
-        raise ConfigError(f"--dataset: '{data.dataset}': {_first_line(exc)}") from None
+        raise ConfigError(f"--dataset: '{data.dataset}' split '{data.dataset_split}': {_first_line(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - unknown dataset, unreadable file, parse error: all user input
         raise ConfigError(f"--dataset: cannot load '{data.dataset}': {_first_line(exc)}") from None
     if rows._indices is not None:  # a selected or shuffled view: make the Arrow table match the rows
