@@ -27,6 +27,7 @@ DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up
 # Aliases accepted for memory logging: the names users of the earlier benchmark scripts know.
 MEMORY_LOGGING_ALIASES = {"nvidia": "nvml", "huggingface": "torch"}
 MEMORY_LOGGING = ("none", "torch", "nvml", "all")
+TRACKERS = ("tensorboard", "wandb", "mlflow")
 
 
 def option(default: Any = None, help: str = "", *, choices: tuple | None = None, metavar: str | None = None,
@@ -245,8 +246,13 @@ class OutputConfig:
     alloc_conf: Optional[str] = option(None, "PYTORCH_ALLOC_CONF for the run (default: the environment's, else "
                                        "expandable_segments:True); recorded in env.json")
     quiet: bool = option(False, "no progress bar or summary table")
+    report_to: Optional[tuple[str, ...]] = option(
+        None, "experiment trackers that receive per-step figures, the final result and the config (main rank "
+        "only), as the HF Trainer spells them: comma-separated tensorboard, wandb, mlflow, or all, or none "
+        "(default none)", metavar="NAMES")
 
     def __post_init__(self) -> None:
+        self.report_to = normalize_report_to(self.report_to)
         self.memory_logging = MEMORY_LOGGING_ALIASES.get(self.memory_logging, self.memory_logging)
         _one_of("--memory-logging", self.memory_logging, MEMORY_LOGGING)
         dev = self.device
@@ -255,6 +261,20 @@ class OutputConfig:
         if self.run_name is not None:
             _require(bool(self.run_name) and "/" not in self.run_name and self.run_name not in (".", ".."),
                      f"--run-name: '{self.run_name}' is not a plain directory name")
+
+
+def normalize_report_to(value) -> tuple[str, ...] | None:
+    """'tensorboard,mlflow' / a list / 'all' / 'none' -> a tuple of tracker names, or None for no tracker."""
+    if value is None:
+        return None
+    names = [n.strip() for n in (value.split(",") if isinstance(value, str) else value) if str(n).strip()]
+    if names in (["none"], []):
+        return None
+    if names == ["all"]:
+        return TRACKERS
+    for name in names:
+        _one_of("--report-to", name, TRACKERS)
+    return tuple(dict.fromkeys(names))
 
 
 PARALLEL = ("fsdp", "ddp")

@@ -13,6 +13,7 @@ from ftprof.config import RunConfig
 from ftprof.data import check_dataset
 from ftprof.errors import ConfigError
 from ftprof.models.source import ModelSource, resolve_model_source
+from ftprof.trackers import check_trackers
 
 
 @dataclass
@@ -41,6 +42,7 @@ def preflight(cfg: RunConfig) -> Preflight:
         _need_package("gptqmodel", method, "gptq")
     if cfg.train.optimizer == "paged_adamw_8bit":
         _need_package("bitsandbytes", "paged_adamw_8bit", "all")
+    check_trackers(cfg.output.report_to)
 
     source = resolve_model_source(cfg.model.model)
     if source.max_positions is not None and cfg.data.seq_len > source.max_positions:
