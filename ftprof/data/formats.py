@@ -31,6 +31,14 @@ def _missing_column(option: str, name: str, columns: list[str], dataset: str) ->
                        f"{did_you_mean(name, columns)}")
 
 
+def _no_format_columns(data: DataConfig, columns: list[str]) -> ConfigError:
+    wanted = {data.messages_field: "chat", data.response_field: "instruction", data.text_field: "text"}
+    hint = next((h for h in (_did_you_mean(name, columns) for name in wanted) if h), "")
+    looked = ", ".join(f"'{name}' ({fmt})" for name, fmt in wanted.items())
+    return ConfigError(f"--dataset: '{data.dataset}' has none of the columns --data-format auto looks for: {looked} "
+                       f"(columns: {', '.join(columns)}){hint}; see --messages-field, --response-field, --text-field")
+
+
 def resolve_format(data: DataConfig, columns: list[str]) -> str:
     """text | instruction | chat, from --data-format (auto: by the columns present); its columns must exist."""
     fmt = data.data_format
@@ -39,8 +47,10 @@ def resolve_format(data: DataConfig, columns: list[str]) -> str:
             fmt = "chat"
         elif data.response_field in columns:
             fmt = "instruction"
-        else:
+        elif data.text_field in columns:
             fmt = "text"
+        else:
+            raise _no_format_columns(data, columns)
     if fmt == "chat" and data.messages_field not in columns:
         raise _missing_column("--messages-field", data.messages_field, columns, data.dataset)
     if fmt == "text" and data.text_field not in columns:

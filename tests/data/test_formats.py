@@ -21,10 +21,13 @@ def test_auto_format_follows_the_columns():
 
 
 @pytest.mark.parametrize("options, columns, fragment", [
-    ({}, ["txt", "id"], r"--text-field: dataset 'x.jsonl' has no column 'text' \(columns: txt, id\) "
-                        r"\(did you mean 'txt'\?\)"),
+    ({"data_format": "text"}, ["txt", "id"], r"--text-field: dataset 'x.jsonl' has no column 'text' "
+                                              r"\(columns: txt, id\) \(did you mean 'txt'\?\)"),
+    ({}, ["txt", "id"], r"none of the columns --data-format auto looks for: 'messages' \(chat\), 'output' "
+                        r"\(instruction\), 'text' \(text\) \(columns: txt, id\) \(did you mean 'txt'\?\)"),
+    ({"messages_field": "message"}, ["messages"], "auto looks for: 'message' .*did you mean 'messages'"),
     ({"data_format": "chat"}, ["message"], "no column 'messages' .*did you mean 'message'"),
-    ({"response_field": "answer"}, ["question", "answers"], "--text-field: .*no column 'text'"),
+    ({"response_field": "answer"}, ["question", "answers"], "auto looks for.*did you mean 'answers'"),
     ({"data_format": "instruction", "response_field": "answer"}, ["question", "answers"],
      "--response-field: .*no column 'answer' .*did you mean 'answers'"),
     ({"prompt_template": "Q: {questoin}\nA: "}, ["question", "output"],
