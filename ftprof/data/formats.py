@@ -33,7 +33,7 @@ def _missing_column(option: str, name: str, columns: list[str], dataset: str) ->
 
 def _no_format_columns(data: DataConfig, columns: list[str]) -> ConfigError:
     wanted = {data.messages_field: "chat", data.response_field: "instruction", data.text_field: "text"}
-    hint = next((h for h in (_did_you_mean(name, columns) for name in wanted) if h), "")
+    hint = next((h for h in (did_you_mean(name, columns) for name in wanted) if h), "")
     looked = ", ".join(f"'{name}' ({fmt})" for name, fmt in wanted.items())
     return ConfigError(f"--dataset: '{data.dataset}' has none of the columns --data-format auto looks for: {looked} "
                        f"(columns: {', '.join(columns)}){hint}; see --messages-field, --response-field, --text-field")

@@ -53,8 +53,14 @@ RESULT_SKIP = {"schema_version", "world_size", "seq_len", "batch_size", "grad_ac
 
 def result_metrics(result) -> dict[str, float]:
     """The result's numeric figures (MFU, throughput, peaks, energy, step-time statistics, dataset stats), flat."""
+    flat: dict[str, Any] = {}
+    for key, value in result.to_dict().items():  # nested dicts one level down: memory_stages.x -> memory_stages_x
+        if isinstance(value, dict):
+            flat.update({f"{key}_{sub}": v for sub, v in value.items()})
+        else:
+            flat[key] = value
     out = {}
-    for key, value in result.to_flat().items():
+    for key, value in flat.items():
         if key in RESULT_SKIP or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         if isinstance(value, float) and not math.isfinite(value):
