@@ -83,6 +83,9 @@ def _prepare_data(cfg: RunConfig, source: ModelSource):
     from ftprof.data import prepare_dataset
     from ftprof.models.tokenizer import load_tokenizer
 
+    if importlib.util.find_spec("datasets") is None:
+        raise ConfigError("--dataset: real data is read through the 'datasets' package: pip install 'ftprof[data]'")
+
     tokenizer = load_tokenizer(source, synthetic=False)
     return tokenizer, prepare_dataset(cfg.data, tokenizer, cfg.model.model, progress=not cfg.output.quiet)
 
