@@ -29,6 +29,7 @@ MEMORY_LOGGING_ALIASES = {"nvidia": "nvml", "huggingface": "torch"}
 MEMORY_LOGGING = ("none", "torch", "nvml", "all")
 CHECKPOINTING = ("none", "full", "selective", "auto")
 KERNELS = ("eager", "liger")
+TRACKERS = ("tensorboard", "wandb", "mlflow")
 
 
 def option(default: Any = None, help: str = "", *, choices: tuple | None = None, metavar: str | None = None,
@@ -87,11 +88,32 @@ class ModelConfig:
         self.gradient_checkpointing = None if self.checkpointing == "auto" else self.checkpointing != "none"
 
 
+DATA_FORMATS = ("auto", "text", "instruction", "chat")
+TRAIN_ON = ("completion", "prompt")
+
+
 @dataclass
 class DataConfig:
-    dataset: str = option("synthetic", "'synthetic' (learnable token stream), a .txt file, or a .jsonl file",
-                          metavar="synthetic|FILE")
-    text_field: str = option("text", "field holding the text in each .jsonl record")
+    dataset: str = option("synthetic", "'synthetic' (learnable token stream), a data file (.txt, .json, .jsonl, .csv, "
+                          ".parquet), a folder written by datasets' save_to_disk, or a hub dataset name",
+                          metavar="synthetic|FILE|DIR|NAME")
+    dataset_config: Optional[str] = option(None, "configuration (subset) of a hub dataset", metavar="NAME")
+    dataset_split: str = option("train", "split to train on; datasets' slicing works too, e.g. 'train[:1000]'")
+    data_format: str = option("auto", "how rows become tokens: text (one text column), instruction (prompt "
+                              "template + response column), chat (a messages column rendered with the tokenizer's "
+                              "chat template); auto picks chat if the messages column exists, else instruction if "
+                              "the response column exists, else text", choices=DATA_FORMATS)
+    text_field: str = option("text", "text format: the column holding the text")
+    prompt_template: Optional[str] = option(None, "instruction format: the prompt, with {column} placeholders "
+                                            "(default: the Alpaca template over 'instruction' and, where present, "
+                                            "'input')", metavar="TEMPLATE")
+    response_field: str = option("output", "instruction format: the column holding the response")
+    messages_field: str = option("messages", "chat format: the column holding the list of {role, content} turns")
+    train_on: str = option("completion", "instruction and chat formats: completion = loss only on the response "
+                           "(the assistant turns); prompt = loss on the prompt too (every token of the sequence)",
+                           choices=TRAIN_ON)
+    dataset_num_proc: Optional[int] = option(None, "processes that tokenize the dataset (default: up to 8 of the "
+                                             "machine's cores for 10,000 rows or more, else 1)")
     seq_len: int = option(128, "tokens per sequence")
     batch_size: int = option(2, "sequences per micro-batch (per device)")
     packing: bool = option(False, "concatenate documents into full sequences instead of padding each one")
@@ -100,6 +122,29 @@ class DataConfig:
         _require(self.seq_len >= 2, f"--seq-len must be at least 2, got {self.seq_len}")
         _require(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
         _require(bool(self.dataset), "--dataset must not be empty")
+        _require(bool(self.dataset_split), "--dataset-split must not be empty")
+        _one_of("--data-format", self.data_format, DATA_FORMATS)
+        _one_of("--train-on", self.train_on, TRAIN_ON)
+        if self.dataset_num_proc is not None:
+            _require(self.dataset_num_proc >= 1, f"--dataset-num-proc must be at least 1, got {self.dataset_num_proc}")
+        if self.prompt_template is not None:
+            _require(bool(template_fields(self.prompt_template)),
+                     "--prompt-template needs at least one {column} placeholder")
+        for name in ("text_field", "response_field", "messages_field"):
+            _require(bool(getattr(self, name)), f"--{name.replace('_', '-')} must not be empty")
+
+
+def template_fields(template: str) -> list[str]:
+    """The {column} placeholders of a prompt template; one line naming the problem if it does not parse."""
+    import string
+
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:
+        raise ConfigError(f"--prompt-template: {exc}") from None
+    _require(all(n.isidentifier() for n in names), f"--prompt-template: placeholders must be column names, got "
+             f"{[n for n in names if not n.isidentifier()]}")
+    return names
 
 
 @dataclass
@@ -226,8 +271,13 @@ class OutputConfig:
     alloc_conf: Optional[str] = option(None, "PYTORCH_ALLOC_CONF for the run (default: the environment's, else "
                                        "expandable_segments:True); recorded in env.json")
     quiet: bool = option(False, "no progress bar or summary table")
+    report_to: Optional[tuple[str, ...]] = option(
+        None, "experiment trackers that receive per-step figures, the final result and the config (main rank "
+        "only), as the HF Trainer spells them: comma-separated tensorboard, wandb, mlflow, or all, or none "
+        "(default none)", metavar="NAMES")
 
     def __post_init__(self) -> None:
+        self.report_to = normalize_report_to(self.report_to)
         self.memory_logging = MEMORY_LOGGING_ALIASES.get(self.memory_logging, self.memory_logging)
         _one_of("--memory-logging", self.memory_logging, MEMORY_LOGGING)
         dev = self.device
@@ -236,6 +286,20 @@ class OutputConfig:
         if self.run_name is not None:
             _require(bool(self.run_name) and "/" not in self.run_name and self.run_name not in (".", ".."),
                      f"--run-name: '{self.run_name}' is not a plain directory name")
+
+
+def normalize_report_to(value) -> tuple[str, ...] | None:
+    """'tensorboard,mlflow' / a list / 'all' / 'none' -> a tuple of tracker names, or None for no tracker."""
+    if value is None:
+        return None
+    names = [n.strip() for n in (value.split(",") if isinstance(value, str) else value) if str(n).strip()]
+    if names in (["none"], []):
+        return None
+    if names == ["all"]:
+        return TRACKERS
+    for name in names:
+        _one_of("--report-to", name, TRACKERS)
+    return tuple(dict.fromkeys(names))
 
 
 PARALLEL = ("fsdp", "ddp")

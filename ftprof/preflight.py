@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from ftprof.config import RunConfig
 from ftprof.data import check_dataset
 from ftprof.errors import ConfigError
+from ftprof.exporters import check_exporters
 from ftprof.models.source import ModelSource, resolve_model_source
 
 
@@ -22,6 +23,8 @@ class Preflight:
     dtype: str  # resolved dtype name
     config: RunConfig  # with method defaults and dtype filled in
     notes: list[str] = field(default_factory=list)  # adjustments the user should hear about
+    tokenizer: object = None  # loaded here for real data (None for synthetic runs: the trainer picks one)
+    data: object = None  # ftprof.data.PreparedData for real data: tokenized, checked, with its stats
 
 
 def _need_package(module: str, method: str, extra: str) -> None:
@@ -39,6 +42,7 @@ def preflight(cfg: RunConfig) -> Preflight:
         _need_package("gptqmodel", method, "gptq")
     if cfg.train.optimizer == "paged_adamw_8bit":
         _need_package("bitsandbytes", "paged_adamw_8bit", "all")
+    check_exporters(cfg.output.report_to)
 
     source = resolve_model_source(cfg.model.model)
     if source.max_positions is not None and cfg.data.seq_len > source.max_positions:
@@ -72,7 +76,22 @@ def preflight(cfg: RunConfig) -> Preflight:
         train = dataclasses.replace(train, max_steps=prof.total_steps)
     resolved = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype), train=train,
                                    method=cfg.method.resolved(dtype, preset=source.kind == "preset"))
-    return Preflight(source, device, dtype, resolved, notes)
+    tokenizer, data = _prepare_data(cfg, source)
+    return Preflight(source, device, dtype, resolved, notes, tokenizer, data)
+
+
+def _prepare_data(cfg: RunConfig, source: ModelSource):
+    """Real data is loaded, checked and tokenized here, so bad data is one line before the model loads."""
+    if cfg.data.dataset == "synthetic":
+        return None, None
+    from ftprof.data import prepare_dataset
+    from ftprof.models.tokenizer import load_tokenizer
+
+    if importlib.util.find_spec("datasets") is None:
+        raise ConfigError("--dataset: real data is read through the 'datasets' package: pip install 'ftprof[data]'")
+
+    tokenizer = load_tokenizer(source, synthetic=False)
+    return tokenizer, prepare_dataset(cfg.data, tokenizer, cfg.model.model, progress=not cfg.output.quiet)
 
 
 def _check_distributed(cfg: RunConfig, device, dtype: str) -> None:

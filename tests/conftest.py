@@ -8,8 +8,9 @@ from ftprof.config import RunConfig
 
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cache(tmp_path_factory):
-    """GPTQ checkpoints quantized by tests go to a session temp dir, not the user's cache."""
+    """GPTQ checkpoints quantized by tests, and datasets' caches, go to a session temp dir, not the user's cache."""
     os.environ["FTPROF_CACHE_DIR"] = str(tmp_path_factory.mktemp("ftprof-cache"))
+    os.environ["HF_DATASETS_CACHE"] = str(tmp_path_factory.mktemp("hf-datasets"))  # read when datasets is imported
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
     yield
 

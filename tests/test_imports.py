@@ -9,6 +9,7 @@ import ftprof
 
 PACKAGE = Path(ftprof.__file__).parent
 CORE = ("config", "models", "engine", "profiling", "results", "metrics", "ranks", "runtime", "data", "preflight",
+        "exporters",
         "errors")
 FORBIDDEN = {
     **{core: ("cli",) for core in CORE},

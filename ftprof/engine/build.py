@@ -17,7 +17,7 @@ from ftprof.engine.checkpointing import AutoChoice, SelectivePolicy
 from ftprof.engine.compile import CompileOutcome, warm_up
 from ftprof.models.materialize import materialize_sharded
 from ftprof.models.methods import LoadContext, get_strategy
-from ftprof.models.tokenizer import build_tokenizer
+from ftprof.models.tokenizer import load_tokenizer as tokenizer_for
 from ftprof.preflight import Preflight
 from ftprof.profiling.memory import MemoryTracker
 from ftprof.ranks import DistInfo
@@ -52,10 +52,11 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
     dtype = torch_dtype(pre.dtype)
     strategy = get_strategy(cfg.method.method)
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank
-    tokenizer = load_tokenizer(pre, log)
+    # Real data: the tokenizer and the tokenized rows come from preflight (ftprof.data.prepare).
+    tokenizer = pre.tokenizer if pre.tokenizer is not None else load_tokenizer(pre, log)
     vocab = pre.source.config.vocab_size
     # Each rank reads a different stream of batches (data parallelism).
-    batches = make_batches(cfg.data, tokenizer, vocab, cfg.train.seed + dist.rank)
+    batches = make_batches(cfg.data, tokenizer, vocab, cfg.train.seed + dist.rank, prepared=pre.data)
 
     def calibration() -> list[torch.Tensor]:
         return calibration_rows(pre, tokenizer)
@@ -90,27 +91,14 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
 
 
 def load_tokenizer(pre: Preflight, log: Callable[[str], None]):
-    if pre.source.kind == "preset":
-        return build_tokenizer()
-    from transformers import AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(pre.source.name)
-    except Exception:  # noqa: BLE001 - a checkpoint without a tokenizer still trains on synthetic data
-        if pre.config.data.dataset != "synthetic":
-            raise
-        log("no tokenizer beside the model; using ftprof's built-in tokenizer for synthetic data")
-        return build_tokenizer()
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    return tok
+    return tokenizer_for(pre.source, synthetic=pre.config.data.dataset == "synthetic", log=log)
 
 
 def calibration_rows(pre: Preflight, tokenizer) -> list[torch.Tensor]:
     """GPTQ calibration sequences, from the run's own data stream (a fresh iterator, same seed)."""
     cfg = pre.config
     n = cfg.method.gptq_calibration_samples
-    stream = make_batches(cfg.data, tokenizer, pre.source.config.vocab_size, cfg.train.seed)
+    stream = make_batches(cfg.data, tokenizer, pre.source.config.vocab_size, cfg.train.seed, prepared=pre.data)
     rows: list[torch.Tensor] = []
     while len(rows) < n:
         batch = next(stream)

@@ -41,6 +41,7 @@ def assemble(rec: Recorded, status: Status, exc: BaseException | None = None) ->
                     started_at=rec.started_at, finished_at=rec.finished_at, steps_completed=len(rec.steps.steps),
                     seq_len=cfg.data.seq_len, batch_size=cfg.data.batch_size, grad_accum=cfg.train.grad_accum,
                     setup_time_s=rec.setup_time_s)
+    res.data = dict(rec.pre.data.stats) if rec.pre.data is not None else {}  # real data's stats (ftprof.data)
     steps = rec.steps.dicts()
     _throughput(res, rec, steps)
     _memory(res, rec, steps)

@@ -106,6 +106,7 @@ def train(cfg: RunConfig, *, quiet: bool | None = None, make_profiler_fn=None) -
         return _launch_and_collect(cfg, quiet)
     from ftprof.console import RunDisplay
     from ftprof.engine.trainer import Trainer
+    from ftprof.exporters import Exporters
     from ftprof.preflight import preflight
 
     if ranks.under_torchrun():
@@ -120,9 +121,21 @@ def train(cfg: RunConfig, *, quiet: bool | None = None, make_profiler_fn=None) -
     for note in pre.notes:
         display.log(note)
     factory = make_profiler_fn or (lambda trainer, built: make_profiler(trainer, built, display.log))
-    trainer = Trainer(pre, log=display.log, on_start=display.start, on_step=display.on_step, make_profiler=factory)
+    # --report-to exporters, main rank only: opened once the run is built, each step after the display, the result
+    # at the end.
+    exporters = Exporters(pre.config.output.report_to, enabled=ranks.env_info().is_main)
+
+    def on_start(trainer) -> None:
+        exporters.start(pre.config.to_dict(), trainer.run_dir, Path(pre.config.output.output_dir).expanduser())
+        display.start(trainer)
+
+    trainer = Trainer(pre, log=display.log, on_start=on_start, on_step=exporters.chain(display.on_step),
+                      make_profiler=factory)
     try:
         result = trainer.run()
+    except BaseException:
+        exporters.close()
+        raise
     finally:
         display.stop()
     if result.status == Status.OOM_DEVICE.value:
@@ -131,5 +144,6 @@ def train(cfg: RunConfig, *, quiet: bool | None = None, make_profiler_fn=None) -
         _summarize(trainer, result, display)
     trainer.teardown(result)
     trainer.release()
+    exporters.finish(result)
     display.summary(result)
     return result

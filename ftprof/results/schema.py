@@ -97,6 +97,9 @@ class RunResult:
     checkpointing_auto: dict[str, Any] = field(default_factory=dict)  # auto's estimates, budget and reason
     compile: dict[str, Any] = field(default_factory=dict)  # --compile: blocks, compiled, fallback
     compile_time_s: Optional[float] = None  # the compile warm-up (first forward + backward), apart from step times
+    # real data (empty for synthetic): dataset, split, format, fingerprint, rows, mean/max_seq_len,
+    # padding_fraction, label_fraction, tokenize_s (ftprof.data.prepare)
+    data: dict[str, Any] = field(default_factory=dict)
     # distributed runs: per-rank figures and how far the slowest/largest rank is from the fastest/smallest
     per_rank: dict[str, Any] = field(default_factory=dict)
     step_time_skew: Optional[float] = None  # max/min - 1 of the ranks' median step times

@@ -1,10 +1,7 @@
 import json
 
-import pytest
-
 from ftprof.config import DataConfig
-from ftprof.data import IGNORE_INDEX, check_dataset, count_tokens, make_batches
-from ftprof.errors import ConfigError
+from ftprof.data import IGNORE_INDEX, count_tokens, make_batches
 from ftprof.models.tokenizer import build_tokenizer
 
 
@@ -37,31 +34,29 @@ def test_jsonl_padding_masks_labels(tmp_path):
     mask = batch["attention_mask"]
     assert (batch["labels"][mask == 0] == IGNORE_INDEX).all()
     assert (batch["labels"][mask == 1] == batch["input_ids"][mask == 1]).all()
+    assert batch["input_ids"][mask == 0].eq(build_tokenizer().pad_token_id).all()
     tokens, real = count_tokens(batch)
     assert tokens == 64 and 0 < real < 64
 
 
 def test_txt_packing_fills_every_position(tmp_path):
-    path = _write(tmp_path / "d.txt", ["the model trains on tokens and the loss goes down"] * 5)
+    path = _write(tmp_path / "d.txt", ["the model trains on tokens and the loss goes down\n"] * 5)
     data = DataConfig(dataset=path, seq_len=16, batch_size=2, packing=True)
     batch = next(make_batches(data, build_tokenizer(), 512, seed=0))
     assert batch["attention_mask"].all()
     assert count_tokens(batch) == (32, 30)
 
 
-@pytest.mark.parametrize("content, name, fragment", [
-    (None, "missing.jsonl", "does not exist"),
-    ("", "empty.jsonl", "is empty"),
-    ("not json\n", "bad.jsonl", "line 1 is not JSON"),
-    ('{"body": "x"}\n', "field.jsonl", "no string field 'text'"),
-    ("x", "data.csv", "must be 'synthetic', a .txt file or a .jsonl file"),
-    (b"\xff\xfe\x00bad", "binary.txt", "cannot read"),
-])
-def test_bad_datasets(tmp_path, content, name, fragment):
-    path = tmp_path / name
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    elif content is not None:
-        path.write_text(content)
-    with pytest.raises(ConfigError, match=fragment):
-        check_dataset(DataConfig(dataset=str(path)))
+def test_packing_keeps_prompt_masks_and_document_ends(tmp_path):
+    """Packed instruction rows: the stream is every row end to end, each ending with eos, prompts still masked."""
+    path = _write(tmp_path / "d.jsonl", [json.dumps({"instruction": f"say {i}", "output": "the model trains"})
+                                         for i in range(6)])
+    tok = build_tokenizer()
+    data = DataConfig(dataset=path, seq_len=24, batch_size=4, packing=True)
+    batch = next(make_batches(data, tok, 512, seed=0))
+    ids, labels = batch["input_ids"], batch["labels"]
+    assert batch["attention_mask"].all() and ids.shape == (4, 24)
+    assert (ids == tok.eos_token_id).any()
+    trained = labels != IGNORE_INDEX
+    assert 0 < trained.sum() < trained.numel()  # prompts carry no labels, responses do
+    assert (labels[trained] == ids[trained]).all()

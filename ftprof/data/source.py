@@ -1,0 +1,120 @@
+"""Where a dataset lives and how it is loaded: a data file, a folder written by ``save_to_disk``, or a hub name.
+
+``check_dataset`` is cheap (no ``datasets`` import): it catches a missing or unreadable file before anything loads.
+``load_rows`` imports ``datasets`` and returns one split as a ``datasets.Dataset``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ftprof.config import DataConfig
+from ftprof.errors import ConfigError, did_you_mean
+
+# file suffix -> the datasets builder that reads it
+FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+@dataclass(frozen=True)
+class DatasetLocation:
+    kind: str  # "file" | "disk" (a save_to_disk folder) | "hub"
+    name: str  # absolute path, or the hub name as given
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or Path(name).suffix.lower() in FILE_BUILDERS or Path(name).exists()
+
+
+def locate(data: DataConfig) -> DatasetLocation:
+    """Classify ``--dataset``; one line naming the problem if it is none of the accepted kinds."""
+    name = data.dataset
+    if not _looks_like_path(name):
+        if not _HUB_NAME.match(name):
+            raise ConfigError(f"--dataset: '{name}' is not 'synthetic', a data file, a save_to_disk folder or a "
+                              "hub dataset name")
+        return DatasetLocation("hub", name)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not any((path / marker).is_file() for marker in ("state.json", "dataset_dict.json")):
+            raise ConfigError(f"--dataset: folder '{name}' was not written by datasets' save_to_disk "
+                              "(no state.json or dataset_dict.json)")
+        return DatasetLocation("disk", str(path.resolve()))
+    if path.suffix.lower() not in FILE_BUILDERS:
+        raise ConfigError(f"--dataset: '{name}' is not a supported file ({', '.join(FILE_BUILDERS)})")
+    if not path.is_file():
+        raise ConfigError(f"--dataset: '{name}' does not exist")
+    return DatasetLocation("file", str(path.resolve()))
+
+
+def check_dataset(data: DataConfig) -> None:
+    """Cheap checks (exists, readable, right shape) so a bad dataset fails before anything big loads."""
+    if data.dataset == "synthetic":
+        return
+    where = locate(data)
+    if where.kind != "file" or Path(where.name).suffix == ".parquet":
+        return
+    try:
+        with open(where.name, encoding="utf-8") as fh:
+            first = next((line for line in fh if line.strip()), None)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--dataset: cannot read '{data.dataset}': {exc}") from None
+    if first is None:
+        raise ConfigError(f"--dataset: '{data.dataset}' is empty")
+    if where.name.endswith(".jsonl"):
+        try:
+            record = json.loads(first)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--dataset: '{data.dataset}' line 1 is not JSON: {exc.msg}") from None
+        if not isinstance(record, dict):
+            raise ConfigError(f"--dataset: '{data.dataset}' line 1 is not a JSON object")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def load_rows(data: DataConfig):
+    """One split of the dataset as a ``datasets.Dataset`` (memory-mapped Arrow; ``datasets`` caches it)."""
+    import datasets
+
+    where = locate(data)
+    try:
+        if where.kind == "disk":
+            loaded = datasets.load_from_disk(where.name)
+            if isinstance(loaded, datasets.DatasetDict):
+                loaded = _pick_split(loaded, data.dataset_split, data.dataset)
+            elif data.dataset_split != "train":
+                raise ConfigError(f"--dataset-split: folder '{data.dataset}' holds a single dataset, not splits")
+            rows = loaded
+        elif where.kind == "file":
+            builder = FILE_BUILDERS[Path(where.name).suffix.lower()]
+            # .txt: one document per paragraph (blank-line separated), as a corpus is usually written
+            extra = {"sample_by": "paragraph"} if builder == "text" else {}
+            rows = datasets.load_dataset(builder, data_files={"train": where.name}, split=data.dataset_split,
+                                         **extra)
+        else:
+            rows = datasets.load_dataset(where.name, data.dataset_config, split=data.dataset_split)
+    except ConfigError:
+        raise
+    except ConnectionError as exc:  # no network, or HF_HUB_OFFLINE=1 and not in the local cache
+        raise ConfigError(f"--dataset: cannot reach hub dataset '{data.dataset}' and it is not in the local "
+                          f"datasets cache ({_first_line(exc)})") from None
+    except (ValueError, KeyError) as exc:  # a bad split name or slice, a bad config name
+        raise ConfigError(f"--dataset: '{data.dataset}' split '{data.dataset_split}': {_first_line(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - unknown dataset, unreadable file, parse error: all user input
+        raise ConfigError(f"--dataset: cannot load '{data.dataset}': {_first_line(exc)}") from None
+    if rows._indices is not None:  # a selected or shuffled view: make the Arrow table match the rows
+        rows = rows.flatten_indices()
+    return rows
+
+
+def _pick_split(splits, split: str, name: str):
+    if split in splits:
+        return splits[split]
+    raise ConfigError(f"--dataset-split: '{name}' has no split '{split}' (splits: {', '.join(splits)})"
+                      f"{did_you_mean(split, list(splits))}")

@@ -1,0 +1,72 @@
+import subprocess
+import sys
+
+import pytest
+
+from ftprof.config import DataConfig
+from ftprof.data.source import check_dataset, load_rows, locate
+from ftprof.errors import ConfigError
+from tests.data_files import text_rows, write
+
+
+@pytest.mark.parametrize("content, name, fragment", [
+    (None, "missing.jsonl", "does not exist"),
+    ("", "empty.jsonl", "is empty"),
+    ("not json\n", "bad.jsonl", "line 1 is not JSON"),
+    ("[1, 2]\n", "list.jsonl", "line 1 is not a JSON object"),
+    ("x", "data.xlsx", r"is not a supported file \(.txt, .json, .jsonl, .csv, .parquet\)"),
+    (b"\xff\xfe\x00bad", "binary.txt", "cannot read"),
+])
+def test_bad_datasets(tmp_path, content, name, fragment):
+    path = tmp_path / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=fragment):
+        check_dataset(DataConfig(dataset=str(path)))
+
+
+def test_locate_tells_files_folders_and_hub_names_apart(tmp_path):
+    saved = write(tmp_path / "saved", text_rows(4))
+    assert locate(DataConfig(dataset=saved)).kind == "disk"
+    assert locate(DataConfig(dataset=write(tmp_path / "d.parquet", text_rows(4)))).kind == "file"
+    assert locate(DataConfig(dataset="tatsu-lab/alpaca")).kind == "hub"
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(ConfigError, match="not written by datasets' save_to_disk"):
+        locate(DataConfig(dataset=str(tmp_path / "plain")))
+    with pytest.raises(ConfigError, match="is not 'synthetic', a data file"):
+        locate(DataConfig(dataset="no such thing"))
+
+
+def test_split_slicing_and_a_missing_split(tmp_path):
+    path = write(tmp_path / "d.jsonl", text_rows(10))
+    assert len(load_rows(DataConfig(dataset=path, dataset_split="train[:3]"))) == 3
+    with pytest.raises(ConfigError, match="--dataset: .*test"):
+        load_rows(DataConfig(dataset=path, dataset_split="test"))
+
+
+def test_dataset_dict_folder_needs_an_existing_split(tmp_path):
+    import datasets
+
+    folder = tmp_path / "dd"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(text_rows(4)),
+                          "validation": datasets.Dataset.from_list(text_rows(2))}).save_to_disk(str(folder))
+    assert len(load_rows(DataConfig(dataset=str(folder), dataset_split="validation"))) == 2
+    with pytest.raises(ConfigError, match="has no split 'valid' .*did you mean 'validation'"):
+        load_rows(DataConfig(dataset=str(folder), dataset_split="valid"))
+
+
+@pytest.mark.slow  # a subprocess: torch import, ~8 s on 2 cores
+def test_hub_dataset_offline_is_one_line_exit_2(tmp_path):
+    """No network and not in the local cache: one line naming the dataset, exit 2, before any model loads."""
+    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "cache"), "PYTHONPATH": ".",
+           "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "ftprof", "train", "lora", "--dataset", "nobody/no-such-dataset",
+                           "--dataset-split", "train", "--device", "cpu", "--output-dir", str(tmp_path / "runs")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines[-1].startswith("ftprof train: error: --dataset: cannot reach hub dataset 'nobody/no-such-dataset'")
+    assert "not in the local datasets cache" in lines[-1]
+    assert not (tmp_path / "runs").exists()  # nothing started
