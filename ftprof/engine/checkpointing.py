@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import asdict, dataclass, field
 
@@ -41,27 +42,43 @@ def _saved_ops() -> set:
 
 
 class SelectivePolicy:
-    """Save matmul and attention outputs, recompute the rest. Counts what it saves (bytes) while ``counting``."""
+    """Save matmul and attention outputs, recompute the rest; count the bytes saved while ``counting``.
+
+    ``context_fn`` is a ``functools.partial`` of torch's ``create_selective_checkpoint_contexts`` over a plain
+    function whose state is a dict, the form torch.compile can trace (a callable object is refused: measured on an
+    H200 with --compile, "checkpoint not implemented for ... context_fn"). Under --compile the policy runs while
+    the graph is traced, so nothing is counted then."""
 
     def __init__(self, lora_rank: int = 0):
-        self.saved_ops = _saved_ops()
-        self.lora_rank = lora_rank  # matmuls with this inner dimension are LoRA's B: recomputed (see _low_rank)
-        self.counting = False
-        self.saved_bytes = 0
+        from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-    def __call__(self, ctx, op, *args, **kwargs):
-        from torch.utils.checkpoint import CheckpointPolicy
+        saved_ops = _saved_ops()
+        state = self.state = {"counting": False, "bytes": 0}
 
-        if op in self.saved_ops and not _low_rank(op, args, self.lora_rank):
-            if self.counting and not ctx.is_recompute:
-                self.saved_bytes += _output_bytes(op, args)
-            return CheckpointPolicy.MUST_SAVE
-        return CheckpointPolicy.PREFER_RECOMPUTE
+        def policy(ctx, op, *args, **kwargs):
+            if op in saved_ops and not _low_rank(op, args, lora_rank):
+                if state["counting"] and not ctx.is_recompute:
+                    state["bytes"] += _output_bytes(op, args)
+                return CheckpointPolicy.MUST_SAVE
+            return CheckpointPolicy.PREFER_RECOMPUTE
 
-    def context_fn(self):
-        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+        self.context_fn = functools.partial(create_selective_checkpoint_contexts, policy)
 
-        return create_selective_checkpoint_contexts(self)
+    @property
+    def counting(self) -> bool:
+        return self.state["counting"]
+
+    @counting.setter
+    def counting(self, on: bool) -> None:
+        self.state["counting"] = on
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.state["bytes"]
+
+    @saved_bytes.setter
+    def saved_bytes(self, value: int) -> None:
+        self.state["bytes"] = value
 
 
 def _low_rank(op, args, rank: int) -> bool:

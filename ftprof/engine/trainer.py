@@ -95,6 +95,7 @@ class Trainer:
                                 self.steps)
         self.profiler = NullProfiler()
         self.built: Built | None = None
+        self.kernels_applied: list[str] = []  # Liger kernels patched in (models/kernels.py)
         self.setup_time_s: float | None = None
 
     def run(self) -> RunResult:
@@ -104,7 +105,8 @@ class Trainer:
             with contextlib.ExitStack() as trackers:
                 trackers.enter_context(self.nvml)
                 trackers.enter_context(self.memory)
-                trackers.enter_context(kernels.patched(self.cfg.model.kernels, self.pre.source.config.model_type))
+                self.kernels_applied = trackers.enter_context(
+                    kernels.patched(self.cfg.model.kernels, self.pre.source.config.model_type, self.cfg.model.compile))
                 t0 = time.perf_counter()
                 self.built = build(self.pre, self.dist, self.memory, self.log)
                 self.setup_time_s = time.perf_counter() - t0
@@ -123,7 +125,7 @@ class Trainer:
 
     def result(self, status: Status, exc: BaseException | None = None) -> RunResult:
         recorded = Recorded(self.pre, str(self.run_dir), self.started_at, now_iso(), self.built, self.setup_time_s,
-                            self.steps, self.memory, self.first, self.nvml, self.profiler)
+                            self.steps, self.memory, self.first, self.nvml, self.profiler, self.kernels_applied)
         res = assemble(recorded, status, exc)
         if self.dist.enabled and status is Status.OK:
             res = self.aggregate_ranks(res)

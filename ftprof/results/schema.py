@@ -95,6 +95,7 @@ class RunResult:
     # fast paths: what ran (config.json says what was asked)
     checkpointing_policy: Optional[str] = None  # none | full | selective (--checkpointing auto resolved)
     checkpointing_auto: dict[str, Any] = field(default_factory=dict)  # auto's estimates, budget and reason
+    kernels_applied: list[str] = field(default_factory=list)  # --kernels liger: which fused kernels were patched in
     compile: dict[str, Any] = field(default_factory=dict)  # --compile: blocks, compiled, fallback
     compile_time_s: Optional[float] = None  # the compile warm-up (first forward + backward), apart from step times
     # real data (empty for synthetic): dataset, split, format, fingerprint, rows, mean/max_seq_len,

@@ -18,6 +18,8 @@ FAST_PATHS = {
     "full": {"checkpointing": "full"},
     "auto": {"checkpointing": "auto"},
     "liger+selective": {"kernels": "liger", "checkpointing": "selective"},
+    "compile+liger": {"compile": True, "kernels": "liger"},  # Liger's fused loss outside compiled blocks
+    "compile+selective": {"compile": True, "checkpointing": "selective"},
 }
 
 
@@ -57,13 +59,13 @@ def test_fast_path_loss_matches_eager(tmp_path, eager_runs, method, name):
 
 
 def _lora_grads(cfg) -> dict[str, torch.Tensor]:
-    with kernels.patched(cfg.model.kernels, "llama"):
+    with kernels.patched(cfg.model.kernels, "llama", cfg.model.compile):
         pre, built = build_run(cfg)
         run_one_step(pre, built)
     return {n: p.grad.float().clone() for n, p in built.model.named_parameters() if p.requires_grad}
 
 
-@pytest.mark.parametrize("name", ["liger", "compile", "selective"])
+@pytest.mark.parametrize("name", ["liger", "compile", "selective", "compile+liger"])
 def test_fast_path_lora_gradients_match_eager(tmp_path, name):
     eager = _lora_grads(fast_config(tmp_path / "e"))
     fast = _lora_grads(fast_config(tmp_path / "f", **FAST_PATHS[name]))
