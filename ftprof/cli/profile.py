@@ -33,6 +33,29 @@ def profile_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
+def _run_config_near(trace: Path) -> dict | None:
+    """The config.json of the ftprof run a trace belongs to: <run>/profile/cycle<c>/<trace> (older runs:
+    <run>/profile/<trace>)."""
+    for parent in list(trace.resolve().parents)[1:3]:
+        if (parent / CONFIG).is_file():
+            return json.loads((parent / CONFIG).read_text())
+    return None
+
+
+def print_open_hints(result) -> None:
+    """Where the traces are and how to open them: the last thing `ftprof profile` prints."""
+    from rich.console import Console
+
+    from ftprof.profiling.layout import open_hints
+
+    traces = sorted(v for k, v in result.artifacts.items() if k.startswith("trace_rank"))
+    if not traces:
+        return
+    trace_dir = (Path(result.run_dir) / traces[-1]).parent
+    if trace_dir.is_dir():
+        Console().print("\n".join(open_hints(trace_dir)), highlight=False, markup=False, soft_wrap=True)
+
+
 def summarize_command(trace: str) -> int:
     from rich.console import Console
 
@@ -42,8 +65,7 @@ def summarize_command(trace: str) -> int:
     path = Path(trace).expanduser()
     if not path.is_file():
         raise ConfigError(f"--summarize: '{trace}' does not exist")
-    config_path = path.parent.parent / CONFIG  # an ftprof run dir: <run>/profile/<trace>
-    run_config = json.loads(config_path.read_text()) if config_path.is_file() else None
+    run_config = _run_config_near(path)
     try:
         summary = summarize(path, run_config=run_config)
     except Exception as exc:  # noqa: BLE001 - not JSON, truncated gzip, not a trace...
@@ -67,4 +89,5 @@ def profile_command(args: argparse.Namespace) -> int:
     cfg = config_from_args(args, extra_keys={"summarize"})
     cfg = cfg.replace(profile=True)
     result = train(cfg)
+    print_open_hints(result)
     return exit_code(result.status)

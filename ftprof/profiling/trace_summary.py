@@ -11,6 +11,7 @@ ftprof/optimizer_step): on GPU traces, each kernel counts for the stage whose CP
 
 from __future__ import annotations
 
+import functools
 import gzip
 import re
 from array import array
@@ -22,6 +23,8 @@ from typing import Any, BinaryIO
 import ijson
 import numpy as np
 from ijson.common import ObjectBuilder
+
+from ftprof.profiling.layout import decode_metadata
 
 # Kernel (or CPU operator) name -> category. First match wins; order matters.
 CATEGORIES: tuple[tuple[str, re.Pattern], ...] = tuple((name, re.compile(rx, re.I)) for name, rx in (
@@ -48,7 +51,9 @@ LEAF_MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
 MATMUL_OPS = LEAF_MATMULS | {"aten::matmul", "aten::linear"}
 
 
+@functools.lru_cache(maxsize=65536)
 def categorize(name: str) -> str:
+    """Category of a kernel or operator name. Memoized: a trace repeats a few hundred names millions of times."""
     for cat, rx in CATEGORIES:
         if rx.search(name):
             return cat
@@ -251,7 +256,15 @@ def _read_metadata(path: Path) -> dict[str, Any]:
                 builder = None
             else:
                 builder.event(event, value)
+    if "ftprof" in meta:
+        meta["ftprof"] = decode_metadata(meta["ftprof"])
     return meta
+
+
+def ftprof_metadata(meta: dict[str, Any]) -> dict[str, Any]:
+    """ftprof's own block of trace metadata ({} for traces ftprof did not write)."""
+    block = meta.get("ftprof")
+    return block if isinstance(block, dict) else {}
 
 
 def summarize(path: str | Path, run_config: dict | None = None) -> TraceSummary:
