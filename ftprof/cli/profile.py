@@ -60,6 +60,7 @@ def summarize_command(trace: str) -> int:
     from rich.console import Console
 
     from ftprof.profiling import summary_output
+    from ftprof.profiling.layout import summaries_dir
     from ftprof.profiling.trace_summary import summarize
 
     path = Path(trace).expanduser()
@@ -71,9 +72,9 @@ def summarize_command(trace: str) -> int:
     except Exception as exc:  # noqa: BLE001 - not JSON, truncated gzip, not a trace...
         raise ConfigError(f"--summarize: cannot read '{trace}' as a trace: {type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
-    # <trace name>.summary.json/.md beside the trace: never a name the trace itself could have
+    # <trace name>.summary.json/.md: never a name the trace itself could have; outside ftprof's cycle folders
     stem = path.name.split(".")[0] + ".summary"
-    paths = summary_output.write(summary, path.parent, stem)
+    paths = summary_output.write(summary, summaries_dir(path), stem)
     console = Console()
     console.print(summary_output.rich_view(summary))
     console.print(f"[dim]wrote {paths['summary_json']} and {paths['summary_md']}[/dim]")

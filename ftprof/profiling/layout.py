@@ -43,6 +43,13 @@ def summary_stem(trace: Path) -> str:
     return Path(trace).name.replace("trace_", "summary_", 1).removesuffix(TRACE_SUFFIX)
 
 
+def summaries_dir(trace: Path) -> Path:
+    """Where summaries of ``trace`` go: beside its cycle folder when ftprof laid it out (a summary inside would be
+    read as a trace), beside the trace otherwise."""
+    parent = Path(trace).parent
+    return parent.parent if re.fullmatch(r"cycle\d+", parent.name) else parent
+
+
 def open_hints(trace_dir: Path) -> list[str]:
     """How to open a cycle's traces: Perfetto, TensorBoard, Holistic Trace Analysis."""
     trace_dir = Path(trace_dir)
