@@ -266,6 +266,7 @@ class Breakdown:
     communication_overlap_ms: float | None  # of the communication time, how much ran beside compute kernels
     split: dict[str, Any]
     notes: list[str]
+    device: str | None = None  # the GPU's name, or "cpu"
 
     @property
     def flops_ratio(self) -> float | None:
@@ -349,8 +350,10 @@ def from_trace(acc, meta: dict, ftmeta: dict, run_config: dict | None, categoriz
     inside = op_step >= 0
     np.add.at(flops, ops.bucket[inside].astype(np.int64), ops.flops[inside])
     split = {"lora_r": ctx.lora_r, "vocab": ctx.vocab, "tokens_per_micro_batch": ctx.tokens, "method": method}
-    return build(per_step, flops, step_ms, kernels, counts, shapes, _model_flops(run_config, ftmeta),
-                 _peak(meta), overlap, split, notes, gpu)
+    out = build(per_step, flops, step_ms, kernels, counts, shapes, _model_flops(run_config, ftmeta),
+                _peak(meta) if gpu else None, overlap, split, notes, gpu)
+    out.device = _device_name(meta) if gpu else "cpu"
+    return out
 
 
 def _model_flops(run_config: dict, ftmeta: dict) -> float | None:
@@ -367,13 +370,20 @@ def _model_flops(run_config: dict, ftmeta: dict) -> float | None:
     return (per_token + (ftmeta.get("recompute_flops_per_token") or 0.0)) * batch * seq * accum
 
 
-def _peak(meta: dict) -> float | None:
+def _device_name(meta: dict) -> str | None:
     props = meta.get("deviceProperties")
-    if not (isinstance(props, list) and props and isinstance(props[0], dict)):
+    if isinstance(props, list) and props and isinstance(props[0], dict):
+        return props[0].get("name")
+    return None
+
+
+def _peak(meta: dict) -> float | None:
+    name = _device_name(meta)
+    if not name:
         return None
     from ftprof.metrics import peak_flops  # the one peak table (imports torch: only for GPU traces)
 
-    return peak_flops(props[0].get("name"))
+    return peak_flops(name)
 
 
 def _steps_or_all(steps: list, lo: float, hi: float) -> list[tuple[float, float]]:

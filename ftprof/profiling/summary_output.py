@@ -151,3 +151,44 @@ def rich_view(s: TraceSummary) -> Group:
         diag.add_row("", "nothing stands out")
     table = buckets_table(s)
     return Group(*([table] if table is not None else []), cats, diag)
+
+
+def _step_ms(s: TraceSummary) -> float | None:
+    bd = s.breakdown
+    return sum(bd["step_ms"]) / len(bd["step_ms"]) if bd and bd["step_ms"] else None
+
+
+def slowest_rank(summaries: list[TraceSummary]) -> tuple[int | None, float, float] | None:
+    """(rank, its ms per step, ms per step over the fastest rank) of the slowest rank; None without step times."""
+    timed = [(s.rank, t) for s in summaries if (t := _step_ms(s)) is not None]
+    if not timed:
+        return None
+    rank, worst = max(timed, key=lambda x: x[1])
+    return rank, worst, worst - min(t for _, t in timed)
+
+
+def ranks_table(summaries: list[TraceSummary], columns: int = 6) -> Table:
+    """One row per rank: step time and the largest buckets (ms per step), the slowest rank named."""
+    totals: dict[str, float] = {}
+    for s in summaries:
+        for key, b in (s.breakdown or {}).get("buckets", {}).items():
+            totals[key] = totals.get(key, 0.0) + b["ms_per_step"]
+    keys = sorted(totals, key=lambda k: -totals[k])[:columns]
+    slow = slowest_rank(summaries)
+    caption = (f"slowest: rank {slow[0]}, {slow[1]:,.2f} ms per step ({slow[2]:+,.2f} over the fastest)"
+               if slow else None)
+    t = Table(title="Per rank (ms per active step)", header_style="bold", caption=caption, caption_justify="left")
+    t.add_column("rank")
+    t.add_column("step", justify="right")
+    labels = {}
+    for s in summaries:
+        for key, b in (s.breakdown or {}).get("buckets", {}).items():
+            labels[key] = b["label"]
+    for key in keys:
+        t.add_column(labels[key], justify="right")
+    for s in sorted(summaries, key=lambda x: (x.rank is None, x.rank)):
+        buckets = (s.breakdown or {}).get("buckets", {})
+        mark = " [red]slowest[/red]" if slow and s.rank == slow[0] and len(summaries) > 1 else ""
+        t.add_row(f"{s.rank}{mark}", _ms(1000 * (_step_ms(s) or 0)),
+                  *[f"{buckets[k]['ms_per_step']:,.2f}" if k in buckets else "-" for k in keys])
+    return t

@@ -50,17 +50,17 @@ class GpuTrace:
                             "tid": 1})
 
 
-def lora_step(t: GpuTrace, t0: float, elementwise_us: float = 20.0) -> None:
-    """One step of a LoRA layer (r=8, tokens 256, width 512, vocab 1000), 1000 us of CPU time."""
-    t.annotation("ProfilerStep#1", t0, 1000)
+def lora_step(t: GpuTrace, t0: float, elementwise_us: float = 20.0, step_us: float = 1000.0,
+              elementwise_name: str = "void at::native::vectorized_elementwise_kernel<4, MulFunctor>") -> None:
+    """One step of a LoRA layer (r=8, tokens 256, width 512, vocab 1000), 1000 us of CPU time by default."""
+    t.annotation("ProfilerStep#1", t0, step_us)
     t.annotation("ftprof/forward", t0, 300)
     base = t.op("aten::mm", t0 + 10, 20, [[256, 512], [512, 512]])
     t.kernel("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", base, t0 + 11, t0 + 50, 40)
     lora_a = t.op("aten::mm", t0 + 40, 10, [[256, 512], [512, 8]])
     t.kernel("nvjet_sm90_tst_64x8_64x16_1x4_h_bz_NNT", lora_a, t0 + 41, t0 + 100, 10)
     ew = t.op("aten::mul", t0 + 60, 5, [[256, 512], [256, 512]])
-    t.kernel("void at::native::vectorized_elementwise_kernel<4, MulFunctor>", ew, t0 + 61, t0 + 120,
-             elementwise_us)
+    t.kernel(elementwise_name, ew, t0 + 61, t0 + 120, elementwise_us)
     sdpa = t.op("aten::_scaled_dot_product_flash_attention", t0 + 70, 20, [[1, 8, 256, 64], [1, 8, 256, 64],
                                                                           [1, 8, 256, 64]])
     t.kernel("flash_fwd_kernel", sdpa, t0 + 71, t0 + 150, 30)

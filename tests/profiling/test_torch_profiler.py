@@ -125,8 +125,12 @@ def test_profile_command_end_to_end(tmp_path, capsys):
                  "--device", "cpu", "--seq-len", "32"])
     assert code == 0
     out = capsys.readouterr().out
-    assert "Where the time went" in out and "profiler overhead" in out
+    assert "Where the time went" in out and "profiler overhead" in out and "Fine-tuning buckets" in out
     assert (tmp_path / "p" / "profile" / "summary.md").exists()
+    # it ends by saying where the traces are and how to open them
+    tail = out[out.index("traces: "):]
+    assert str(tmp_path / "p" / "profile" / "cycle1") in tail
+    assert "ui.perfetto.dev" in tail and "tensorboard --logdir" in tail and "TraceAnalysis(trace_dir=" in tail
 
 
 @pytest.mark.parametrize("method", ["full", "lora", "qlora", "gptq-lora"])
