@@ -150,53 +150,73 @@ class OpTable:
 
 def walk_ops(threads: dict, op_dims: dict, ctx: SplitContext, categorize) -> OpTable:
     """One pass per thread over operators nested by time: phase, meaning, FLOPs and self time of each."""
-    ext, ts_out, self_out, phase_out, bucket_out, flops_out, names_out = [], [], [], [], [], [], []
-    for key, th in threads.items():
-        n = len(th.ts)
-        if not n:
-            continue
-        ts_np, dur_np = np.frombuffer(th.ts, dtype=np.float64), np.frombuffer(th.dur, dtype=np.float64)
-        self_t = dur_np.copy()
-        phase = np.zeros(n, dtype=np.int8)
-        bucket = np.zeros(n, dtype=np.int16)
-        flops = np.zeros(n, dtype=np.float64)
-        order = np.lexsort((-dur_np, ts_np)).tolist()  # by start, outermost first
-        # stack entries: [end, index, in_backward, is_node, recompute, meaning, flops_taken]
-        stack: list[list] = []
-        for i in order:
-            start = th.ts[i]
-            while stack and start >= stack[-1][0]:
-                stack.pop()
-            name = th.names[i]
-            parent = stack[-1] if stack else None
-            if parent is not None:
-                self_t[parent[1]] -= th.dur[i]
-            is_node = name.startswith(NODE_PREFIX)
-            in_bwd = is_node or (parent is not None and parent[2])
-            recompute = parent is not None and (parent[4] or (parent[2] and not parent[3] and not is_node
-                                                              and th.seq[i] and "Backward" not in name))
-            mean = meaning(name) or (parent[5] if parent is not None else None)
-            taken = parent is not None and parent[6]
-            ph = RECOMPUTE if recompute else BACKWARD if in_bwd else FORWARD
-            is_flop = op_flops.is_flop_op(name)
-            dims = op_dims.get((key, i), (None, None))[1]
-            if is_flop and not taken:
-                flops[i] = op_flops.op_flops(name, dims) if dims else 0.0
-            phase[i] = ph
-            bucket[i] = _INDEX[_op_bucket(name, dims, ph, mean, is_flop, ctx, categorize)]
-            stack.append([start + th.dur[i], i, in_bwd, is_node, recompute, mean, taken or is_flop])
-        ext.append(np.frombuffer(th.ext, dtype=np.float64))
-        ts_out.append(ts_np)
-        self_out.append(np.maximum(self_t, 0.0))
-        phase_out.append(phase)
-        bucket_out.append(bucket)
-        flops_out.append(flops)
-        names_out.extend(th.names)
-    if not ext:
+    parts = [_walk_thread(key, th, op_dims, ctx, categorize) for key, th in threads.items() if len(th.ts)]
+    if not parts:
         empty = np.zeros(0)
         return OpTable(empty, empty, empty, empty.astype(np.int8), empty.astype(np.int16), empty, [])
-    return OpTable(np.concatenate(ext), np.concatenate(ts_out), np.concatenate(self_out),
-                   np.concatenate(phase_out), np.concatenate(bucket_out), np.concatenate(flops_out), names_out)
+    names = [n for th in threads.values() if len(th.ts) for n in th.names]
+    return OpTable(*(np.concatenate([p[j] for p in parts]) for j in range(6)), names)
+
+
+def _walk_thread(key, th, op_dims: dict, ctx: SplitContext, categorize) -> tuple:
+    n = len(th.ts)
+    ts_np, dur_np = np.frombuffer(th.ts, dtype=np.float64), np.frombuffer(th.dur, dtype=np.float64)
+    self_t = dur_np.copy()
+    phase = np.zeros(n, dtype=np.int8)
+    bucket = np.zeros(n, dtype=np.int16)
+    flops = np.zeros(n, dtype=np.float64)
+    node_of = np.full(n, -1, dtype=np.int64)  # the autograd node (its own range) an operator runs under
+    spans: dict[int, list[float]] = {}  # node -> [first, last] time of the recompute it ran
+    order = np.lexsort((-dur_np, ts_np)).tolist()  # by start, outermost first
+    # stack entries: [end, index, in_backward, is_node, recompute, meaning, flops_taken, node]
+    stack: list[list] = []
+    for i in order:
+        start = th.ts[i]
+        while stack and start >= stack[-1][0]:
+            stack.pop()
+        name = th.names[i]
+        parent = stack[-1] if stack else None
+        if parent is not None:
+            self_t[parent[1]] -= th.dur[i]
+        is_node = name.startswith(NODE_PREFIX)
+        in_bwd = is_node or (parent is not None and parent[2])
+        node = i if parent is not None and parent[3] else parent[7] if parent is not None else -1
+        recompute = parent is not None and (parent[4] or (parent[2] and not parent[3] and not is_node
+                                                          and th.seq[i] and "Backward" not in name))
+        if recompute and node >= 0:
+            span = spans.setdefault(node, [start, start])
+            span[1] = max(span[1], start + th.dur[i])
+        mean = meaning(name) or (parent[5] if parent is not None else None)
+        taken = parent is not None and parent[6]
+        ph = RECOMPUTE if recompute else BACKWARD if in_bwd else FORWARD
+        is_flop = op_flops.is_flop_op(name)
+        dims = op_dims.get((key, i), (None, None))[1]
+        if is_flop and not taken:
+            flops[i] = op_flops.op_flops(name, dims) if dims else 0.0
+        phase[i], node_of[i] = ph, node
+        bucket[i] = _INDEX[_op_bucket(name, dims, ph, mean, is_flop, ctx, categorize)]
+        stack.append([start + th.dur[i], i, in_bwd, is_node, recompute, mean, taken or is_flop, node])
+    _widen_recompute(spans, node_of, ts_np, phase, bucket)
+    return (np.frombuffer(th.ext, dtype=np.float64), ts_np, np.maximum(self_t, 0.0), phase, bucket, flops)
+
+
+def _widen_recompute(spans: dict, node_of: np.ndarray, ts: np.ndarray, phase: np.ndarray, bucket: np.ndarray) -> None:
+    """Checkpointing recomputes a whole block inside the autograd node that first needs one of its tensors. Parts
+    of that forward run with autograd off (custom autograd Functions such as bitsandbytes' 4-bit matmul) and carry
+    no sequence number: every operator of the node between the first and the last recorded recompute is recompute.
+    """
+    if not spans:
+        return
+    lo_of = np.full(len(node_of), np.inf)  # node index -> its recompute span (node indices are operator indices)
+    hi_of = np.full(len(node_of), -np.inf)
+    for node, (first, last) in spans.items():
+        lo_of[node], hi_of[node] = first, last
+    hit = node_of >= 0
+    lo = np.where(hit, lo_of[np.clip(node_of, 0, None)], np.inf)
+    hi = np.where(hit, hi_of[np.clip(node_of, 0, None)], -np.inf)
+    inside = (phase == BACKWARD) & (ts >= lo) & (ts < hi)
+    phase[inside] = RECOMPUTE
+    bucket[inside] = _INDEX["recompute"]
 
 
 def _op_bucket(name: str, dims, phase: int, mean: str | None, is_flop: bool, ctx: SplitContext, categorize) -> str:
@@ -205,10 +225,12 @@ def _op_bucket(name: str, dims, phase: int, mean: str | None, is_flop: bool, ctx
     cat = categorize(name)
     if cat == "communication":
         return "communication"
-    if mean in ("optimizer", "dequant"):
+    if mean == "optimizer":
         return mean
-    if is_flop and name in op_flops.LEAF_MATMULS:
+    if is_flop and name in op_flops.LEAF_MATMULS:  # a matmul inside a 4-bit layer is still the base GEMM
         return gemm_bucket(name, dims, phase, ctx)
+    if mean == "dequant":
+        return mean
     if mean is not None:
         return mean
     if is_flop or cat == "attention":

@@ -137,6 +137,7 @@ def lora_checkpointed(tmp_path_factory):
     return tmp / "r"
 
 
+@pytest.mark.slow  # one tiny training run (about 5 s alone; more on a loaded machine)
 def test_bucket_flops_reconcile_with_the_runs_hfu_count(lora_checkpointed):
     summary = json.loads((lora_checkpointed / "profile" / "summary.json").read_text())
     bd = summary["breakdown"]
