@@ -188,6 +188,11 @@ def _walk_thread(key, th, op_dims: dict, ctx: SplitContext, categorize) -> tuple
             span[1] = max(span[1], start + th.dur[i])
         mean = meaning(name) or (parent[5] if parent is not None else None)
         taken = parent is not None and parent[6]
+        if name == "PythonDispatchMode" and parent is not None and op_flops.is_flop_op(th.names[parent[1]]):
+            # A dispatch mode (selective checkpointing's) caught the matmul: the operator runs again beneath it,
+            # or not at all when the mode hands back a saved output. Only an operator that runs carries FLOPs.
+            flops[parent[1]] = 0.0
+            taken = False
         ph = RECOMPUTE if recompute else BACKWARD if in_bwd else FORWARD
         is_flop = op_flops.is_flop_op(name)
         dims = op_dims.get((key, i), (None, None))[1]

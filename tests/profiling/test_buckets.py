@@ -192,3 +192,22 @@ def test_buckets_of_a_plain_torch_profiler_trace(tmp_path):
     assert b["weight_grad_gemm"]["flops_per_step"] == pytest.approx(2 * tokens * 48 * 96)
     assert b["loss"]["flops_per_step"] == pytest.approx(3 * 2 * tokens * 96 * 300)  # lm_head fwd, input and weight grad
     assert bd["model_flops_per_step"] is None and bd["flops_ratio"] is None
+
+
+def test_selective_checkpointing_replays_carry_no_flops(tmp_path):
+    """Under selective checkpointing a dispatch mode catches each matmul: in the forward the matmul runs beneath
+    it (counted once), in the recompute a saved output comes back and nothing runs (not counted)."""
+    t = GpuTrace()
+    t.annotation("ProfilerStep#1", 0, 1000)
+    dims = [[256, 512], [512, 512]]
+    t.op("aten::mm", 10, 50, dims)  # forward: outer operator, the mode, the matmul that runs
+    t.op("PythonDispatchMode", 11, 48, dims, seq=False)
+    t.op("aten::mm", 12, 46, dims, seq=False)
+    t.op("autograd::engine::evaluate_function: MmBackward0", 300, 100, seq=True)
+    t.op("MmBackward0", 301, 98, seq=True)
+    t.op("aten::mm", 310, 5, dims)  # recompute: the mode hands back the saved output
+    t.op("PythonDispatchMode", 311, 3, dims, seq=False)
+    bd = summarize(_write(tmp_path / "t.json", t.events)).breakdown
+    assert bd["buckets"]["base_gemm"]["flops_per_step"] == 2 * 256 * 512 * 512
+    assert bd["buckets"]["recompute"]["flops_per_step"] is None  # its time is there, no FLOPs
+    assert bd["flops_per_step"] == 2 * 256 * 512 * 512
