@@ -539,3 +539,18 @@ def _launch_times(acc, k_corr: np.ndarray) -> np.ndarray:
     lt = np.frombuffer(acc.launch_ts, dtype=np.float64)
     idx = _lookup(lc, k_corr)
     return np.where(idx >= 0, lt[np.clip(idx, 0, None)] if len(lt) else np.nan, np.nan)
+
+
+def columns(breakdown: dict | None) -> dict[str, float | None]:
+    """Flat per-bucket figures of a summary's breakdown, for tables (``ftprof report``): ``<key>_ms`` (ms per
+    active step) and ``<key>_tflops`` for every bucket, ``step_ms`` and ``flops_ratio``. Empty without buckets."""
+    if not breakdown or not breakdown.get("buckets"):
+        return {}
+    step = breakdown.get("step_ms") or []
+    out: dict[str, float | None] = {"step_ms": sum(step) / len(step) if step else None,
+                                    "flops_ratio": breakdown.get("flops_ratio")}
+    for key in KEYS:
+        b = breakdown["buckets"].get(key)
+        out[f"{key}_ms"] = b["ms_per_step"] if b else None
+        out[f"{key}_tflops"] = b.get("tflops") if b else None
+    return out

@@ -211,3 +211,18 @@ def test_selective_checkpointing_replays_carry_no_flops(tmp_path):
     assert bd["buckets"]["base_gemm"]["flops_per_step"] == 2 * 256 * 512 * 512
     assert bd["buckets"]["recompute"]["flops_per_step"] is None  # its time is there, no FLOPs
     assert bd["flops_per_step"] == 2 * 256 * 512 * 512
+
+
+def test_columns_flatten_a_breakdown_for_tables(tmp_path):
+    from ftprof.profiling.buckets import KEYS, columns
+
+    t = GpuTrace()
+    lora_step(t, 0.0)
+    bd = summarize(_write(tmp_path / "t.json", t.events, ftprof=encode_metadata({"method": "lora", "lora_r": 8}))) \
+        .breakdown
+    cols = columns(bd)
+    assert cols["lora_gemm_ms"] == pytest.approx(0.01) and cols["step_ms"] == pytest.approx(1.0)
+    assert cols["lora_gemm_tflops"] == pytest.approx(2 * 256 * 512 * 8 / 10e-6 / 1e12)
+    assert cols["dequant_ms"] is None and set(cols) == {"step_ms", "flops_ratio"} | {
+        f"{k}_{x}" for k in KEYS for x in ("ms", "tflops")}
+    assert columns(None) == {}
