@@ -24,47 +24,135 @@ def profile_parser(subparsers) -> argparse.ArgumentParser:
         "profile", help="train under torch.profiler on a wait/warmup/active schedule and explain where time went",
         description="Run the same training as `ftprof train` under torch.profiler, export traces, tables, stacks, "
                     "memory timeline and allocator snapshot, and summarize where the time went. "
-                    "--summarize TRACE summarizes an existing trace from any torch.profiler run instead.")
+                    "--summarize TRACE summarizes an existing trace from any torch.profiler run instead "
+                    "(with --baseline, against another profile).")
     parser.add_argument("method", nargs="?", default="qlora", choices=METHODS,
                         help="fine-tuning method (default: qlora)")
-    parser.add_argument("--summarize", metavar="TRACE", help="summarize this trace (.json or .json.gz) and exit")
+    parser.add_argument("--summarize", metavar="TRACE", help="summarize this trace (.json or .json.gz), or every "
+                        "rank's trace in a cycle folder (profile/cycle1), and exit")
+    parser.add_argument("--baseline", metavar="TRACE", help="with --summarize: compare against this profile (a trace, "
+                        "a cycle folder or a summary .json): per-bucket time per step, the difference with its 95%% "
+                        "confidence interval, the buckets that explain it and the kernels that changed")
     add_common_arguments(parser, skip={"profile"}, aliases=SHORT_ALIASES)
     parser.set_defaults(func=profile_command)
     return parser
 
 
-def summarize_command(trace: str) -> int:
+def _run_config_near(trace: Path) -> dict | None:
+    """The config.json of the ftprof run a trace belongs to: <run>/profile/cycle<c>/<trace> (older runs:
+    <run>/profile/<trace>)."""
+    for parent in list(trace.resolve().parents)[1:3]:
+        if (parent / CONFIG).is_file():
+            return json.loads((parent / CONFIG).read_text())
+    return None
+
+
+def print_open_hints(result) -> None:
+    """Where the traces are and how to open them: the last thing `ftprof profile` prints."""
+    from rich.console import Console
+
+    from ftprof.profiling.layout import open_hints
+
+    traces = sorted(v for k, v in result.artifacts.items() if k.startswith("trace_rank"))
+    if not traces:
+        return
+    trace_dir = (Path(result.run_dir) / traces[-1]).parent
+    if trace_dir.is_dir():
+        Console().print("\n".join(open_hints(trace_dir)), highlight=False, markup=False, soft_wrap=True)
+
+
+def _inputs(path_text: str, option: str) -> list[Path]:
+    """The traces (or summaries) one side names: a file, or every trace of a cycle folder."""
+    from ftprof.profiling.layout import TRACE_SUFFIX
+
+    path = Path(path_text).expanduser()
+    if path.is_dir():
+        files = sorted(path.glob(f"*{TRACE_SUFFIX}"))
+        if not files:
+            raise ConfigError(f"{option}: '{path_text}' holds no *{TRACE_SUFFIX} file")
+        return files
+    if not path.is_file():
+        raise ConfigError(f"{option}: '{path_text}' does not exist")
+    return [path]
+
+
+def _is_summary(path: Path) -> bool:
+    return path.suffix == ".json" and "summary" in path.name
+
+
+def _load(paths: list[Path], option: str) -> list:
+    """Summaries (TraceSummary) of traces, or the dicts of summary .json files."""
+    from ftprof.profiling.trace_summary import summarize
+
+    out = []
+    for path in paths:
+        try:
+            out.append(json.loads(path.read_text()) if _is_summary(path)
+                       else summarize(path, run_config=_run_config_near(path)))
+        except Exception as exc:  # noqa: BLE001 - not JSON, truncated gzip, not a trace...
+            raise ConfigError(f"{option}: cannot read '{path}' as a trace: {type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+    return out
+
+
+def summarize_command(trace: str, baseline: str | None = None) -> int:
     from rich.console import Console
 
     from ftprof.profiling import summary_output
-    from ftprof.profiling.trace_summary import summarize
+    from ftprof.profiling.layout import summaries_dir
 
-    path = Path(trace).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"--summarize: '{trace}' does not exist")
-    config_path = path.parent.parent / CONFIG  # an ftprof run dir: <run>/profile/<trace>
-    run_config = json.loads(config_path.read_text()) if config_path.is_file() else None
-    try:
-        summary = summarize(path, run_config=run_config)
-    except Exception as exc:  # noqa: BLE001 - not JSON, truncated gzip, not a trace...
-        raise ConfigError(f"--summarize: cannot read '{trace}' as a trace: {type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
-    # <trace name>.summary.json/.md beside the trace: never a name the trace itself could have
-    stem = path.name.split(".")[0] + ".summary"
-    paths = summary_output.write(summary, path.parent, stem)
+    paths = _inputs(trace, "--summarize")  # both sides checked before any trace is read
+    base_paths = _inputs(baseline, "--baseline") if baseline else []
+    summaries = _load(paths, "--summarize")
     console = Console()
-    console.print(summary_output.rich_view(summary))
-    console.print(f"[dim]wrote {paths['summary_json']} and {paths['summary_md']}[/dim]")
+    for path, summary in zip(paths, summaries, strict=True):
+        if isinstance(summary, dict):
+            continue  # a summary file given as the new side: nothing to write
+        # <trace name>.summary.json/.md: never a name the trace itself could have; outside ftprof's cycle folders
+        out = summary_output.write(summary, summaries_dir(path), path.name.split(".")[0] + ".summary")
+        console.print(summary_output.rich_view(summary))
+        console.print(f"[dim]wrote {out['summary_json']} and {out['summary_md']}[/dim]")
+    if len(summaries) > 1 and not any(isinstance(s, dict) for s in summaries):
+        console.print(summary_output.ranks_table(summaries))
+    if base_paths:
+        _compare(console, _load(base_paths, "--baseline"), summaries, base_paths, paths)
     return 0
 
 
+def _compare(console, base: list, new: list, base_paths: list[Path], paths: list[Path]) -> None:
+    from ftprof.profiling import diff_output
+    from ftprof.profiling.diff import diff_summaries
+    from ftprof.profiling.layout import summaries_dir
+    from ftprof.results.store import write_json_atomic, write_text_atomic
+
+    def as_dicts(items):
+        return [s if isinstance(s, dict) else s.to_dict() for s in items]
+
+    try:
+        d = diff_summaries(as_dicts(base), as_dicts(new))
+    except ValueError as exc:
+        raise ConfigError(f"--baseline: {exc}") from None
+    a_name = base_paths[0].parent.name if len(base_paths) > 1 else base_paths[0].name.split(".")[0]
+    b_name = paths[0].parent.name if len(paths) > 1 else paths[0].name.split(".")[0]
+    if a_name == b_name:
+        a_name, b_name = "A", "B"
+    console.print(diff_output.rich_view(d, a_name, b_name))
+    stem = str(summaries_dir(paths[0]) / f"{paths[0].name.split('.')[0]}.diff")
+    write_json_atomic(Path(stem + ".json"), d.to_dict())
+    write_text_atomic(Path(stem + ".md"), diff_output.to_markdown(d, a_name, b_name))
+    console.print(f"[dim]wrote {stem}.json and {stem}.md[/dim]")
+
+
 def profile_command(args: argparse.Namespace) -> int:
+    if args.baseline and not args.summarize:
+        raise ConfigError("--baseline needs --summarize (the profile to compare against it)")
     if args.summarize:
-        return summarize_command(args.summarize)
+        return summarize_command(args.summarize, args.baseline)
     from ftprof.engine.run import train
     from ftprof.results.status import exit_code
 
-    cfg = config_from_args(args, extra_keys={"summarize"})
+    cfg = config_from_args(args, extra_keys={"summarize", "baseline"})
     cfg = cfg.replace(profile=True)
     result = train(cfg)
+    print_open_hints(result)
     return exit_code(result.status)

@@ -43,16 +43,16 @@ def make_profiler(trainer, built, log):
 
 def _summarize(trainer, result: RunResult, display) -> None:
     """Summarize every trace this run wrote; show the last one."""
-    from ftprof.profiling import summary_output
+    from ftprof.profiling import layout, summary_output
     from ftprof.profiling.trace_summary import summarize
 
     profile_dir = _profile_dir(trainer)
-    traces = sorted(profile_dir.glob("trace_rank*_cycle*.pt.trace.json.gz"))
+    traces = layout.trace_files(profile_dir)
     summary = None
     for trace in traces:
         summary = summarize(trace, run_config=trainer.cfg.to_dict())
         summary.profiler_overhead = result.profiling.get("profiler_overhead")
-        stem = trace.name.replace("trace_", "summary_").replace(".pt.trace.json.gz", "")
+        stem = layout.summary_stem(trace)
         paths = summary_output.write(summary, profile_dir, stem)
         result.artifacts.update({f"{stem}_json": os.path.relpath(paths["summary_json"], trainer.run_dir),
                                  f"{stem}_md": os.path.relpath(paths["summary_md"], trainer.run_dir)})

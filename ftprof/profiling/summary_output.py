@@ -19,6 +19,61 @@ def _share(us: float, total: float) -> str:
     return f"{100 * us / total:.1f}%" if total else "-"
 
 
+def _tflops(b: dict) -> str:
+    return f"{b['tflops']:,.3g}" if b.get("tflops") else "-"
+
+
+def si_flops(x: float) -> str:
+    """134.2 MFLOP, 5.31 TFLOP: FLOP counts people can read."""
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if x >= scale:
+            return f"{x / scale:,.4g} {unit}"
+    return f"{x:,.0f} FLOP"
+
+
+def _of_peak(b: dict) -> str:
+    return f"{100 * b['peak_fraction']:.0f}%" if b.get("peak_fraction") else "-"
+
+
+def _flops_line(bd: dict) -> str | None:
+    if not bd.get("flops_per_step"):
+        return None
+    line = f"FLOPs counted from shapes: {si_flops(bd['flops_per_step'])} per step"
+    if bd.get("flops_ratio"):
+        line += f", {100 * bd['flops_ratio']:.1f}% of the run's HFU count ({si_flops(bd['model_flops_per_step'])})"
+    return line
+
+
+def buckets_markdown(s: TraceSummary) -> list[str]:
+    bd = s.breakdown
+    if not bd or not bd["buckets"]:
+        return []
+    peak = f", peak {bd['peak_tflops']:,.0f} TFLOP/s" if bd.get("peak_tflops") else ""
+    lines = ["", f"## Fine-tuning buckets (per active step, {bd['steps']} step{'s' if bd['steps'] != 1 else ''}, "
+             f"step {_ms_mean(bd)} ms{peak})", "",
+             "| bucket | ms/step | share | FLOP/step | TFLOP/s | of peak | top kernel |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for b in bd["buckets"].values():
+        top = f"`{b['kernels'][0]['name'][:60]}`" if b["kernels"] else ""
+        f = si_flops(b["flops_per_step"]) if b.get("flops_per_step") else "-"
+        lines.append(f"| {b['label']} | {b['ms_per_step']:,.2f} | {100 * (b['share'] or 0):.1f}% | {f} | "
+                     f"{_tflops(b)} | {_of_peak(b)} | {top} |")
+    extra = [x for x in (_flops_line(bd), _overlap_line(bd)) if x] + bd.get("notes", [])
+    return lines + ([""] + [f"- {x}" for x in extra] if extra else [])
+
+
+def _ms_mean(bd: dict) -> str:
+    return f"{sum(bd['step_ms']) / len(bd['step_ms']):,.2f}" if bd["step_ms"] else "-"
+
+
+def _overlap_line(bd: dict) -> str | None:
+    comm = bd["buckets"].get("communication")
+    if not comm or bd.get("communication_overlap_ms") is None:
+        return None
+    return (f"communication overlapped with compute: {bd['communication_overlap_ms']:,.2f} of "
+            f"{comm['ms_per_step']:,.2f} ms per step")
+
+
 def to_markdown(s: TraceSummary) -> str:
     total = sum(s.categories_us.values())
     where = "GPU kernels" if s.device_kind == "gpu" else "CPU operators (self time)"
@@ -29,6 +84,7 @@ def to_markdown(s: TraceSummary) -> str:
                   "of the same run.", ""]
     lines += ["## Diagnoses", ""]
     lines += [f"- **{d.severity}** `{d.code}`: {d.message}" for d in s.diagnoses] or ["- none"]
+    lines += buckets_markdown(s)
     lines += ["", f"## Time by category ({where})", "", "| category | ms | share |", "| --- | ---: | ---: |"]
     lines += [f"| {c} | {_ms(t)} | {_share(t, total)} |" for c, t in s.categories_us.items()]
     if s.device_kind == "gpu":
@@ -50,6 +106,23 @@ def write(s: TraceSummary, out_dir: Path, stem: str = "summary") -> dict[str, st
     json_path = write_json_atomic(out_dir / f"{stem}.json", s.to_dict())
     md_path = write_text_atomic(out_dir / f"{stem}.md", to_markdown(s))
     return {"summary_json": str(json_path), "summary_md": str(md_path)}
+
+
+def buckets_table(s: TraceSummary) -> Table | None:
+    bd = s.breakdown
+    if not bd or not bd["buckets"]:
+        return None
+    rank = f"rank {s.rank}, " if s.rank is not None else ""
+    peak = f", peak {bd['peak_tflops']:,.0f} TFLOP/s" if bd.get("peak_tflops") else ""
+    notes = [x for x in (_flops_line(bd), _overlap_line(bd)) if x] + bd.get("notes", [])
+    t = Table(title=f"Fine-tuning buckets ({rank}per active step of {_ms_mean(bd)} ms, {bd['steps']} steps{peak})",
+              header_style="bold", caption="\n".join(notes) or None, caption_justify="left")
+    for col, just in (("bucket", "left"), ("ms/step", "right"), ("share", "right"), ("TFLOP/s", "right"),
+                      ("of peak", "right")):
+        t.add_column(col, justify=just)
+    for b in bd["buckets"].values():
+        t.add_row(b["label"], f"{b['ms_per_step']:,.2f}", f"{100 * (b['share'] or 0):.1f}%", _tflops(b), _of_peak(b))
+    return t
 
 
 def rich_view(s: TraceSummary) -> Group:
@@ -76,4 +149,46 @@ def rich_view(s: TraceSummary) -> Group:
         diag.add_row("[yellow]![/yellow]" if d.severity == "warning" else "[dim]i[/dim]", d.message)
     if not s.diagnoses:
         diag.add_row("", "nothing stands out")
-    return Group(cats, diag)
+    table = buckets_table(s)
+    return Group(*([table] if table is not None else []), cats, diag)
+
+
+def _step_ms(s: TraceSummary) -> float | None:
+    bd = s.breakdown
+    return sum(bd["step_ms"]) / len(bd["step_ms"]) if bd and bd["step_ms"] else None
+
+
+def slowest_rank(summaries: list[TraceSummary]) -> tuple[int | None, float, float] | None:
+    """(rank, its ms per step, ms per step over the fastest rank) of the slowest rank; None without step times."""
+    timed = [(s.rank, t) for s in summaries if (t := _step_ms(s)) is not None]
+    if not timed:
+        return None
+    rank, worst = max(timed, key=lambda x: x[1])
+    return rank, worst, worst - min(t for _, t in timed)
+
+
+def ranks_table(summaries: list[TraceSummary], columns: int = 6) -> Table:
+    """One row per rank: step time and the largest buckets (ms per step), the slowest rank named."""
+    totals: dict[str, float] = {}
+    for s in summaries:
+        for key, b in (s.breakdown or {}).get("buckets", {}).items():
+            totals[key] = totals.get(key, 0.0) + b["ms_per_step"]
+    keys = sorted(totals, key=lambda k: -totals[k])[:columns]
+    slow = slowest_rank(summaries)
+    caption = (f"slowest: rank {slow[0]}, {slow[1]:,.2f} ms per step ({slow[2]:+,.2f} over the fastest)"
+               if slow else None)
+    t = Table(title="Per rank (ms per active step)", header_style="bold", caption=caption, caption_justify="left")
+    t.add_column("rank")
+    t.add_column("step", justify="right")
+    labels = {}
+    for s in summaries:
+        for key, b in (s.breakdown or {}).get("buckets", {}).items():
+            labels[key] = b["label"]
+    for key in keys:
+        t.add_column(labels[key], justify="right")
+    for s in sorted(summaries, key=lambda x: (x.rank is None, x.rank)):
+        buckets = (s.breakdown or {}).get("buckets", {})
+        mark = " [red]slowest[/red]" if slow and s.rank == slow[0] and len(summaries) > 1 else ""
+        t.add_row(f"{s.rank}{mark}", _ms(1000 * (_step_ms(s) or 0)),
+                  *[f"{buckets[k]['ms_per_step']:,.2f}" if k in buckets else "-" for k in keys])
+    return t

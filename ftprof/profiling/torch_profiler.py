@@ -3,8 +3,10 @@
 One torch.profiler session per cycle: after each cycle its artifacts are exported, and if the trace was larger than
 ``--prof-max-trace-mb`` the costly options (stacks, shapes, memory) are turned off for the cycles that follow.
 
-Artifacts per rank and cycle, in the profile directory:
-    trace_rank{r}_cycle{c}.pt.trace.json.gz    Perfetto / chrome://tracing / HTA / TensorBoard (carries the rank)
+Artifacts per rank and cycle, in the profile directory (ftprof/profiling/layout.py):
+    cycle{c}/trace_rank{r}_cycle{c}.pt.trace.json.gz
+                                               Perfetto / chrome://tracing / HTA / TensorBoard (carries the rank);
+                                               one folder per cycle holding only its traces, one file per rank
     key_averages_rank{r}_cycle{c}.txt          operator table, by device time (CPU time on CPU runs)
     stacks_rank{r}_cycle{c}.txt                folded stacks for flame graphs (with --prof-with-stack)
     memory_timeline_rank{r}_cycle{c}.html      memory by category over time (--prof-memory-timeline; JSON fallback)
@@ -24,6 +26,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
 from ftprof.config import ProfilingConfig
+from ftprof.profiling import layout
 
 SNAPSHOT_MAX_ENTRIES = 100_000  # bounded allocator history: enough for a few steps of a large model
 
@@ -155,7 +158,8 @@ class TorchProfiler:
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         self._prof.add_metadata_json("distributedInfo", json.dumps({"rank": self.rank, "world_size": world,
                                                                     "backend": "none" if world == 1 else "nccl"}))
-        self._prof.add_metadata_json("ftprof", json.dumps({**self.metadata, "cycle": self._cycle}))
+        block = layout.encode_metadata({**self.metadata, "cycle": self._cycle})
+        self._prof.add_metadata_json("ftprof", json.dumps(block))  # a string: see layout.encode_metadata
         self._meta_added = True
 
     # ------------------------------------------------------------------ allocator snapshot
@@ -191,7 +195,8 @@ class TorchProfiler:
         return True
 
     def _export(self, prof: profile) -> None:
-        trace = self._path("trace", "pt.trace.json.gz")
+        trace = layout.trace_path(self.out_dir, self.rank, self._cycle)
+        trace.parent.mkdir(parents=True, exist_ok=True)
         if self._try("trace", lambda: prof.export_chrome_trace(str(trace)), trace):
             self.trace_bytes.append(trace.stat().st_size)
         cuda = "cuda" in self.settings.activities

@@ -11,6 +11,7 @@ ftprof/optimizer_step): on GPU traces, each kernel counts for the stage whose CP
 
 from __future__ import annotations
 
+import functools
 import gzip
 import re
 from array import array
@@ -22,6 +23,10 @@ from typing import Any, BinaryIO
 import ijson
 import numpy as np
 from ijson.common import ObjectBuilder
+
+from ftprof.profiling import buckets
+from ftprof.profiling.layout import decode_metadata
+from ftprof.profiling.op_flops import keeps_dims
 
 # Kernel (or CPU operator) name -> category. First match wins; order matters.
 CATEGORIES: tuple[tuple[str, re.Pattern], ...] = tuple((name, re.compile(rx, re.I)) for name, rx in (
@@ -48,7 +53,9 @@ LEAF_MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
 MATMUL_OPS = LEAF_MATMULS | {"aten::matmul", "aten::linear"}
 
 
+@functools.lru_cache(maxsize=65536)
 def categorize(name: str) -> str:
+    """Category of a kernel or operator name. Memoized: a trace repeats a few hundred names millions of times."""
     for cat, rx in CATEGORIES:
         if rx.search(name):
             return cat
@@ -82,6 +89,8 @@ class TraceSummary:
     diagnoses: list[Diagnosis]
     metadata: dict[str, Any]
     profiler_overhead: float | None = None
+    breakdown: dict[str, Any] | None = None  # fine-tuning buckets per active step (buckets.Breakdown as a dict)
+    rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,19 +102,33 @@ def _open(path: Path) -> BinaryIO:
     return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
 
 
-def _union_us(starts: array, ends: array) -> float:
-    """Total length of the union of intervals (kernels on several streams overlap). Vectorized: 16 bytes/kernel."""
+def union_us(starts, ends) -> float:
+    """Total length of the union of intervals (kernels on several streams overlap). Vectorized, sorted copies only:
+    about 24 bytes per kernel at the peak."""
     if not len(starts):
         return 0.0
-    s, e = np.frombuffer(starts, dtype=np.float64), np.frombuffer(ends, dtype=np.float64)
+    s, e = np.asarray(starts, dtype=np.float64), np.asarray(ends, dtype=np.float64)
     order = np.argsort(s, kind="stable")
     s, e = s[order], e[order]
-    reach = np.maximum.accumulate(e)
-    opens = np.empty(len(s), dtype=bool)
-    opens[0] = True
-    opens[1:] = s[1:] > reach[:-1]  # a new busy segment starts where a kernel begins after all earlier ones end
-    first = np.flatnonzero(opens)
-    return float((np.maximum.reduceat(e, first) - s[first]).sum())
+    del order
+    np.maximum.accumulate(e, out=e)  # e[i]: how far the busy segment reaches by kernel i
+    first = np.flatnonzero(s[1:] > e[:-1]) + 1  # a new segment starts where a kernel begins after all earlier end
+    last = np.empty(len(first) + 1, dtype=np.int64)
+    last[:-1] = first - 1
+    last[-1] = len(s) - 1
+    busy = float(e[last].sum() - s[0] - s[first].sum())
+    return busy
+
+
+class _Thread:
+    """One thread's CPU operators, in compact arrays (names are interned by the parser: they repeat heavily)."""
+
+    __slots__ = ("ts", "dur", "names", "ext", "seq")
+
+    def __init__(self) -> None:
+        self.ts, self.dur, self.ext = array("d"), array("d"), array("d")
+        self.seq = array("b")  # 1 where the operator carries an autograd sequence number
+        self.names: list[str] = []
 
 
 class _Accumulator:
@@ -121,11 +144,18 @@ class _Accumulator:
         self.copy_bytes: Counter = Counter()
         self.matmul_dtype_by_ext: dict[int, str] = {}
         self.kernel_ext: dict[int, list[float]] = defaultdict(list)  # external id -> kernel durations (gemm)
-        self.cpu_ops: dict[tuple, tuple[array, array, list]] = {}  # (pid, tid) -> (ts, dur, names)
+        self.threads: dict[tuple, _Thread] = {}  # (pid, tid) -> its operators
+        self.op_dims: dict[tuple, tuple[str, list]] = {}  # (thread, index) -> (name, input dims): FLOP/vocab ops
+        # Per GPU activity, for the fine-tuning buckets: launching operator, launch, name, kind.
+        self.k_ext, self.k_corr_all = array("d"), array("d")
+        self.k_name, self.k_kind = array("I"), array("b")
+        self.kernel_names: list[str] = []
+        self._kernel_ids: dict[str, int] = {}
+        self.step_ranges: list[tuple[float, float]] = []  # ProfilerStep#N: one per active step
+        self.optimizer_ranges: list[tuple[float, float]] = []
         self.cpu_matmul_us: Counter = Counter()
         # For GPU time per stage: kernel -> its launch (correlation id) -> the ftprof/* range around the launch.
         self.launch_corr, self.launch_ts = array("d"), array("d")
-        self.kernel_corr, self.kernel_dur = array("d"), array("d")
         self.stage_ranges: list[tuple[float, float, str]] = []
 
     def add(self, ev: dict[str, Any]) -> None:
@@ -136,13 +166,11 @@ class _Accumulator:
         ts = float(ev.get("ts", 0) or 0)
         args = ev.get("args") or {}
         if cat in GPU_CATS:
-            if "correlation" in args:
-                self.kernel_corr.append(float(args["correlation"]))
-                self.kernel_dur.append(dur)
             self.kernel_time[name] += dur
             self.kernel_count[name] += 1
             self.k_start.append(ts)
             self.k_end.append(ts + dur)
+            self._kernel_detail(name, cat, args)
             if cat == "gpu_memcpy":
                 kind = "HtoD" if "HtoD" in name else "DtoH" if "DtoH" in name else "other"
                 self.copies[kind] += 1
@@ -157,14 +185,24 @@ class _Accumulator:
             if name in STAGES:
                 self.cpu_stage[name] += dur
                 self.stage_ranges.append((ts, ts + dur, name))
+            if name.startswith("ProfilerStep#"):
+                self.step_ranges.append((ts, ts + dur))
+            if name.startswith(("Optimizer.step#", "Optimizer.zero_grad#")) or name == "ftprof/optimizer_step":
+                self.optimizer_ranges.append((ts, ts + dur))
         elif cat == "cpu_op":
             self.op_time[name] += dur
             self.op_count[name] += 1
             key = (ev.get("pid"), ev.get("tid"))
-            ts_a, dur_a, names = self.cpu_ops.setdefault(key, (array("d"), array("d"), []))
-            ts_a.append(ts)
-            dur_a.append(dur)
-            names.append(name)  # strings are interned by the parser's dict keys; names repeat heavily
+            th = self.threads.get(key)
+            if th is None:
+                th = self.threads[key] = _Thread()
+            if keeps_dims(name) and "Input Dims" in args:
+                self.op_dims[(key, len(th.ts))] = (name, args["Input Dims"])
+            th.ts.append(ts)
+            th.dur.append(dur)
+            th.names.append(name)
+            th.ext.append(float(args.get("External id", "nan")))
+            th.seq.append(1 if "Sequence number" in args else 0)
             if name in MATMUL_OPS and "Input type" in args:
                 types = [t for t in args["Input type"] if t]
                 dtype = types[-1] if types else ""
@@ -172,6 +210,20 @@ class _Accumulator:
                     self.matmul_dtype_by_ext[int(args["External id"])] = dtype
                 if name in LEAF_MATMULS:  # CPU traces: matmul time by dtype (leaf ops only, no double count)
                     self.cpu_matmul_us[dtype] += dur
+
+    def _kernel_id(self, name: str) -> int:
+        kid = self._kernel_ids.get(name)
+        if kid is None:
+            kid = self._kernel_ids[name] = len(self.kernel_names)
+            self.kernel_names.append(name)
+        return kid
+
+    def _kernel_detail(self, name: str, cat: str, args: dict) -> None:
+        self.k_ext.append(float(args.get("External id", "nan")))
+        self.k_corr_all.append(float(args.get("correlation", "nan")))
+        self.k_name.append(self._kernel_id(name))
+        host_device = cat == "gpu_memcpy" and ("HtoD" in name or "DtoH" in name)
+        self.k_kind.append(0 if cat == "kernel" else 1 if host_device else 2)
 
 
 def _gpu_stage_times(acc: _Accumulator) -> Counter:
@@ -181,12 +233,13 @@ def _gpu_stage_times(acc: _Accumulator) -> Counter:
     them; matching launches by time (any thread) does not.
     """
     out: Counter = Counter()
-    if not len(acc.kernel_corr) or not len(acc.launch_corr) or not acc.stage_ranges:
+    if not len(acc.k_start) or not len(acc.launch_corr) or not acc.stage_ranges:
         return out
     lc, lt = np.frombuffer(acc.launch_corr), np.frombuffer(acc.launch_ts)
     order = np.argsort(lc)
     lc, lt = lc[order], lt[order]
-    kc, kd = np.frombuffer(acc.kernel_corr), np.frombuffer(acc.kernel_dur)
+    kc = np.frombuffer(acc.k_corr_all)  # NaN (no correlation) never matches a launch
+    kd = np.frombuffer(acc.k_end) - np.frombuffer(acc.k_start)
     pos = np.clip(np.searchsorted(lc, kc), 0, len(lc) - 1)
     found = lc[pos] == kc
     launch = lt[pos[found]]
@@ -204,7 +257,8 @@ def _gpu_stage_times(acc: _Accumulator) -> Counter:
 def _self_times(acc: _Accumulator) -> Counter:
     """Self time per CPU operator: inclusive time minus the time of its direct children, per thread."""
     self_time: Counter = Counter()
-    for ts_a, dur_a, names in acc.cpu_ops.values():
+    for th in acc.threads.values():
+        ts_a, dur_a, names = th.ts, th.dur, th.names
         ts_np, dur_np = np.frombuffer(ts_a, dtype=np.float64), np.frombuffer(dur_a, dtype=np.float64)
         order = np.lexsort((-dur_np, ts_np)).tolist()  # by start, longest (outermost) first
         stack: list[list] = []  # [end, name, duration, child_time]
@@ -251,7 +305,15 @@ def _read_metadata(path: Path) -> dict[str, Any]:
                 builder = None
             else:
                 builder.event(event, value)
+    if "ftprof" in meta:
+        meta["ftprof"] = decode_metadata(meta["ftprof"])
     return meta
+
+
+def ftprof_metadata(meta: dict[str, Any]) -> dict[str, Any]:
+    """ftprof's own block of trace metadata ({} for traces ftprof did not write)."""
+    block = meta.get("ftprof")
+    return block if isinstance(block, dict) else {}
 
 
 def summarize(path: str | Path, run_config: dict | None = None) -> TraceSummary:
@@ -261,13 +323,13 @@ def summarize(path: str | Path, run_config: dict | None = None) -> TraceSummary:
         for ev in ijson.items(fh, "traceEvents.item", use_float=True):
             acc.add(ev)
     meta = _read_metadata(path)
-    ftmeta = meta.get("ftprof") if isinstance(meta.get("ftprof"), dict) else {}
+    ftmeta = ftprof_metadata(meta)
     dtype = (run_config or {}).get("model", {}).get("dtype") or ftmeta.get("dtype")
     checkpointing = (run_config or {}).get("model", {}).get("gradient_checkpointing", ftmeta.get("checkpointing"))
     gpu = len(acc.k_start) > 0
     if gpu:
         window = max(acc.k_end) - min(acc.k_start)
-        busy = _union_us(acc.k_start, acc.k_end)
+        busy = union_us(acc.k_start, acc.k_end)
         cats: Counter = Counter()
         for name, t in acc.kernel_time.items():
             cats[categorize(name)] += t
@@ -294,14 +356,23 @@ def summarize(path: str | Path, run_config: dict | None = None) -> TraceSummary:
         host_device_copies={k: {"count": acc.copies[k], "us": acc.copy_us[k], "bytes": acc.copy_bytes[k]}
                             for k in acc.copies},
         fp32_gemm_us=fp32_us, gemm_us=gemm_us, verdict="", diagnoses=[], metadata=meta)
+    summary.breakdown = breakdown_dict(buckets.from_trace(acc, meta, ftmeta, run_config, categorize))
+    info = meta.get("distributedInfo")
+    summary.rank = int(info["rank"]) if isinstance(info, dict) and "rank" in info else None
     summary.verdict = _verdict(summary)
     summary.diagnoses = diagnose(summary, dtype=dtype, checkpointing=checkpointing)
     return summary
 
 
+def breakdown_dict(b: buckets.Breakdown) -> dict[str, Any]:
+    out = asdict(b)
+    out["flops_ratio"] = b.flops_ratio
+    return out
+
+
 def _cpu_window(acc: _Accumulator) -> float:
-    starts = [min(ts) for ts, _, _ in acc.cpu_ops.values() if len(ts)]
-    ends = [max(t + d for t, d in zip(ts, du, strict=True)) for ts, du, _ in acc.cpu_ops.values() if len(ts)]
+    starts = [min(th.ts) for th in acc.threads.values() if len(th.ts)]
+    ends = [max(t + d for t, d in zip(th.ts, th.dur, strict=True)) for th in acc.threads.values() if len(th.ts)]
     return (max(ends) - min(starts)) if starts else 0.0
 
 

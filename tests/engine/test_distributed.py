@@ -91,8 +91,8 @@ def test_profile_every_rank_with_checkpointing_under_fsdp(tmp_path):
                       prof_ranks="all", prof_active_steps=1, gradient_checkpointing=True)
     result = ftprof.train(cfg)
     assert result.status == "ok", result.error_message
-    prof = tmp_path / "p" / "profile"
-    traces = sorted(p.name for p in prof.glob("trace_*.json.gz"))
+    prof = tmp_path / "p" / "profile" / "cycle1"  # one folder per cycle, one trace per rank
+    traces = sorted(p.name for p in prof.iterdir())
     assert traces == ["trace_rank0_cycle1.pt.trace.json.gz", "trace_rank1_cycle1.pt.trace.json.gz"]
     import gzip
 

@@ -31,7 +31,7 @@ def test_profile_writes_openable_artifacts(tmp_path):
     result = ftprof.train(cfg)
     assert result.status == "ok", result.error_tail
     prof_dir = _run_dir(tmp_path, result) / "profile"
-    trace = json.loads(gzip.open(prof_dir / "trace_rank0_cycle1.pt.trace.json.gz").read())
+    trace = json.loads(gzip.open(prof_dir / "cycle1" / "trace_rank0_cycle1.pt.trace.json.gz").read())
     assert trace["distributedInfo"]["rank"] == 0
     names = {e.get("name") for e in trace["traceEvents"]}
     assert {"ftprof/forward", "ftprof/backward", "ftprof/optimizer_step"} <= names
@@ -68,8 +68,9 @@ def test_max_steps_raised_so_cycles_complete(tmp_path):
     assert result.steps_completed == 8
     assert any("--max-steps raised from 3 to 8" in n for n in result.notes)
     prof_dir = _run_dir(tmp_path, result) / "profile"
-    assert sorted(p.name for p in prof_dir.glob("trace_*")) == ["trace_rank0_cycle1.pt.trace.json.gz",
-                                                                "trace_rank0_cycle2.pt.trace.json.gz"]
+    # one folder per cycle, holding only that cycle's traces (what HTA and TensorBoard read)
+    assert sorted(str(p.relative_to(prof_dir)) for p in prof_dir.glob("cycle*/*")) == [
+        "cycle1/trace_rank0_cycle1.pt.trace.json.gz", "cycle2/trace_rank0_cycle2.pt.trace.json.gz"]
 
 
 def test_trace_size_guard_turns_off_costly_options(tmp_path):
@@ -79,7 +80,7 @@ def test_trace_size_guard_turns_off_costly_options(tmp_path):
     prof_dir = _run_dir(tmp_path, result) / "profile"
     assert (prof_dir / "stacks_rank0_cycle1.txt").exists()
     assert not (prof_dir / "stacks_rank0_cycle2.txt").exists()
-    assert (prof_dir / "trace_rank0_cycle2.pt.trace.json.gz").exists()
+    assert (prof_dir / "cycle2" / "trace_rank0_cycle2.pt.trace.json.gz").exists()
     assert any("stacks, shapes and memory recording are off" in n for n in result.notes)
     assert result.profiling["with_stack"] is False
 
@@ -124,8 +125,12 @@ def test_profile_command_end_to_end(tmp_path, capsys):
                  "--device", "cpu", "--seq-len", "32"])
     assert code == 0
     out = capsys.readouterr().out
-    assert "Where the time went" in out and "profiler overhead" in out
+    assert "Where the time went" in out and "profiler overhead" in out and "Fine-tuning buckets" in out
     assert (tmp_path / "p" / "profile" / "summary.md").exists()
+    # it ends by saying where the traces are and how to open them
+    tail = out[out.index("traces: "):]
+    assert str(tmp_path / "p" / "profile" / "cycle1") in tail
+    assert "ui.perfetto.dev" in tail and "tensorboard --logdir" in tail and "TraceAnalysis(trace_dir=" in tail
 
 
 @pytest.mark.parametrize("method", ["full", "lora", "qlora", "gptq-lora"])
@@ -135,7 +140,7 @@ def test_profile_each_method_on_cpu(tmp_path, method):
                             else tiny_config(tmp_path, method, max_steps=5, prof_active_steps=1))
     assert result.status == "ok", result.error_tail
     prof = _run_dir(tmp_path, result) / "profile"
-    trace = json.loads(gzip.open(prof / "trace_rank0_cycle1.pt.trace.json.gz").read())
+    trace = json.loads(gzip.open(prof / "cycle1" / "trace_rank0_cycle1.pt.trace.json.gz").read())
     assert any(e.get("name") == "ftprof/backward" for e in trace["traceEvents"])
     summary = json.loads((prof / "summary.json").read_text())
     assert summary["categories_us"]["gemm"] > 0 and summary["stages_us"]["ftprof/backward"] > 0
@@ -153,6 +158,6 @@ def test_a_failing_exporter_warns_and_the_rest_are_written(tmp_path, monkeypatch
     assert result.status == "ok"
     prof = _run_dir(tmp_path, result) / "profile"
     assert not (prof / "stacks_rank0_cycle1.txt").exists()
-    assert (prof / "trace_rank0_cycle1.pt.trace.json.gz").exists()
+    assert (prof / "cycle1" / "trace_rank0_cycle1.pt.trace.json.gz").exists()
     assert (prof / "key_averages_rank0_cycle1.txt").exists() and (prof / "summary.md").exists()
     assert any("stacks export failed" in n for n in result.notes)

@@ -1,0 +1,45 @@
+"""Summary views: the per-rank table names the slowest rank; Markdown carries the buckets."""
+
+import json
+
+from ftprof.cli.main import main
+from ftprof.profiling import summary_output
+from ftprof.profiling.layout import encode_metadata
+from ftprof.profiling.trace_summary import summarize
+from tests.profiling.test_buckets import GpuTrace, lora_step
+
+
+def _rank_trace(folder, rank, extra_us):
+    t = GpuTrace()
+    for i in range(2):
+        lora_step(t, 2000.0 * i, elementwise_us=20.0 + extra_us, step_us=1000.0 + extra_us)
+    path = folder / f"trace_rank{rank}_cycle1.pt.trace.json.gz"
+    import gzip
+
+    with gzip.open(path, "wt") as fh:
+        json.dump({"schemaVersion": 1, "distributedInfo": {"rank": rank, "world_size": 2},
+                   "ftprof": encode_metadata({"method": "lora", "lora_r": 8}), "traceEvents": t.events}, fh)
+    return path
+
+
+def test_a_cycle_folder_is_summarized_per_rank_with_the_slowest_named(tmp_path, capsys):
+    cycle = tmp_path / "cycle1"
+    cycle.mkdir()
+    _rank_trace(cycle, 0, 0.0)
+    _rank_trace(cycle, 1, 250.0)
+    assert main(["profile", "--summarize", str(cycle)]) == 0
+    out = capsys.readouterr().out
+    assert "Per rank" in out and "slowest: rank 1, 1.25 ms per step (+0.25 over the fastest)" in out
+    assert sorted(p.name for p in cycle.iterdir()) == ["trace_rank0_cycle1.pt.trace.json.gz",
+                                                       "trace_rank1_cycle1.pt.trace.json.gz"]
+    assert (tmp_path / "trace_rank1_cycle1.summary.json").exists()
+    summaries = [summarize(p) for p in sorted(cycle.iterdir())]
+    assert [s.rank for s in summaries] == [0, 1]
+    assert summary_output.slowest_rank(summaries) == (1, 1.25, 0.25)
+
+
+def test_markdown_has_the_buckets_table(tmp_path):
+    s = summarize(_rank_trace(tmp_path, 0, 0.0))
+    md = summary_output.to_markdown(s)
+    assert "## Fine-tuning buckets (per active step, 2 steps, step 1.00 ms)" in md
+    assert "| LoRA GEMMs | 0.01 |" in md and "FLOPs counted from shapes" in md
