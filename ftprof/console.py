@@ -15,8 +15,15 @@ def fmt_gib(value: int | None) -> str:
     return "-" if value is None else f"{value / GIB:.2f}"
 
 
-def fmt_num(value: float | None, spec: str = ",.0f") -> str:
-    return "-" if value is None else format(value, spec)
+def fmt_num(value: float | None, spec: str | None = None) -> str:
+    """A number for people. Without ``spec``, one format everywhere: thousands separated by commas and no decimals
+    from 100 up ("4,464"), one decimal below 100 ("82.7", never "82.743", which reads as 82 thousand), two below 10."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    if spec is not None:
+        return format(value, spec)
+    size = abs(value)
+    return format(value, ",.0f" if size >= 100 else ".1f" if size >= 10 else ".2f")
 
 
 def fmt_pct(value: float | None) -> str:

@@ -46,6 +46,26 @@ def terminal_table(report) -> Table:
     return table
 
 
+def choose_table(choice) -> Table | None:
+    """The "which should I pick?" answer in the terminal: per memory budget the fastest configuration that fits."""
+    from ftprof.console import fmt_gib, fmt_num
+    from ftprof.report.choose import MARGIN
+
+    if choice is None or not choice.configurations:
+        return None
+    table = Table(title=f"Which should I pick? (peak: {choice.memory_source}, fits = at most "
+                        f"{100 * (1 - MARGIN):.0f}% of the budget)", header_style="bold")
+    for name in ("memory budget", "fastest that fits", "tokens/s", "peak GiB", "vs fastest"):
+        table.add_column(name, justify="left" if name in ("memory budget", "fastest that fits") else "right")
+    for p in choice.picks:
+        if p.choice is None:
+            table.add_row(p.budget, "[dim]nothing measured fits[/dim]", "-", "-", "-")
+        else:
+            table.add_row(p.budget, p.choice.label, fmt_num(p.choice.tokens_per_s), fmt_gib(p.choice.peak_bytes),
+                          f"{p.cost_pct:+.1f}%")
+    return table
+
+
 def report_command(args: argparse.Namespace) -> int:
     from ftprof.report.build import build_report
 
@@ -55,6 +75,11 @@ def report_command(args: argparse.Namespace) -> int:
     for problem in report.problems:
         console.print(f"[yellow]skipped[/yellow] {problem}")
     console.print(terminal_table(report))
+    choice = choose_table(report.choice)
+    if choice is not None:
+        console.print(choice)
+        if not report.choice.on_gpu:
+            console.print("[dim]CPU runs: the peak is host memory, so the GPU budgets are indicative only.[/dim]")
     cmp = report.comparison
     if cmp is not None:
         for s in cmp.status_regressions:

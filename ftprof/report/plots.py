@@ -169,9 +169,46 @@ def nvml_over_time(df: pd.DataFrame, out: Path) -> Path | None:
     return _save(fig, out / "nvml_memory.png")
 
 
-def all_plots(df: pd.DataFrame, out: Path) -> list[Path]:
+def pareto(choice, out: Path) -> Path | None:
+    """Tokens/s against peak memory per configuration, every point labelled, the frontier drawn (choose.py)."""
+    if not choice.configurations:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    front = {id(c) for c in choice.frontier}
+    for c in choice.configurations:
+        on = id(c) in front
+        ax.scatter(c.peak_bytes / GIB, c.tokens_per_s, s=45 if on else 25, color="C0" if on else "0.55", zorder=3)
+        ax.annotate(c.label, (c.peak_bytes / GIB, c.tokens_per_s), textcoords="offset points", xytext=(4, 3),
+                    fontsize=7, color="black" if on else "0.35")
+    ax.step([c.peak_bytes / GIB for c in choice.frontier], [c.tokens_per_s for c in choice.frontier], where="post",
+            color="C0", label="Pareto frontier", zorder=2)
+    ax.set_xlabel(f"peak memory per GPU (GiB, {choice.memory_source})")
+    ax.set_ylabel("tokens/s (global)")
+    ax.set_title("Which configurations are worth it? (frontier: nothing is both faster and smaller)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, out / PARETO)
+
+
+PARETO = "pareto.png"
+# What each plot answers: the HTML report's captions.
+CAPTIONS = {
+    PARETO: "Which configurations are worth it: tokens/s against peak memory, every configuration labelled; the line "
+            "joins those that no other configuration beats on both.",
+    "throughput_vs_memory.png": "How much memory does each extra token/s cost, per method?",
+    "memory_breakdown.png": "Where did the training peak go: weights, gradients, optimizer state, activations, "
+                            "transients, allocator reserve and non-torch memory?",
+    "tokens_vs_batch.png": "Does a larger batch still pay: tokens/s against batch size per method (red: failed runs).",
+    "step_times.png": "How steady is each run: the spread of its steady-state step times.",
+    "nvml_memory.png": "When did device memory grow: NVML memory used over each run.",
+}
+
+
+def all_plots(df: pd.DataFrame, out: Path, choice=None) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     if df.empty:
         return []
+    made = [p for p in [pareto(choice, out)] if p is not None] if choice is not None else []
     makers = (throughput_vs_memory, memory_breakdown, tokens_vs_batch, step_times, nvml_over_time)
-    return [p for p in (m(df, out) for m in makers) if p is not None]
+    return made + [p for p in (m(df, out) for m in makers) if p is not None]

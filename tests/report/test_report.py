@@ -113,7 +113,8 @@ def test_memory_logging_separates_rows_only_when_it_varies(results, tmp_path):
 def test_plots_and_html(results, tmp_path):
     rep = ftprof.build_report([results], tmp_path / "rep")
     pngs = [p for n, p in rep.files.items() if n.endswith(".png")]
-    assert {p.name for p in pngs} >= {"throughput_vs_memory.png", "tokens_vs_batch.png", "step_times.png"}
+    assert {p.name for p in pngs} >= {"throughput_vs_memory.png", "tokens_vs_batch.png", "step_times.png",
+                                      "pareto.png"}
     import matplotlib.image as mpimg
 
     for png in pngs:
@@ -121,6 +122,13 @@ def test_plots_and_html(results, tmp_path):
         assert mpimg.imread(png).shape[0] > 100
     html = (tmp_path / "rep" / "report.html").read_text()
     assert html.count("data:image/png;base64,") == len(pngs) and "<table>" in html and "oom_device" in html
+    assert "Which should I pick?" in html and "Pareto frontier" in html
+    assert "<figcaption>pareto.png</figcaption>" not in html and "Which configurations are worth it" in html
+    # CPU runs: host memory, said so; the fastest configuration overall fits the largest budget
+    md = (tmp_path / "rep" / "summary.md").read_text()
+    assert "host RSS peak" in md and "ran on the CPU" in md
+    fastest = rep.choice.fastest
+    assert rep.choice.picks[-1].choice == fastest and rep.choice.picks[-1].cost_pct == 0
 
 
 def test_identical_baseline_passes_and_planted_regression_fails(results, tmp_path, capsys, monkeypatch):
