@@ -82,13 +82,13 @@ def report_command(args: argparse.Namespace) -> int:
             console.print("[dim]CPU runs: the peak is host memory, so the GPU budgets are indicative only.[/dim]")
     cmp = report.comparison
     if cmp is not None:
-        for s in cmp.status_regressions:
-            console.print(f"[red]regression[/red] {s}")
-        for ch in cmp.regressions:
-            console.print(f"[red]regression[/red] {ch.experiment}: {ch.figure} {ch.baseline:.4g} -> {ch.current:.4g} "
-                          f"({ch.change_pct:+.1f}%)")
+        for c in cmp.regressions:
+            console.print(f"[red]regression[/red] {c.experiment}: {'; '.join(c.reasons)}")
+        for c in cmp.inconclusive:
+            console.print(f"[yellow]inconclusive[/yellow] {c.experiment}: {'; '.join(c.reasons)}")
         if not cmp.failed:
             console.print(f"[green]no regression beyond {args.threshold:g}%[/green] "
-                          f"({len(cmp.changes)} figures compared)")
+                          f"({len(cmp.configs)} configurations compared"
+                          + (f", {len(cmp.inconclusive)} inconclusive" if cmp.inconclusive else "") + ")")
     console.print(f"[dim]wrote {', '.join(sorted(report.files))} to {report.out_dir}[/dim]")
     return 1 if cmp is not None and cmp.failed else 0
