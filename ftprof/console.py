@@ -82,10 +82,15 @@ class RunDisplay:
             self.console.print(f"[bold red]{res.status}[/bold red]: {res.error_type}: {res.error_message}")
 
 
+CPU_NOTE = "CPU run: GPU-only figures (MFU, per-GPU throughput, allocator peaks) do not apply and are left out."
+
+
 def summary_table(res: RunResult) -> Table:
+    """The end-of-run table. A CPU run shows host memory only, and a caption saying why the GPU figures are gone."""
     ok = res.status == "ok"
+    on_cpu = str(res.device).startswith("cpu")
     table = Table(title=f"ftprof {res.method} on {res.model} [{'green' if ok else 'red'}]{res.status}[/]",
-                  show_header=True, header_style="bold")
+                  show_header=True, header_style="bold", caption=CPU_NOTE if on_cpu else None)
     table.add_column("metric")
     table.add_column("value", justify="right")
     rows = [
@@ -102,6 +107,8 @@ def summary_table(res: RunResult) -> Table:
         ("host peak RSS (GiB)", fmt_gib(res.host_peak_rss)),
         ("run dir", res.run_dir),
     ]
+    gpu_only = ("tokens/s per GPU", "MFU / HFU", "torch peak allocated / reserved (GiB)")
     for name, value in rows:
-        table.add_row(name, value)
+        if not (on_cpu and name in gpu_only):
+            table.add_row(name, value)
     return table

@@ -75,6 +75,10 @@ def report_command(args: argparse.Namespace) -> int:
     for problem in report.problems:
         console.print(f"[yellow]skipped[/yellow] {problem}")
     console.print(terminal_table(report))
+    if report.table.cpu_only:
+        from ftprof.report.tables import CPU_NOTE
+
+        console.print(f"[dim]{CPU_NOTE}[/dim]")
     choice = choose_table(report.choice)
     if choice is not None:
         console.print(choice)

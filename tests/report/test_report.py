@@ -8,7 +8,7 @@ import pytest
 
 import ftprof
 from ftprof.cli.main import main
-from ftprof.report.tables import ci95, display_rows, summarize
+from ftprof.report.tables import ci95, display_rows, summarize, to_markdown
 from tests.conftest import tiny_config
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -83,12 +83,40 @@ def test_training_peak_column_beside_the_overall_peak(results, tmp_path):
     run = tmp_path / "runs" / "q"
     shutil.copytree(results / "a", run)
     result = json.loads((run / "result.json").read_text())
-    result.update(torch_peak_allocated=5 * 2**30, memory_breakdown={**result["memory_breakdown"],
+    result.update(device="cuda", torch_peak_allocated=5 * 2**30, memory_breakdown={**result["memory_breakdown"],
                                                                      "training_peak": 3 * 2**30})
     (run / "result.json").write_text(json.dumps(result))
     headers, rows = display_rows(summarize(ftprof.load_results(run)))
     cells = dict(zip(headers, rows[0], strict=True))
     assert cells["peak alloc GiB"] == "5.00" and cells["training peak GiB"] == "3.00"
+    assert "host peak RSS GiB" not in cells  # a GPU run: device memory is the figure
+
+
+def test_cpu_runs_show_host_memory_and_hide_gpu_only_figures(results):
+    table = summarize(ftprof.load_results(results, problems=[]))
+    headers, rows = display_rows(table)
+    assert table.cpu_only and "host peak RSS GiB" in headers
+    assert not {"MFU %", "tokens/s/GPU", "peak alloc GiB", "peak reserved GiB"} & set(headers)
+    assert "CPU runs: memory is the host RSS peak" in to_markdown(table)
+
+
+def test_options_that_differ_between_rows_are_shown(results, tmp_path):
+    for name, steps in (("x", 4), ("y", 8)):
+        run = tmp_path / "runs" / name
+        shutil.copytree(results / "a", run)
+        cfg = json.loads((run / "config.json").read_text())
+        cfg["train"]["max_steps"] = steps
+        (run / "config.json").write_text(json.dumps(cfg))
+    headers, rows = display_rows(summarize(ftprof.load_results(tmp_path / "runs")))
+    assert "max_steps" in headers
+    assert sorted(r[headers.index("max_steps")] for r in rows) == ["4", "8"]
+
+
+def test_one_number_format():
+    from ftprof.report.tables import _fmt
+
+    assert _fmt(82.743, "num") == "82.7" and _fmt(4464.2, "num") == "4,464" and _fmt(3.14159, "num") == "3.14"
+    assert _fmt(0.02171, "sec") == "0.022"
 
 
 def test_memory_logging_separates_rows_only_when_it_varies(results, tmp_path):
