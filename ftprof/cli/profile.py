@@ -34,8 +34,7 @@ def profile_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def summarize_command(trace: str) -> int:
-    from rich.console import Console
-
+    from ftprof.console import make_console
     from ftprof.profiling import summary_output
     from ftprof.profiling.trace_summary import summarize
 
@@ -52,7 +51,7 @@ def summarize_command(trace: str) -> int:
     # <trace name>.summary.json/.md beside the trace: never a name the trace itself could have
     stem = path.name.split(".")[0] + ".summary"
     paths = summary_output.write(summary, path.parent, stem)
-    console = Console()
+    console = make_console()
     console.print(summary_output.rich_view(summary))
     console.print(f"[dim]wrote {paths['summary_json']} and {paths['summary_md']}[/dim]")
     return 0
@@ -66,5 +65,9 @@ def profile_command(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args, extra_keys={"summarize"})
     cfg = cfg.replace(profile=True)
+    if cfg.output.quiet:
+        from ftprof.console import silence_third_party
+
+        silence_third_party()
     result = train(cfg)
     return exit_code(result.status)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
 from rich.table import Table
 
+from ftprof.console import make_console
 from ftprof.results.status import status_style
 
 
@@ -71,7 +71,7 @@ def report_command(args: argparse.Namespace) -> int:
 
     report = build_report(args.paths, args.output_dir, baseline=args.baseline, threshold_pct=args.threshold,
                           sort=args.sort, group_by=args.group_by, formats=args.format)
-    console = Console(highlight=False)
+    console = make_console()
     for problem in report.problems:
         console.print(f"[yellow]skipped[/yellow] {problem}")
     console.print(terminal_table(report))

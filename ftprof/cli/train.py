@@ -37,7 +37,12 @@ def train_command(args: argparse.Namespace) -> int:
     from ftprof.ranks import under_torchrun
     from ftprof.results.status import exit_code
 
-    code = exit_code(train(config_from_args(args)).status)
+    cfg = config_from_args(args)
+    if cfg.output.quiet:
+        from ftprof.console import silence_third_party
+
+        silence_third_party()  # before torch, transformers and peft are imported
+    code = exit_code(train(cfg).status)
     if under_torchrun():  # started by the user's own torchrun
         exit_worker(code)
     return code
