@@ -106,8 +106,9 @@ class SummaryTable:
 
 
 def _differing_options(df: pd.DataFrame) -> list[str]:
+    # an option set for some methods only (quant_type) differs when its set values do, not by being unset
     return [c for c in config_columns(df, measurement_if_varying=True)
-            if c not in KEY_COLUMNS and df[c].map(str).nunique() > 1]
+            if c not in KEY_COLUMNS and df[c].dropna().map(str).nunique() > 1]
 
 
 def summarize(df: pd.DataFrame, sort: str | None = None, group_by: str | None = None) -> SummaryTable:
