@@ -65,6 +65,7 @@ def throughput_vs_memory(df: pd.DataFrame, out: Path) -> Path | None:
         ax.scatter(xs, ys, label=method, s=40)
         for (_, row), x, y in zip(group.iterrows(), xs, ys, strict=True):
             ax.annotate(name(row), (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
+    ax.margins(0.15)
     ax.set_xlabel(f"peak memory (GiB, {'torch allocated' if mem_col == 'torch_peak_allocated' else 'host RSS'})")
     ax.set_ylabel("tokens/s (global)")
     ax.set_title("Throughput against peak memory")
@@ -219,6 +220,7 @@ def pareto(choice, out: Path) -> Path | None:
                     fontsize=7, color="black" if on else "0.35")
     ax.step([c.peak_bytes / GIB for c in choice.frontier], [c.tokens_per_s for c in choice.frontier], where="post",
             color="C0", label="Pareto frontier", zorder=2)
+    ax.margins(0.15)  # room for the labels of the outermost points
     ax.set_xlabel(f"peak memory per GPU (GiB, {choice.memory_source})")
     ax.set_ylabel("tokens/s (global)")
     ax.set_title("Which configurations are worth it? (frontier: nothing is both faster and smaller)")

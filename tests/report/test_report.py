@@ -211,3 +211,23 @@ def test_report_errors(results, tmp_path, capsys, argv, fragment):
     assert main(argv + ["--output-dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert fragment in err and "\n" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium not installed")
+def test_report_html_renders_in_headless_chromium(results, tmp_path):
+    """A screenshot check: the self-contained report.html renders (tables and embedded plots) in a real browser."""
+    import subprocess
+
+    import matplotlib.image as mpimg
+
+    ftprof.build_report([results], tmp_path / "rep")
+    shot = tmp_path / "shot.png"
+    subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,3000",
+                    f"--screenshot={shot}", (tmp_path / "rep" / "report.html").as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    image = mpimg.imread(shot)
+    assert image.shape[:2] == (3000, 1400)
+    # the page is not blank: text, tables and plots cover more than 2% of it (a blank page is 0)
+    drawn = (image[..., :3].mean(axis=2) < 0.9).mean()
+    assert drawn > 0.02
