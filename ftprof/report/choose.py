@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from ftprof.config import CHECKPOINTING, KERNELS, METHODS
 from ftprof.console import GIB, fmt_gib, fmt_num
-from ftprof.report.tables import config_columns
+from ftprof.report.tables import config_columns, with_checkpointing_policy
 
 # Common GPU memory sizes (GiB): 16 (V100/T4-class), 24 (L4/A10/4090), 40 (A100-40G), 48 (L40S/A6000),
 # 80 (A100/H100-80G), 141 (H200).
@@ -34,7 +35,10 @@ MEMORY_SOURCES = (("nvml_process_used_peak", "NVML process peak"), ("torch_peak_
 # Options that identify a run's size but whose label is spelled specially (GPUs come from world_size).
 _GPU_OPTIONS = {"nproc_per_node", "nnodes"}
 # Labels read method first, then the options people sweep most; any other varying option follows.
-_LABEL_ORDER = ("method", "model", "batch_size", "seq_len", "grad_accum", "gradient_checkpointing", "world_size")
+_LABEL_ORDER = ("method", "model", "batch_size", "seq_len", "grad_accum", "checkpointing", "kernels", "compile",
+                "world_size")
+# Categorical options whose switches read best in a fixed order (from the baseline choice to the alternatives).
+_ORDERS = {"checkpointing": CHECKPOINTING, "kernels": KERNELS, "method": METHODS}
 
 
 @dataclass(frozen=True)
@@ -121,8 +125,8 @@ def _short(name: str, value: object) -> str:
         return f"b{value}"
     if name == "world_size":
         return f"{value} GPU" + ("s" if str(value) != "1" else "")
-    if name == "gradient_checkpointing":
-        return "ckpt" if value in (True, "True", "true") else "no-ckpt"
+    if name == "checkpointing":
+        return "no-ckpt" if value == "none" else f"ckpt-{value}"
     if name == "seq_len":
         return f"s{value}"
     if name == "grad_accum":
@@ -141,7 +145,7 @@ def label(options: dict[str, object], method: object | None = None) -> str:
 
 def configurations(df: pd.DataFrame) -> tuple[list[Configuration], str, bool]:
     """Successful runs merged by configuration; with the memory source's words and whether they ran on a GPU."""
-    ok = _ok_rows(df)
+    ok = _ok_rows(with_checkpointing_policy(df))
     col, words = memory_source(ok)
     if col is None:
         return [], words, False
@@ -185,8 +189,12 @@ def _comparable(a: Configuration, b: Configuration, option: str) -> bool:
     return all(str(da[k]) == str(db[k]) or _missing(da[k]) or _missing(db[k]) for k in da if k != option)
 
 
-def _value_pairs(values: list[object]) -> list[tuple[object, object]]:
-    """Ordered switches to report: neighbours for numbers (b2 -> b4 -> b8), off -> on for flags, every pair else."""
+def _value_pairs(values: list[object], option: str = "") -> list[tuple[object, object]]:
+    """Ordered switches to report: neighbours for numbers (b2 -> b4 -> b8), off -> on for flags, every pair else
+    (in the option's own order where it has one: none -> full -> selective)."""
+    if option in _ORDERS:
+        order = list(_ORDERS[option])
+        return list(itertools.combinations(sorted(values, key=lambda v: order.index(v) if v in order else 99), 2))
     try:
         nums = sorted(values, key=float)
         return list(itertools.pairwise(nums))
@@ -202,10 +210,10 @@ def option_effects(configs: list[Configuration]) -> list[OptionEffect]:
     effects = []
     for option in [k for k, _ in configs[0].options]:
         values = {str(c.option(option)): c.option(option) for c in configs if not _missing(c.option(option))}
-        if option == "gradient_checkpointing" or all(str(v) in ("True", "False") for v in values.values()):
+        if all(str(v) in ("True", "False") for v in values.values()):
             switches = [(values[a], values[b]) for a, b in (("False", "True"),) if a in values and b in values]
         else:
-            switches = _value_pairs(list(values.values()))
+            switches = _value_pairs(list(values.values()), option)
         for before, after in switches:
             pairs = [(a, b) for a in configs for b in configs
                      if str(a.option(option)) == str(before) and str(b.option(option)) == str(after)

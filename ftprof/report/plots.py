@@ -25,14 +25,16 @@ def labeller(df: pd.DataFrame):
     """A function row -> its label: method plus every option that varies between the runs shown (model, batch,
     checkpointing, GPUs, ...), and "#k" for the k-th repeat of a configuration."""
     from ftprof.report.choose import label, varying_options
-    from ftprof.report.tables import config_key
+    from ftprof.report.tables import config_key, with_checkpointing_policy
 
+    df = with_checkpointing_policy(df)
     varying = varying_options(df) if len(df) else []
     keys = config_key(df) if len(df) else pd.Series(dtype=str)
     counts = keys.value_counts()
     nth = keys.groupby(keys).cumcount() + 1
 
     def _label(row) -> str:
+        row = df.loc[row.name] if row.name in df.index else row  # with the checkpointing policy filled in
         text = label({c: row.get(c) for c in varying}, row.get("method"))
         if row.name in keys.index and counts[keys[row.name]] > 1:
             text += f" #{nth[row.name]}"

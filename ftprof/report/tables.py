@@ -15,7 +15,8 @@ from ftprof.results.load import read_runs
 HEADLINE = [
     ("method", "method", "key"), ("model", "model", "key"), ("world_size", "GPUs", "key"),
     ("batch_size", "batch/GPU", "key"), ("seq_len", "seq len", "key"), ("grad_accum", "grad accum", "key"),
-    ("gradient_checkpointing", "checkpointing", "key"), ("dtype", "dtype", "key"),
+    ("checkpointing", "checkpointing", "key"), ("kernels", "kernels", "key"), ("compile", "compile", "key"),
+    ("dtype", "dtype", "key"),
     ("memory_logging", "memory logging", "key"), ("profile", "profiled", "key"),
     ("tokens_per_s", "tokens/s", "num"), ("tokens_per_s_per_gpu", "tokens/s/GPU", "num"),
     ("real_tokens_per_s", "real tokens/s", "num"), ("step_time_p50_s", "step p50 (s)", "sec"),
@@ -35,7 +36,9 @@ CPU_NOTE = ("CPU runs: memory is the host RSS peak; GPU-only figures (MFU, per-G
 KEY_COLUMNS = [c for c, _, kind in HEADLINE if kind == "key"]
 NUM_COLUMNS = [c for c, _, kind in HEADLINE if kind not in ("key", "status")]
 # Options that do not change what is measured: ignored when matching repeats and baselines.
-NOT_CONFIG = {"output_dir", "run_name", "quiet", "run_dir", "prof_output_dir", "memory_logging", "seed"}
+# gradient_checkpointing is the yes/no derived from the checkpointing policy (HF's spelling); the policy is the column.
+NOT_CONFIG = {"output_dir", "run_name", "quiet", "run_dir", "prof_output_dir", "memory_logging", "seed",
+              "gradient_checkpointing"}
 
 # Two-sided 95% Student t quantiles by degrees of freedom (1..30); beyond that the normal 1.96.
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -67,6 +70,17 @@ def load_results(*paths, problems: list[str] | None = None) -> pd.DataFrame:
     df = pd.DataFrame(report.rows)
     if "world_size" not in df and len(df):
         df["world_size"] = 1
+    return with_checkpointing_policy(df)
+
+
+def with_checkpointing_policy(df: pd.DataFrame) -> pd.DataFrame:
+    """Runs recorded before the checkpointing policy existed have only the yes/no: their policy is full or none."""
+    if "gradient_checkpointing" not in df or not len(df):
+        return df
+    df = df.copy()
+    implied = df["gradient_checkpointing"].map(lambda v: None if v is None or v != v else "full" if v else "none")
+    df["checkpointing"] = df["checkpointing"].where(df["checkpointing"].notna(), implied) \
+        if "checkpointing" in df else implied
     return df
 
 

@@ -33,7 +33,7 @@ def test_each_budget_gets_the_fastest_that_fits_with_the_margin(sweep):
     choice = choose(sweep, device=("NVIDIA H200", 141 * GIB))
     by_budget = {p.budget: p for p in choice.picks}
     assert by_budget["16 GiB"].choice is None  # 15 GiB > 90% of 16
-    assert by_budget["24 GiB"].choice.label == "lora b8 ckpt"  # 21 GiB (repeat max) <= 21.6
+    assert by_budget["24 GiB"].choice.label == "lora b8 ckpt-full"  # 21 GiB (repeat max) <= 21.6
     assert by_budget["24 GiB"].choice.tokens_per_s == pytest.approx(10_600)
     assert by_budget["24 GiB"].choice.repeats == 2
     assert by_budget["40 GiB"].choice.label == "lora b4 no-ckpt"  # 30 GiB fits 36; full ckpt 40 GiB does not
@@ -62,12 +62,13 @@ def test_cpu_runs_say_host_memory():
 
 def test_pareto_front_keeps_only_undominated(sweep):
     front = [c.label for c in pareto_front(configurations(sweep)[0])]
-    assert front == ["lora b4 ckpt", "lora b8 ckpt", "lora b4 no-ckpt", "lora b8 no-ckpt"]
+    assert front == ["lora b4 ckpt-full", "lora b8 ckpt-full", "lora b4 no-ckpt", "lora b8 no-ckpt"]
 
 
 def test_option_effects_compare_cells_that_differ_in_one_option(sweep):
     effects = {(e.option, str(e.before), str(e.after)): e for e in option_effects(configurations(sweep)[0])}
-    ckpt = effects[("gradient_checkpointing", "False", "True")]
+    ckpt = effects[("checkpointing", "none", "full")]
+    # the policy comes from the recorded yes/no (runs older than --checkpointing)
     # pairs: full b4, lora b4, lora b8 (full b8 has no un-checkpointed cell)
     assert ckpt.pairs == 3
     assert ckpt.throughput_pct == pytest.approx(-20.0)  # median of -20 (full b4), -20.8 (lora b4), -18.5 (lora b8)
@@ -79,11 +80,20 @@ def test_option_effects_compare_cells_that_differ_in_one_option(sweep):
     assert batch.pairs == 3
 
 
+def test_checkpointing_policies_switch_in_their_own_order(sweep):
+    sweep["checkpointing"] = sweep["gradient_checkpointing"].map({True: "full", False: "none"})
+    sweep.loc[len(sweep)] = {**sweep.loc[3].to_dict(), "checkpointing": "selective", "tokens_per_s": 11_500.0,
+                             "nvml_process_used_peak": 22 * GIB}  # lora b4 selective
+    effects = [(e.option, e.before, e.after) for e in option_effects(configurations(sweep)[0])]
+    assert ("checkpointing", "none", "selective") in effects and ("checkpointing", "full", "selective") in effects
+    assert "lora b4 ckpt-selective" in {c.label for c in configurations(sweep)[0]}
+
+
 def test_markdown_names_every_budget_and_the_frontier(sweep):
     md = to_markdown(choose(sweep))
     assert "## Which should I pick?" in md and "| 141 GiB | lora b8 no-ckpt | 13,000 |" in md
     assert "nothing measured fits" in md and "Pareto frontier" in md and "What each option bought" in md
-    assert "gradient_checkpointing | no-ckpt → ckpt | 3 |" in md
+    assert "checkpointing | no-ckpt → ckpt-full | 3 |" in md
 
 
 def test_no_successful_run_says_so():

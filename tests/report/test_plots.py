@@ -17,7 +17,7 @@ def _row(method, batch, ckpt=False, tps=1000.0, **extra):
 def test_labels_name_the_varying_options_and_the_repeat():
     df = pd.DataFrame([_row("lora", 4), _row("lora", 4), _row("full", 8, ckpt=True)])
     name = plots.labeller(df)
-    assert [name(r) for _, r in df.iterrows()] == ["lora b4 no-ckpt #1", "lora b4 no-ckpt #2", "full b8 ckpt"]
+    assert [name(r) for _, r in df.iterrows()] == ["lora b4 no-ckpt #1", "lora b4 no-ckpt #2", "full b8 ckpt-full"]
 
 
 def test_breakdown_uses_the_recorded_transients_against_the_training_peak():
