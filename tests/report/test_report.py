@@ -231,3 +231,23 @@ def test_report_html_renders_in_headless_chromium(results, tmp_path):
     # the page is not blank: text, tables and plots cover more than 2% of it (a blank page is 0)
     drawn = (image[..., :3].mean(axis=2) < 0.9).mean()
     assert drawn > 0.02
+
+
+def test_the_runs_device_is_a_budget(results, tmp_path):
+    """The GPU the runs came from (env.json) is a budget of its own, when the runs agree on one."""
+    from ftprof.report.build import runs_device
+
+    runs = tmp_path / "runs"
+    for name in ("a", "b"):
+        shutil.copytree(results / name, runs / name)
+        env = json.loads((runs / name / "env.json").read_text())
+        env["gpus"] = [{"index": 0, "name": "NVIDIA H200", "total_memory": 150_000_000_000}]
+        (runs / name / "env.json").write_text(json.dumps(env))
+    df = ftprof.load_results(runs)
+    assert runs_device(df) == ("NVIDIA H200", 150e9)
+    rep = ftprof.build_report([runs], tmp_path / "rep", formats="md")
+    assert "NVIDIA H200 (139.7 GiB, the runs' device)" in (tmp_path / "rep" / "summary.md").read_text()
+    env = json.loads((runs / "b" / "env.json").read_text())
+    env["gpus"][0]["name"] = "NVIDIA A100"
+    (runs / "b" / "env.json").write_text(json.dumps(env))
+    assert runs_device(ftprof.load_results(runs)) is None and rep.choice.picks
