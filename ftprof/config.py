@@ -147,6 +147,22 @@ def template_fields(template: str) -> list[str]:
     return names
 
 
+# Method options by the methods they apply to: (methods, option names). MethodConfig rejects the others; the CLI
+# leaves them out of a method's --help.
+METHOD_OPTION_GROUPS = {
+    "lora": (LORA_METHODS, ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")),
+    "bitsandbytes": (("qlora",), ("quant_type", "double_quant", "compute_dtype", "quant_storage")),
+    "quantized-base": (("qlora", "gptq-lora"), ("kbit_prepare",)),
+    "GPTQ": (("gptq-lora",), ("gptq_bits", "gptq_group_size", "gptq_backend", "gptq_calibration_samples",
+                             "gptq_quantizer")),
+}
+
+
+def inapplicable_options(method: str) -> set[str]:
+    """The method options that ``method`` does not accept."""
+    return {n for methods, names in METHOD_OPTION_GROUPS.values() if method not in methods for n in names}
+
+
 @dataclass
 class MethodConfig:
     method: str = option("qlora", "fine-tuning method", choices=METHODS)
@@ -201,14 +217,7 @@ class MethodConfig:
 
     def _check_applicable(self) -> None:
         """Reject options that the chosen method would silently ignore."""
-        groups = {
-            "lora": (LORA_METHODS, ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")),
-            "bitsandbytes": (("qlora",), ("quant_type", "double_quant", "compute_dtype", "quant_storage")),
-            "quantized-base": (("qlora", "gptq-lora"), ("kbit_prepare",)),
-            "GPTQ": (("gptq-lora",), ("gptq_bits", "gptq_group_size", "gptq_backend", "gptq_calibration_samples",
-                                     "gptq_quantizer")),
-        }
-        for label, (methods, names) in groups.items():
+        for label, (methods, names) in METHOD_OPTION_GROUPS.items():
             if self.method in methods:
                 continue
             given = [n for n in names if getattr(self, n) is not None]
@@ -244,7 +253,8 @@ class MethodConfig:
 class TrainConfig:
     grad_accum: int = option(1, "micro-batches per optimizer step")
     max_steps: int = option(10, "optimizer steps to run")
-    warmup_steps: int = option(2, "first steps excluded from steady-state figures (reported separately)")
+    warmup_steps: int = option(2, "measurement warm-up: first steps left out of the steady-state figures (reported "
+                               "separately); not a learning-rate warm-up, the learning rate is constant")
     lr: float = option(2e-4, "learning rate (constant)")
     weight_decay: float = option(0.0, "AdamW weight decay")
     max_grad_norm: float = option(0.0, "clip gradients to this norm; 0 disables clipping")

@@ -55,6 +55,7 @@ def preflight(cfg: RunConfig) -> Preflight:
         raise ConfigError(f"--model '{cfg.model.model}' is already quantized; method '{method}' needs a 16-bit "
                           "checkpoint")
     check_dataset(cfg.data)
+    _check_tokenizer(source, cfg.data.dataset)
 
     device = resolve_device(cfg.output.device)
     if cfg.train.optimizer == "paged_adamw_8bit" and device.type != "cuda":
@@ -92,6 +93,22 @@ def _prepare_data(cfg: RunConfig, source: ModelSource):
 
     tokenizer = load_tokenizer(source, synthetic=False)
     return tokenizer, prepare_dataset(cfg.data, tokenizer, cfg.model.model, progress=not cfg.output.quiet)
+
+
+# Files that make a directory loadable by AutoTokenizer (fast tokenizer, or the slow ones' vocabularies).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
+def _check_tokenizer(source: ModelSource, dataset: str) -> None:
+    """A text dataset is tokenized with the checkpoint's own tokenizer: a local checkpoint without one fails here,
+    not after the model has loaded. (Synthetic data needs none; a preset brings its own.)"""
+    from pathlib import Path
+
+    if dataset == "synthetic" or source.kind != "local":
+        return
+    if not any((Path(source.name) / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"--dataset '{dataset}' needs a tokenizer, and --model '{source.name}' has no tokenizer "
+                          f"files (tokenizer.json or tokenizer_config.json); use --dataset synthetic or save one")
 
 
 def _check_distributed(cfg: RunConfig, device, dtype: str) -> None:

@@ -20,6 +20,10 @@ SECTION_TITLES = {"model": "model", "data": "data", "method": "method options (L
                   "profiling": "profiling (torch.profiler; any --prof-* option turns profiling on)",
                   "distributed": "several GPUs (torchrun; FSDP2 or DDP)"}
 POSITIONAL = {"method"}  # given as a subcommand argument, not an option
+# The HF Trainer's spellings, accepted as aliases where they mean the same thing as ours. (Its --warmup-steps is a
+# learning-rate warm-up, unlike ours, so it gets no alias.)
+HF_ALIASES = {"lr": "--learning-rate", "batch_size": "--per-device-train-batch-size",
+              "grad_accum": "--gradient-accumulation-steps"}
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -49,12 +53,16 @@ def _help(f, base: Any) -> str:
     return text.replace("%", "%%")
 
 
-def add_field_option(group, f, hints: dict[str, Any], aliases: dict[str, str] | None = None) -> None:
+def add_field_option(group, f, hints: dict[str, Any], aliases: dict[str, str] | None = None,
+                     hidden: bool = False) -> None:
+    """One option from a config field; ``hidden`` keeps it parseable (so that its misuse gets the config's own
+    message) but out of --help."""
     base = _base_type(hints[f.name])
     flags = ["--" + f.name.replace("_", "-")]
     if aliases and f.name in aliases:
         flags.append(aliases[f.name])
-    kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": _help(f, base)}
+    kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
+                              "help": argparse.SUPPRESS if hidden else _help(f, base)}
     if base is bool:
         kwargs["action"] = argparse.BooleanOptionalAction
     else:
@@ -67,14 +75,16 @@ def add_field_option(group, f, hints: dict[str, Any], aliases: dict[str, str] | 
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, skip: set[str] = frozenset(),
-                         aliases: dict[str, str] | None = None) -> None:
-    """The options shared by every subcommand that runs training (train, profile; bench reuses the names)."""
+                         aliases: dict[str, str] | None = None, hidden: set[str] = frozenset()) -> None:
+    """The options shared by every subcommand that runs training (train, profile; bench reuses the names).
+    ``hidden``: accepted but left out of --help (the method options a method does not take)."""
+    aliases = {**HF_ALIASES, **(aliases or {})}
     for section, cls in SECTIONS.items():
         group = parser.add_argument_group(SECTION_TITLES[section])
         hints = typing.get_type_hints(cls)
         for f in fields(cls):
             if f.name not in POSITIONAL and f.name not in skip:
-                add_field_option(group, f, hints, aliases)
+                add_field_option(group, f, hints, aliases, hidden=f.name in hidden)
 
 
 def config_from_args(args: argparse.Namespace, extra_keys: set[str] = frozenset()) -> RunConfig:

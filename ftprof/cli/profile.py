@@ -96,15 +96,14 @@ def _load(paths: list[Path], option: str) -> list:
 
 
 def summarize_command(trace: str, baseline: str | None = None) -> int:
-    from rich.console import Console
-
+    from ftprof.console import make_console
     from ftprof.profiling import summary_output
     from ftprof.profiling.layout import summaries_dir
 
     paths = _inputs(trace, "--summarize")  # both sides checked before any trace is read
     base_paths = _inputs(baseline, "--baseline") if baseline else []
     summaries = _load(paths, "--summarize")
-    console = Console()
+    console = make_console()
     for path, summary in zip(paths, summaries, strict=True):
         if isinstance(summary, dict):
             continue  # a summary file given as the new side: nothing to write
@@ -153,6 +152,10 @@ def profile_command(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args, extra_keys={"summarize", "baseline"})
     cfg = cfg.replace(profile=True)
+    if cfg.output.quiet:
+        from ftprof.console import silence_third_party
+
+        silence_third_party()
     result = train(cfg)
     print_open_hints(result)
     return exit_code(result.status)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
 from rich.table import Table
 
+from ftprof.console import make_console
 from ftprof.results.status import status_style
 
 
@@ -46,24 +46,53 @@ def terminal_table(report) -> Table:
     return table
 
 
+def choose_table(choice) -> Table | None:
+    """The "which should I pick?" answer in the terminal: per memory budget the fastest configuration that fits."""
+    from ftprof.console import fmt_gib, fmt_num
+    from ftprof.report.choose import MARGIN
+
+    if choice is None or not choice.configurations:
+        return None
+    table = Table(title=f"Which should I pick? (peak: {choice.memory_source}, fits = at most "
+                        f"{100 * (1 - MARGIN):.0f}% of the budget)", header_style="bold")
+    for name in ("memory budget", "fastest that fits", "tokens/s", "peak GiB", "vs fastest"):
+        table.add_column(name, justify="left" if name in ("memory budget", "fastest that fits") else "right")
+    for p in choice.picks:
+        if p.choice is None:
+            table.add_row(p.budget, "[dim]nothing measured fits[/dim]", "-", "-", "-")
+        else:
+            table.add_row(p.budget, p.choice.label, fmt_num(p.choice.tokens_per_s), fmt_gib(p.choice.peak_bytes),
+                          f"{p.cost_pct:+.1f}%")
+    return table
+
+
 def report_command(args: argparse.Namespace) -> int:
     from ftprof.report.build import build_report
 
     report = build_report(args.paths, args.output_dir, baseline=args.baseline, threshold_pct=args.threshold,
                           sort=args.sort, group_by=args.group_by, formats=args.format)
-    console = Console(highlight=False)
+    console = make_console()
     for problem in report.problems:
         console.print(f"[yellow]skipped[/yellow] {problem}")
     console.print(terminal_table(report))
+    if report.table.cpu_only:
+        from ftprof.report.tables import CPU_NOTE
+
+        console.print(f"[dim]{CPU_NOTE}[/dim]")
+    choice = choose_table(report.choice)
+    if choice is not None:
+        console.print(choice)
+        if not report.choice.on_gpu:
+            console.print("[dim]CPU runs: the peak is host memory, so the GPU budgets are indicative only.[/dim]")
     cmp = report.comparison
     if cmp is not None:
-        for s in cmp.status_regressions:
-            console.print(f"[red]regression[/red] {s}")
-        for ch in cmp.regressions:
-            console.print(f"[red]regression[/red] {ch.experiment}: {ch.figure} {ch.baseline:.4g} -> {ch.current:.4g} "
-                          f"({ch.change_pct:+.1f}%)")
+        for c in cmp.regressions:
+            console.print(f"[red]regression[/red] {c.experiment}: {'; '.join(c.reasons)}")
+        for c in cmp.inconclusive:
+            console.print(f"[yellow]inconclusive[/yellow] {c.experiment}: {'; '.join(c.reasons)}")
         if not cmp.failed:
             console.print(f"[green]no regression beyond {args.threshold:g}%[/green] "
-                          f"({len(cmp.changes)} figures compared)")
+                          f"({len(cmp.configs)} configurations compared"
+                          + (f", {len(cmp.inconclusive)} inconclusive" if cmp.inconclusive else "") + ")")
     console.print(f"[dim]wrote {', '.join(sorted(report.files))} to {report.out_dir}[/dim]")
     return 1 if cmp is not None and cmp.failed else 0

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from ftprof.errors import ConfigError
+from ftprof.report import choose as choose_mod
 from ftprof.report import compare as compare_mod
 from ftprof.report import plots
 from ftprof.report.tables import SummaryTable, load_results, summarize, to_csv_frame, to_markdown
+from ftprof.results.run_dir import ENV
 from ftprof.results.store import write_text_atomic
 
 FORMATS = ("all", "md", "csv")
@@ -26,6 +29,22 @@ class Report:
     files: dict[str, Path] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     comparison: compare_mod.Comparison | None = None
+    choice: choose_mod.Choice | None = None
+
+
+def runs_device(df: pd.DataFrame) -> tuple[str, float] | None:
+    """(name, total bytes) of the GPU the successful runs came from (their env.json), when they agree on one."""
+    if "run_dir" not in df or "status" not in df:
+        return None
+    seen = set()
+    for run_dir in df.loc[df["status"] == "ok", "run_dir"]:
+        try:
+            gpus = json.loads((Path(run_dir) / ENV).read_text()).get("gpus") or []
+        except (OSError, ValueError):
+            continue
+        if gpus and gpus[0].get("total_memory"):
+            seen.add((str(gpus[0].get("name")), float(gpus[0]["total_memory"])))
+    return seen.pop() if len(seen) == 1 else None
 
 
 def _check_paths(paths: list[str | Path]) -> None:
@@ -60,6 +79,8 @@ def build_report(paths: list[str | Path], out_dir: str | Path | None = None, *, 
         report.files["raw_summary.csv"] = write_text_atomic(out / "raw_summary.csv", df.to_csv(index=False))
         report.files["summary.csv"] = write_text_atomic(out / "summary.csv", to_csv_frame(table).to_csv(index=False))
     markdown = to_markdown(table, title=f"ftprof report: {', '.join(str(p) for p in paths)}")
+    report.choice = choose_mod.choose(df, device=runs_device(df))
+    markdown += "\n" + choose_mod.to_markdown(report.choice)
     if baseline:
         base_df = load_results([baseline], problems=problems)
         if base_df.empty:
@@ -69,7 +90,7 @@ def build_report(paths: list[str | Path], out_dir: str | Path | None = None, *, 
     if formats in ("all", "md"):
         report.files["summary.md"] = write_text_atomic(out / "summary.md", markdown)
     if plot and formats == "all":
-        for png in plots.all_plots(df, out):
+        for png in plots.all_plots(df, out, report.choice):
             report.files[png.name] = png
         report.files["report.html"] = write_text_atomic(out / "report.html", to_html(report, markdown))
     return report
@@ -117,10 +138,10 @@ def to_html(report: Report, markdown: str) -> str:
         if name.endswith(".png"):
             data = base64.b64encode(Path(path).read_bytes()).decode()
             images.append(f"<figure><img alt='{html.escape(name)}' src='data:image/png;base64,{data}'>"
-                          f"<figcaption>{html.escape(name)}</figcaption></figure>")
+                          f"<figcaption>{html.escape(plots.CAPTIONS.get(name, name))}</figcaption></figure>")
     style = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;"
              "font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}th{background:#f3f3f3}"
              "td:first-child,th:first-child{text-align:left}.bad{color:#b00}img{max-width:100%}"
-             "figure{display:inline-block;margin:1em;vertical-align:top}")
+             "figure{display:inline-block;margin:1em;vertical-align:top;max-width:48%}figcaption{font-size:13px;color:#333}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>ftprof report</title><style>{style}</style>"
             f"</head><body>{_md_table_to_html(markdown)}{''.join(images)}</body></html>\n")

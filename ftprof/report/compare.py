@@ -1,47 +1,80 @@
-"""Compare a results set against a baseline: match experiments by configuration, flag regressions."""
+"""Compare a results set against a baseline with a noise model: one verdict per configuration.
+
+Throughput decides, as a distribution: each side's repeats (tokens/s of each run) when both sides have at least two,
+else the steady steps of steps.csv (tokens/s of each step). Welch's t-test (scipy.stats) gives the p-value and the
+95% confidence interval of the difference. A configuration is
+
+- a ``regression`` when tokens/s is worse by more than the threshold, the interval is narrower than the threshold
+  and p < 0.05, or when its peak memory grew by more than the threshold (a peak is not noisy), or when it stopped
+  succeeding;
+- ``inconclusive`` when the interval's half-width is wider than the threshold: the data cannot tell a regression of
+  that size from noise, and the verdict says how many samples would;
+- ``ok`` otherwise.
+
+Step-time p50/p90 and MFU are the same slowdown seen again: they are shown beside the verdict, never counted apart.
+"""
 
 from __future__ import annotations
 
+import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 
 from ftprof.report.tables import config_key
+from ftprof.results.run_dir import STEPS
+from ftprof.results.status import Status
 
-# Headline figures and the direction that is better.
-FIGURES = {
-    "tokens_per_s": "higher", "tokens_per_s_per_gpu": "higher", "real_tokens_per_s": "higher",
-    "step_time_p50_s": "lower", "step_time_p90_s": "lower", "mfu": "higher",
-    "torch_peak_allocated": "lower", "torch_peak_reserved": "lower", "nvml_device_used_peak": "lower",
-    "energy_per_token_j": "lower",
-}
+ALPHA = 0.05
+# Shown beside the verdict: (column, words, better direction).
+CONTEXT = (("step_time_p50_s", "step p50", "lower"), ("step_time_p90_s", "step p90", "lower"),
+           ("mfu", "MFU", "higher"))
+# Peak memory, the first present on both sides (most faithful first).
+MEMORY = ("nvml_process_used_peak", "torch_peak_reserved", "torch_peak_allocated", "host_peak_rss")
+REGRESSION, INCONCLUSIVE, OK = "regression", "inconclusive", "ok"
 
 
 @dataclass
-class Change:
+class ThroughputTest:
+    samples: str  # "repeats" or "steady steps"
+    n_baseline: int
+    n_current: int
+    baseline: float  # means of the samples
+    current: float
+    change_pct: float
+    halfwidth_pct: float | None  # 95% CI half-width of the difference, in percent of the baseline; None: no spread
+    p_value: float | None
+    needed: int | None = None  # samples per side that would bring the half-width under the threshold
+
+
+@dataclass
+class ConfigComparison:
     experiment: str
-    figure: str
-    baseline: float | None
-    current: float | None
-    change_pct: float | None
-    regression: bool
+    verdict: str  # regression | inconclusive | ok
+    reasons: list[str] = field(default_factory=list)  # why it is a regression / inconclusive
+    throughput: ThroughputTest | None = None
+    context: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # words -> (base, cur, change %)
 
 
 @dataclass
 class Comparison:
-    changes: list[Change]
+    configs: list[ConfigComparison]
     unmatched_current: list[str]
     unmatched_baseline: list[str]
-    status_regressions: list[str]
 
     @property
-    def regressions(self) -> list[Change]:
-        return [c for c in self.changes if c.regression]
+    def regressions(self) -> list[ConfigComparison]:
+        return [c for c in self.configs if c.verdict == REGRESSION]
+
+    @property
+    def inconclusive(self) -> list[ConfigComparison]:
+        return [c for c in self.configs if c.verdict == INCONCLUSIVE]
 
     @property
     def failed(self) -> bool:
-        return bool(self.regressions or self.status_regressions)
+        return bool(self.regressions)
 
 
 def _label(row) -> str:
@@ -49,50 +82,172 @@ def _label(row) -> str:
         f" x{row.get('world_size')}" if str(row.get("world_size")) not in ("1", "None", "nan") else "")
 
 
-def _mean_by_key(df: pd.DataFrame) -> pd.DataFrame:
-    df = df.copy()
-    df["_key"] = config_key(df)
-    for fig in FIGURES:
-        df[fig] = pd.to_numeric(df[fig], errors="coerce") if fig in df else float("nan")
-    ok = df[df["status"] == "ok"]
-    means = ok.groupby("_key")[list(FIGURES)].mean()
-    first = df.groupby("_key").first()
-    status = df.groupby("_key")["status"].agg(lambda s: "ok" if (s == "ok").any() else s.iloc[0])
-    return first.drop(columns=list(FIGURES) + ["status"], errors="ignore").join(means).join(status)
+def _num(value) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+def step_throughputs(run_dir: str | Path) -> list[float]:
+    """Tokens/s of each steady step of a run (warm-up and profiled steps left out, as the headline figures do)."""
+    try:
+        with open(Path(run_dir) / STEPS, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    except OSError:
+        return []
+    steady = [r for r in rows if r.get("warmup") == "False"]
+    unprofiled = [r for r in steady if r.get("profiler_phase", "") in ("", "wait")]
+    out = []
+    for r in unprofiled or steady:
+        secs, tokens = _num(r.get("step_time_s")), _num(r.get("tokens"))
+        if secs and tokens:
+            out.append(tokens / secs)
+    return out
+
+
+def _samples(base: pd.DataFrame, cur: pd.DataFrame) -> tuple[str, list[float], list[float]]:
+    """Both sides' throughput samples, of one kind: repeats when both have two or more, else steady steps."""
+    def runs(df):
+        return [v for v in (_num(x) for x in df["tokens_per_s"]) if v is not None]
+
+    if len(runs(base)) >= 2 and len(runs(cur)) >= 2:
+        return "repeats", runs(base), runs(cur)
+    steps_b = [t for d in base["run_dir"] for t in step_throughputs(d)]
+    steps_c = [t for d in cur["run_dir"] for t in step_throughputs(d)]
+    if len(steps_b) >= 2 and len(steps_c) >= 2:
+        return "steady steps", steps_b, steps_c
+    return "single values", runs(base), runs(cur)
+
+
+def welch(base: list[float], cur: list[float], kind: str, threshold_pct: float) -> ThroughputTest | None:
+    """Welch's t-test on tokens/s and the 95% CI half-width of the difference, both relative to the baseline."""
+    if not base or not cur:
+        return None
+    mb, mc = sum(base) / len(base), sum(cur) / len(cur)
+    if mb == 0:
+        return None
+    change = 100.0 * (mc - mb) / mb
+    if len(base) < 2 or len(cur) < 2:
+        return ThroughputTest(kind, len(base), len(cur), mb, mc, change, None, None)
+    from scipy import stats  # a report dependency, loaded only when comparing
+
+    vb, vc = (pd.Series(x).var(ddof=1) / len(x) for x in (base, cur))
+    se = math.sqrt(vb + vc)
+    if se == 0:  # identical samples: no spread, no doubt
+        return ThroughputTest(kind, len(base), len(cur), mb, mc, change, 0.0, 1.0 if mc == mb else 0.0)
+    dof = (vb + vc) ** 2 / (vb ** 2 / (len(base) - 1) + vc ** 2 / (len(cur) - 1))
+    halfwidth = 100.0 * stats.t.ppf(1 - ALPHA / 2, dof) * se / mb
+    p = float(stats.ttest_ind(cur, base, equal_var=False).pvalue)
+    test = ThroughputTest(kind, len(base), len(cur), mb, mc, change, halfwidth, p)
+    if threshold_pct > 0 and halfwidth > threshold_pct:
+        # The half-width shrinks as 1/sqrt(n): the samples per side that would bring it under the threshold.
+        test.needed = math.ceil(max(len(base), len(cur)) * (halfwidth / threshold_pct) ** 2)
+    return test
+
+
+def _verdict(test: ThroughputTest | None, threshold_pct: float) -> tuple[str, list[str]]:
+    if test is None:
+        return OK, []
+    worse = -test.change_pct
+    if test.halfwidth_pct is None:  # one value a side and no steps.csv: no spread to judge by
+        if worse > threshold_pct:
+            return REGRESSION, [f"tokens/s {test.change_pct:+.1f}% (single values, spread unknown)"]
+        return OK, []
+    if test.halfwidth_pct > threshold_pct:
+        unit = "repeats" if test.samples == "repeats" else "steady steps"
+        return INCONCLUSIVE, [f"tokens/s {test.change_pct:+.1f}% ± {test.halfwidth_pct:.1f}%: the spread is wider "
+                              f"than the {threshold_pct:g}% threshold; about {test.needed} {unit} per side "
+                              f"would settle it"]
+    if worse > threshold_pct and test.p_value is not None and test.p_value < ALPHA:
+        return REGRESSION, [f"tokens/s {test.change_pct:+.1f}% ± {test.halfwidth_pct:.1f}% "
+                            f"(p = {test.p_value:.2g}, {test.samples})"]
+    return OK, []
+
+
+def _memory(b, c) -> tuple[str, float, float, float] | None:
+    for col in MEMORY:
+        bv, cv = _num(b.get(col)), _num(c.get(col))
+        if bv and cv is not None:
+            return col, bv, cv, 100.0 * (cv - bv) / bv
+    return None
+
+
+def _first_ok(df: pd.DataFrame):
+    ok = df[df["status"] == Status.OK.value]
+    return (ok if len(ok) else df).iloc[0], ok
+
+
+def _means(ok: pd.DataFrame, col: str) -> float | None:
+    values = [v for v in (_num(x) for x in ok.get(col, [])) if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def compare_config(base: pd.DataFrame, cur: pd.DataFrame, threshold_pct: float) -> ConfigComparison:
+    b_first, b_ok = _first_ok(base)
+    c_first, c_ok = _first_ok(cur)
+    label = _label(c_first)
+    if len(b_ok) and not len(c_ok):
+        statuses = ",".join(sorted(set(cur["status"].map(str))))
+        return ConfigComparison(label, REGRESSION, [f"status ok -> {statuses}"])
+    if not len(b_ok) or not len(c_ok):
+        return ConfigComparison(label, OK, ["no successful baseline run to compare with"])
+    kind, bs, cs = _samples(b_ok, c_ok)
+    test = welch(bs, cs, kind, threshold_pct)
+    verdict, reasons = _verdict(test, threshold_pct)
+    out = ConfigComparison(label, verdict, reasons, test)
+    for col, words, _ in CONTEXT:
+        bv, cv = _means(b_ok, col), _means(c_ok, col)
+        if bv and cv is not None:
+            out.context[words] = (bv, cv, 100.0 * (cv - bv) / bv)
+    peaks = {col: (max(_num(x) or 0 for x in b_ok[col]), max(_num(x) or 0 for x in c_ok[col]))
+             for col in MEMORY if col in b_ok and col in c_ok}
+    mem = _memory({k: v[0] for k, v in peaks.items()}, {k: v[1] for k, v in peaks.items()})
+    if mem is not None:
+        col, bv, cv, pct = mem
+        out.context[f"peak memory ({col})"] = (bv, cv, pct)
+        if pct > threshold_pct:
+            out.verdict = REGRESSION
+            out.reasons.append(f"{col} {pct:+.1f}%")
+    return out
 
 
 def compare(current: pd.DataFrame, baseline: pd.DataFrame, threshold_pct: float) -> Comparison:
-    cur, base = _mean_by_key(current), _mean_by_key(baseline)
-    changes: list[Change] = []
-    status_regressions: list[str] = []
-    for key in cur.index.intersection(base.index):
-        c, b = cur.loc[key], base.loc[key]
-        label = _label(c)
-        if b["status"] == "ok" and c["status"] != "ok":
-            status_regressions.append(f"{label}: {b['status']} -> {c['status']}")
-            continue
-        for fig, better in FIGURES.items():
-            bv, cv = b.get(fig), c.get(fig)
-            if bv is None or cv is None or (isinstance(bv, float) and math.isnan(bv)) or \
-                    (isinstance(cv, float) and math.isnan(cv)) or bv == 0:
-                continue
-            pct = 100.0 * (cv - bv) / abs(bv)
-            worse = -pct if better == "higher" else pct
-            changes.append(Change(label, fig, float(bv), float(cv), pct, worse > threshold_pct))
-    return Comparison(changes, [_label(cur.loc[k]) for k in cur.index.difference(base.index)],
-                      [_label(base.loc[k]) for k in base.index.difference(cur.index)], status_regressions)
+    cur, base = current.copy(), baseline.copy()
+    cur["_key"], base["_key"] = config_key(cur), config_key(base)
+    cur_groups, base_groups = dict(tuple(cur.groupby("_key"))), dict(tuple(base.groupby("_key")))
+    configs = [compare_config(base_groups[k], cur_groups[k], threshold_pct) for k in cur_groups if k in base_groups]
+    return Comparison(configs, [_label(g.iloc[0]) for k, g in cur_groups.items() if k not in base_groups],
+                      [_label(g.iloc[0]) for k, g in base_groups.items() if k not in cur_groups])
+
+
+def _fmt_test(t: ThroughputTest | None) -> str:
+    if t is None:
+        return "-"
+    spread = "" if t.halfwidth_pct is None else f" ± {t.halfwidth_pct:.1f}%"
+    return f"{t.baseline:,.1f} → {t.current:,.1f} ({t.change_pct:+.1f}%{spread})"
 
 
 def to_markdown(cmp: Comparison, threshold_pct: float) -> str:
     lines = ["## Comparison with the baseline", "",
-             f"Regression: a figure worse by more than {threshold_pct:g}% (or a run that stopped succeeding).", ""]
-    if cmp.status_regressions:
-        lines += [f"- **status regression** {s}" for s in cmp.status_regressions] + [""]
-    lines += ["| experiment | figure | baseline | current | change | |", "| --- | --- | ---: | ---: | ---: | --- |"]
-    for ch in cmp.changes:
-        flag = "**regression**" if ch.regression else ""
-        lines.append(f"| {ch.experiment} | {ch.figure} | {ch.baseline:.4g} | {ch.current:.4g} | "
-                     f"{ch.change_pct:+.1f}% | {flag} |")
+             f"One verdict per configuration. Regression: tokens/s worse by more than {threshold_pct:g}% with a 95% "
+             f"confidence interval (Welch's t-test, p < {ALPHA:g}) narrower than that, peak memory up by more than "
+             f"{threshold_pct:g}%, or a run that stopped succeeding. Inconclusive: the interval is wider than the "
+             "threshold, so a regression that size cannot be told from noise. Samples: each side's repeats when both "
+             "have two or more, else the steady steps of steps.csv.", "",
+             "| experiment | verdict | tokens/s (baseline → current, ± 95% CI) | samples | p | step p50 | peak memory "
+             "| why |", "| --- | --- | ---: | --- | ---: | ---: | ---: | --- |"]
+    for c in cmp.configs:
+        t = c.throughput
+        verdict = f"**{c.verdict}**" if c.verdict == REGRESSION else c.verdict
+        samples = "-" if t is None else f"{t.samples} ({t.n_baseline} / {t.n_current})"
+        p = "-" if t is None or t.p_value is None else f"{t.p_value:.2g}"
+        p50 = c.context.get("step p50")
+        mem = next((v for k, v in c.context.items() if k.startswith("peak memory")), None)
+        lines.append(f"| {c.experiment} | {verdict} | {_fmt_test(t)} | {samples} | {p} | "
+                     f"{'-' if p50 is None else f'{p50[2]:+.1f}%'} | {'-' if mem is None else f'{mem[2]:+.1f}%'} | "
+                     f"{'; '.join(c.reasons)} |")
     if cmp.unmatched_current:
         lines += ["", "New (no baseline): " + "; ".join(cmp.unmatched_current)]
     if cmp.unmatched_baseline:

@@ -66,9 +66,30 @@ def test_user_errors_exit_2_with_one_line(argv, fragment, capsys, tmp_path):
 
 
 def test_help_runs_as_module():
-    out = subprocess.run([sys.executable, "-m", "ftprof", "train", "full", "--help"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "ftprof", "train", "--help"], capture_output=True, text=True)
     assert out.returncode == 0
-    assert "--lora-r" in out.stdout and "{full,lora,qlora,gptq-lora}" in out.stdout
+    assert all(m in out.stdout for m in ("full", "lora", "qlora", "gptq-lora"))
+
+
+@pytest.mark.parametrize("method, shown, hidden", [
+    ("full", [], ["--lora-r", "--quant-type", "--gptq-bits", "--kbit-prepare"]),
+    ("lora", ["--lora-r"], ["--quant-type", "--gptq-bits", "--kbit-prepare"]),
+    ("qlora", ["--lora-r", "--quant-type", "--kbit-prepare"], ["--gptq-bits"]),
+    ("gptq-lora", ["--lora-r", "--gptq-bits", "--kbit-prepare"], ["--quant-type"]),
+])
+def test_help_per_method_lists_only_what_it_accepts(method, shown, hidden, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", method, "--help"])
+    text = capsys.readouterr().out
+    assert all(s in text for s in shown) and not any(h in text for h in hidden)
+    assert "measurement warm-up" in text and "--learning-rate" in text
+
+
+def test_hf_spellings_are_aliases():
+    args = build_parser().parse_args(["train", "lora", "--learning-rate", "1e-3", "--per-device-train-batch-size",
+                                      "4", "--gradient-accumulation-steps", "2"])
+    cfg = config_from_args(args)
+    assert (cfg.train.lr, cfg.data.batch_size, cfg.train.grad_accum) == (1e-3, 4, 2)
 
 
 def test_readme_main_job_runs(tmp_path):

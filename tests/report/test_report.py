@@ -8,7 +8,7 @@ import pytest
 
 import ftprof
 from ftprof.cli.main import main
-from ftprof.report.tables import ci95, display_rows, summarize
+from ftprof.report.tables import ci95, display_rows, summarize, to_markdown
 from tests.conftest import tiny_config
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -83,12 +83,40 @@ def test_training_peak_column_beside_the_overall_peak(results, tmp_path):
     run = tmp_path / "runs" / "q"
     shutil.copytree(results / "a", run)
     result = json.loads((run / "result.json").read_text())
-    result.update(torch_peak_allocated=5 * 2**30, memory_breakdown={**result["memory_breakdown"],
+    result.update(device="cuda", torch_peak_allocated=5 * 2**30, memory_breakdown={**result["memory_breakdown"],
                                                                      "training_peak": 3 * 2**30})
     (run / "result.json").write_text(json.dumps(result))
     headers, rows = display_rows(summarize(ftprof.load_results(run)))
     cells = dict(zip(headers, rows[0], strict=True))
     assert cells["peak alloc GiB"] == "5.00" and cells["training peak GiB"] == "3.00"
+    assert "host peak RSS GiB" not in cells  # a GPU run: device memory is the figure
+
+
+def test_cpu_runs_show_host_memory_and_hide_gpu_only_figures(results):
+    table = summarize(ftprof.load_results(results, problems=[]))
+    headers, rows = display_rows(table)
+    assert table.cpu_only and "host peak RSS GiB" in headers
+    assert not {"MFU %", "tokens/s/GPU", "peak alloc GiB", "peak reserved GiB"} & set(headers)
+    assert "CPU runs: memory is the host RSS peak" in to_markdown(table)
+
+
+def test_options_that_differ_between_rows_are_shown(results, tmp_path):
+    for name, steps in (("x", 4), ("y", 8)):
+        run = tmp_path / "runs" / name
+        shutil.copytree(results / "a", run)
+        cfg = json.loads((run / "config.json").read_text())
+        cfg["train"]["max_steps"] = steps
+        (run / "config.json").write_text(json.dumps(cfg))
+    headers, rows = display_rows(summarize(ftprof.load_results(tmp_path / "runs")))
+    assert "max_steps" in headers
+    assert sorted(r[headers.index("max_steps")] for r in rows) == ["4", "8"]
+
+
+def test_one_number_format():
+    from ftprof.report.tables import _fmt
+
+    assert _fmt(82.743, "num") == "82.7" and _fmt(4464.2, "num") == "4,464" and _fmt(3.14159, "num") == "3.14"
+    assert _fmt(0.02171, "sec") == "0.022"
 
 
 def test_memory_logging_separates_rows_only_when_it_varies(results, tmp_path):
@@ -113,7 +141,8 @@ def test_memory_logging_separates_rows_only_when_it_varies(results, tmp_path):
 def test_plots_and_html(results, tmp_path):
     rep = ftprof.build_report([results], tmp_path / "rep")
     pngs = [p for n, p in rep.files.items() if n.endswith(".png")]
-    assert {p.name for p in pngs} >= {"throughput_vs_memory.png", "tokens_vs_batch.png", "step_times.png"}
+    assert {p.name for p in pngs} >= {"throughput_vs_memory.png", "tokens_vs_batch.png", "step_times.png",
+                                      "pareto.png"}
     import matplotlib.image as mpimg
 
     for png in pngs:
@@ -121,22 +150,31 @@ def test_plots_and_html(results, tmp_path):
         assert mpimg.imread(png).shape[0] > 100
     html = (tmp_path / "rep" / "report.html").read_text()
     assert html.count("data:image/png;base64,") == len(pngs) and "<table>" in html and "oom_device" in html
+    assert "Which should I pick?" in html and "Pareto frontier" in html
+    assert "<figcaption>pareto.png</figcaption>" not in html and "Which configurations are worth it" in html
+    # CPU runs: host memory, said so; the fastest configuration overall fits the largest budget
+    md = (tmp_path / "rep" / "summary.md").read_text()
+    assert "host RSS peak" in md and "ran on the CPU" in md
+    fastest = rep.choice.fastest
+    assert rep.choice.picks[-1].choice == fastest and rep.choice.picks[-1].cost_pct == 0
 
 
 def test_identical_baseline_passes_and_planted_regression_fails(results, tmp_path, capsys, monkeypatch):
+    """End to end through the CLI (exit status 1 on a regression); the throughput noise model is in test_compare."""
     monkeypatch.setenv("COLUMNS", "200")
     current = tmp_path / "current"
     shutil.copytree(results, current)
     assert main(["report", str(current), "--baseline", str(results), "--output-dir", str(tmp_path / "r1")]) == 0
     assert "no regression beyond 5%" in capsys.readouterr().out
     res = json.loads((current / "b" / "result.json").read_text())
-    res["tokens_per_s"] *= 0.8  # 20% slower
+    for key in ("torch_peak_reserved", "host_peak_rss", "torch_peak_allocated"):
+        res[key] = res[key] and int(res[key] * 1.2)  # the peak grew by 20%: not noise
     (current / "b" / "result.json").write_text(json.dumps(res))
     code = main(["report", str(current), "--baseline", str(results), "--threshold", "5", "--output-dir",
                  str(tmp_path / "r2")])
     out = capsys.readouterr().out
     assert code == 1
-    assert "regression" in out and "tokens_per_s" in out and "-20.0%" in out
+    assert out.count("regression") == 1 and "+20.0%" in out  # one line for the configuration
     assert "**regression**" in (tmp_path / "r2" / "summary.md").read_text()
     # within the threshold: not a regression
     assert main(["report", str(current), "--baseline", str(results), "--threshold", "25", "--output-dir",
@@ -150,7 +188,8 @@ def test_a_run_that_stopped_succeeding_is_a_regression(results, tmp_path):
     res["status"] = "oom_device"
     (current / "a" / "result.json").write_text(json.dumps(res))
     rep = ftprof.build_report([current], tmp_path / "r", baseline=results)
-    assert rep.comparison.failed and rep.comparison.status_regressions
+    assert rep.comparison.failed
+    assert any(r == "status ok -> oom_device" for c in rep.comparison.regressions for r in c.reasons)
 
 
 def test_group_and_sort(results, tmp_path):
@@ -172,3 +211,43 @@ def test_report_errors(results, tmp_path, capsys, argv, fragment):
     assert main(argv + ["--output-dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert fragment in err and "\n" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium not installed")
+def test_report_html_renders_in_headless_chromium(results, tmp_path):
+    """A screenshot check: the self-contained report.html renders (tables and embedded plots) in a real browser."""
+    import subprocess
+
+    import matplotlib.image as mpimg
+
+    ftprof.build_report([results], tmp_path / "rep")
+    shot = tmp_path / "shot.png"
+    subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,3000",
+                    f"--screenshot={shot}", (tmp_path / "rep" / "report.html").as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    image = mpimg.imread(shot)
+    assert image.shape[:2] == (3000, 1400)
+    # the page is not blank: text, tables and plots cover more than 2% of it (a blank page is 0)
+    drawn = (image[..., :3].mean(axis=2) < 0.9).mean()
+    assert drawn > 0.02
+
+
+def test_the_runs_device_is_a_budget(results, tmp_path):
+    """The GPU the runs came from (env.json) is a budget of its own, when the runs agree on one."""
+    from ftprof.report.build import runs_device
+
+    runs = tmp_path / "runs"
+    for name in ("a", "b"):
+        shutil.copytree(results / name, runs / name)
+        env = json.loads((runs / name / "env.json").read_text())
+        env["gpus"] = [{"index": 0, "name": "NVIDIA H200", "total_memory": 150_000_000_000}]
+        (runs / name / "env.json").write_text(json.dumps(env))
+    df = ftprof.load_results(runs)
+    assert runs_device(df) == ("NVIDIA H200", 150e9)
+    rep = ftprof.build_report([runs], tmp_path / "rep", formats="md")
+    assert "NVIDIA H200 (139.7 GiB, the runs' device)" in (tmp_path / "rep" / "summary.md").read_text()
+    env = json.loads((runs / "b" / "env.json").read_text())
+    env["gpus"][0]["name"] = "NVIDIA A100"
+    (runs / "b" / "env.json").write_text(json.dumps(env))
+    assert runs_device(ftprof.load_results(runs)) is None and rep.choice.picks

@@ -1,0 +1,287 @@
+""""Which should I pick?": per memory budget the fastest configuration that fits, the Pareto frontier of tokens/s
+against peak memory, and what switching each option bought. Pure: DataFrames of run rows in, dataclasses and
+Markdown out (no files, no plotting).
+
+A configuration is the set of runs that share every option (repeats merged): tokens/s is their mean, peak memory
+their max (the conservative reading). Peak memory is per GPU and comes from one source for every configuration:
+the NVML process peak when every configuration has it (what the device really gave the process: allocator reserve
+plus CUDA context), else the torch reserved peak, else (CPU runs) the host RSS peak.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from ftprof.config import CHECKPOINTING, KERNELS, METHODS
+from ftprof.console import GIB, fmt_gib, fmt_num
+from ftprof.report.tables import config_columns, with_checkpointing_policy
+
+# Common GPU memory sizes (GiB): 16 (V100/T4-class), 24 (L4/A10/4090), 40 (A100-40G), 48 (L40S/A6000),
+# 80 (A100/H100-80G), 141 (H200).
+BUDGETS_GIB = (16, 24, 40, 48, 80, 141)
+# A configuration fits a budget when its measured peak is at most (1 - MARGIN) of it. 10% covers what one run's peak
+# does not: a card's usable memory is below its nominal size, another driver/CUDA version has a larger context, the
+# allocator fragments differently on a longer run, and real data has longer or uneven sequences.
+MARGIN = 0.10
+
+# Peak-memory sources, most faithful first: (column, words for the reader).
+MEMORY_SOURCES = (("nvml_process_used_peak", "NVML process peak"), ("torch_peak_reserved", "torch reserved peak"),
+                  ("host_peak_rss", "host RSS peak"))
+# Options that identify a run's size but whose label is spelled specially (GPUs come from world_size).
+_GPU_OPTIONS = {"nproc_per_node", "nnodes"}
+# Labels read method first, then the options people sweep most; any other varying option follows.
+_LABEL_ORDER = ("method", "model", "batch_size", "seq_len", "grad_accum", "checkpointing", "kernels", "compile",
+                "world_size")
+# Categorical options whose switches read best in a fixed order (from the baseline choice to the alternatives).
+_ORDERS = {"checkpointing": CHECKPOINTING, "kernels": KERNELS, "method": METHODS}
+
+
+@dataclass(frozen=True)
+class Configuration:
+    options: tuple[tuple[str, object], ...]  # every option that varies between configurations, in column order
+    label: str  # method plus the varying options, short: "lora b8 ckpt 2 GPUs"
+    tokens_per_s: float
+    peak_bytes: float
+    repeats: int
+
+    def option(self, name: str) -> object:
+        return dict(self.options).get(name)
+
+
+@dataclass(frozen=True)
+class Pick:
+    budget: str  # "24 GiB" or "NVIDIA H200 (139.8 GiB, the runs' device)"
+    budget_bytes: float
+    choice: Configuration | None  # None: nothing measured fits
+    cost_pct: float | None  # tokens/s of the choice against the fastest overall, in percent (0 = the fastest)
+
+
+@dataclass(frozen=True)
+class OptionEffect:
+    option: str
+    before: object
+    after: object
+    pairs: int  # configuration pairs that differ in this option alone
+    throughput_pct: float  # median change of tokens/s over those pairs
+    memory_bytes: float  # median change of peak memory
+    memory_pct: float
+
+
+@dataclass
+class Choice:
+    configurations: list[Configuration]
+    memory_source: str  # words: "NVML process peak" ...
+    on_gpu: bool
+    picks: list[Pick] = field(default_factory=list)
+    frontier: list[Configuration] = field(default_factory=list)
+    effects: list[OptionEffect] = field(default_factory=list)
+
+    @property
+    def fastest(self) -> Configuration | None:
+        return max(self.configurations, key=lambda c: c.tokens_per_s, default=None)
+
+
+def _missing(value: object) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _ok_rows(df: pd.DataFrame) -> pd.DataFrame:
+    if df.empty or "status" not in df:
+        return df.iloc[0:0]
+    ok = df[df["status"] == "ok"].copy()
+    ok["tokens_per_s"] = pd.to_numeric(ok.get("tokens_per_s"), errors="coerce")
+    return ok[ok["tokens_per_s"].notna()]
+
+
+def memory_source(ok: pd.DataFrame) -> tuple[str | None, str]:
+    """The most faithful peak-memory column that every successful run has."""
+    for col, words in MEMORY_SOURCES:
+        if col in ok and len(ok) and pd.to_numeric(ok[col], errors="coerce").notna().all():
+            return col, words
+    return None, "no peak memory recorded"
+
+
+def varying_options(ok: pd.DataFrame) -> list[str]:
+    """Configuration options whose value differs between the successful runs (GPU count as ``world_size``)."""
+    cols = [c for c in config_columns(ok) if c not in _GPU_OPTIONS]
+    if "world_size" in ok:
+        cols.append("world_size")
+    # An option set for some methods only (a LoRA rank) varies when its set values differ, not by being unset.
+    varying = [c for c in cols if ok[c].dropna().map(str).nunique() > 1]
+    return sorted(varying, key=lambda c: _LABEL_ORDER.index(c) if c in _LABEL_ORDER else len(_LABEL_ORDER))
+
+
+def _short(name: str, value: object) -> str:
+    if isinstance(value, float) and value.is_integer():  # pandas turns an int column with gaps into floats
+        value = int(value)
+    if name == "method":
+        return str(value)
+    if name == "batch_size":
+        return f"b{value}"
+    if name == "world_size":
+        return f"{value} GPU" + ("s" if str(value) != "1" else "")
+    if name == "checkpointing":
+        return "no-ckpt" if value == "none" else f"ckpt-{value}"
+    if name == "seq_len":
+        return f"s{value}"
+    if name == "grad_accum":
+        return f"ga{value}"
+    if isinstance(value, bool) or str(value) in ("True", "False"):
+        return name if str(value) == "True" else f"no-{name}"
+    return f"{name}={value}"
+
+
+def label(options: dict[str, object], method: object | None = None) -> str:
+    """A configuration's short name: its method, then each varying option."""
+    parts = [] if method is None or "method" in options else [str(method)]
+    parts += [_short(k, v) for k, v in options.items() if not _missing(v)]
+    return " ".join(parts) or "(one configuration)"
+
+
+def configurations(df: pd.DataFrame) -> tuple[list[Configuration], str, bool]:
+    """Successful runs merged by configuration; with the memory source's words and whether they ran on a GPU."""
+    ok = _ok_rows(with_checkpointing_policy(df))
+    col, words = memory_source(ok)
+    if col is None:
+        return [], words, False
+    ok[col] = pd.to_numeric(ok[col], errors="coerce")
+    varying = varying_options(ok)
+    key_cols = config_columns(ok) + (["world_size"] if "world_size" in ok else [])
+    key = ok[key_cols].apply(lambda r: "|".join(map(str, r)), axis=1) if key_cols else pd.Series("", index=ok.index)
+    out = []
+    for _, group in ok.groupby(key, sort=False):
+        first = group.iloc[0]
+        options = {c: first.get(c) for c in varying}
+        out.append(Configuration(tuple(options.items()), label(options, first.get("method")),
+                                 float(group["tokens_per_s"].mean()), float(group[col].max()), len(group)))
+    on_gpu = col != "host_peak_rss"
+    return out, words, on_gpu
+
+
+def pareto_front(configs: list[Configuration]) -> list[Configuration]:
+    """Configurations no other beats on both tokens/s and peak memory, by ascending memory."""
+    front: list[Configuration] = []
+    for c in sorted(configs, key=lambda c: (c.peak_bytes, -c.tokens_per_s)):
+        if not front or c.tokens_per_s > front[-1].tokens_per_s:
+            front.append(c)
+    return front
+
+
+def pick(configs: list[Configuration], budget_bytes: float, budget: str, margin: float = MARGIN) -> Pick:
+    fits = [c for c in configs if c.peak_bytes <= (1 - margin) * budget_bytes]
+    best = max(fits, key=lambda c: c.tokens_per_s, default=None)
+    fastest = max(configs, key=lambda c: c.tokens_per_s, default=None)
+    cost = None if best is None or fastest is None else 100.0 * (best.tokens_per_s / fastest.tokens_per_s - 1)
+    return Pick(budget, budget_bytes, best, cost)
+
+
+def _comparable(a: Configuration, b: Configuration, option: str) -> bool:
+    """Same configuration but for ``option``; an option that does not apply to one side (None: a LoRA rank on a
+    full fine-tune) does not count as a difference."""
+    da, db = dict(a.options), dict(b.options)
+    if str(da.get(option)) == str(db.get(option)) or _missing(da.get(option)) or _missing(db.get(option)):
+        return False
+    return all(str(da[k]) == str(db[k]) or _missing(da[k]) or _missing(db[k]) for k in da if k != option)
+
+
+def _value_pairs(values: list[object], option: str = "") -> list[tuple[object, object]]:
+    """Ordered switches to report: neighbours for numbers (b2 -> b4 -> b8), off -> on for flags, every pair else
+    (in the option's own order where it has one: none -> full -> selective)."""
+    if option in _ORDERS:
+        order = list(_ORDERS[option])
+        return list(itertools.combinations(sorted(values, key=lambda v: order.index(v) if v in order else 99), 2))
+    try:
+        nums = sorted(values, key=float)
+        return list(itertools.pairwise(nums))
+    except (TypeError, ValueError):
+        return list(itertools.combinations(sorted(values, key=str), 2))
+
+
+def option_effects(configs: list[Configuration]) -> list[OptionEffect]:
+    """For each varying option and each switch of its value: the median change over the configuration pairs that
+    differ in that option alone (the sweep's own cells, nothing interpolated)."""
+    if not configs:
+        return []
+    effects = []
+    for option in [k for k, _ in configs[0].options]:
+        values = {str(c.option(option)): c.option(option) for c in configs if not _missing(c.option(option))}
+        if all(str(v) in ("True", "False") for v in values.values()):
+            switches = [(values[a], values[b]) for a, b in (("False", "True"),) if a in values and b in values]
+        else:
+            switches = _value_pairs(list(values.values()), option)
+        for before, after in switches:
+            pairs = [(a, b) for a in configs for b in configs
+                     if str(a.option(option)) == str(before) and str(b.option(option)) == str(after)
+                     and _comparable(a, b, option)]
+            if not pairs:
+                continue
+            tput = statistics.median(100.0 * (b.tokens_per_s / a.tokens_per_s - 1) for a, b in pairs)
+            mem = statistics.median(b.peak_bytes - a.peak_bytes for a, b in pairs)
+            mem_pct = statistics.median(100.0 * (b.peak_bytes / a.peak_bytes - 1) for a, b in pairs if a.peak_bytes)
+            effects.append(OptionEffect(option, before, after, len(pairs), tput, mem, mem_pct))
+    return effects
+
+
+def choose(df: pd.DataFrame, device: tuple[str, float] | None = None, budgets_gib=BUDGETS_GIB,
+           margin: float = MARGIN) -> Choice:
+    """The whole answer. ``device``: (name, total bytes) of the GPU the runs came from, added as a budget."""
+    configs, words, on_gpu = configurations(df)
+    result = Choice(configs, words, on_gpu)
+    if not configs:
+        return result
+    budgets = [(f"{g} GiB", g * GIB) for g in budgets_gib]
+    if device is not None and device[1]:
+        budgets.append((f"{device[0]} ({device[1] / GIB:.1f} GiB, the runs' device)", device[1]))
+    budgets.sort(key=lambda b: b[1])
+    result.picks = [pick(configs, size, name, margin) for name, size in budgets]
+    result.frontier = pareto_front(configs)
+    result.effects = option_effects(configs)
+    return result
+
+
+def _fmt_pct(value: float) -> str:
+    return f"{value:+.1f}%"
+
+
+def _value(option: str, value: object) -> str:
+    return _short(option, value) if option != "method" else str(value)
+
+
+def to_markdown(choice: Choice, margin: float = MARGIN) -> str:
+    lines = ["## Which should I pick?", ""]
+    if not choice.configurations:
+        return "\n".join(lines + [f"No successful run with a peak memory to choose from ({choice.memory_source}).", ""])
+    fastest = choice.fastest
+    lines += [f"Peak memory per GPU: {choice.memory_source} (max over repeats); a configuration fits a budget when its "
+              f"peak is at most {100 * (1 - margin):.0f}% of it (a {100 * margin:.0f}% margin for driver, allocator "
+              f"and data differences). Cost: tokens/s against the fastest overall ({fastest.label}, "
+              f"{fmt_num(fastest.tokens_per_s)} tokens/s).", ""]
+    if not choice.on_gpu:
+        lines += ["These runs ran on the CPU: the peak is host memory, so the GPU budgets below are indicative only.",
+                  ""]
+    lines += ["| memory budget | fastest that fits | tokens/s | peak GiB | cost |",
+              "| --- | --- | ---: | ---: | ---: |"]
+    for p in choice.picks:
+        if p.choice is None:
+            lines.append(f"| {p.budget} | nothing measured fits | - | - | - |")
+        else:
+            lines.append(f"| {p.budget} | {p.choice.label} | {fmt_num(p.choice.tokens_per_s)} | "
+                         f"{fmt_gib(p.choice.peak_bytes)} | {_fmt_pct(p.cost_pct)} |")
+    lines += ["", "Pareto frontier (no other configuration is both faster and smaller): "
+              + "; ".join(f"{c.label} ({fmt_num(c.tokens_per_s)} tokens/s, {fmt_gib(c.peak_bytes)} GiB)"
+                          for c in choice.frontier) + ".", ""]
+    if choice.effects:
+        lines += ["### What each option bought", "",
+                  "Switching one option with every other fixed, median over the sweep's pairs of cells that differ in "
+                  "it alone.", "",
+                  "| option | switch | pairs | tokens/s | peak memory |", "| --- | --- | ---: | ---: | ---: |"]
+        for e in choice.effects:
+            lines.append(f"| {e.option} | {_value(e.option, e.before)} → {_value(e.option, e.after)} | {e.pairs} | "
+                         f"{_fmt_pct(e.throughput_pct)} | {e.memory_bytes / GIB:+.2f} GiB ({_fmt_pct(e.memory_pct)}) |")
+        lines.append("")
+    return "\n".join(lines) + "\n"

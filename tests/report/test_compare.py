@@ -1,0 +1,89 @@
+"""The baseline gate's noise model on planted distributions: a real regression is flagged once, same-code noise is
+not, and a spread wider than the threshold is called inconclusive with the samples that would settle it."""
+
+import csv
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ftprof.report.compare import INCONCLUSIVE, OK, REGRESSION, compare, step_throughputs, to_markdown
+
+TOKENS = 4096
+
+
+def _run(tmp, name, tps, step_times=None, status="ok", peak=10 * 2**30):
+    run_dir = tmp / name
+    run_dir.mkdir(parents=True)
+    if step_times is not None:
+        with open(run_dir / "steps.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, ["step", "step_time_s", "tokens", "warmup", "profiler_phase"])
+            w.writeheader()
+            w.writerow({"step": 0, "step_time_s": 5.0, "tokens": TOKENS, "warmup": True, "profiler_phase": ""})
+            for i, t in enumerate(step_times, 1):
+                w.writerow({"step": i, "step_time_s": t, "tokens": TOKENS, "warmup": False, "profiler_phase": ""})
+    return {"run_dir": str(run_dir), "status": status, "method": "lora", "model": "tiny", "batch_size": 4,
+            "seq_len": 1024, "world_size": 1, "tokens_per_s": tps, "step_time_p50_s": None if tps is None else
+            TOKENS / tps, "torch_peak_reserved": peak}
+
+
+def _repeats(tmp, side, values, **kw):
+    return pd.DataFrame([_run(tmp / side, f"r{i}", v, **kw) for i, v in enumerate(values)])
+
+
+def test_real_regression_over_repeats_is_flagged_once(tmp_path):
+    rng = np.random.default_rng(0)
+    base = _repeats(tmp_path, "b", rng.normal(1000, 10, 5))
+    cur = _repeats(tmp_path, "c", rng.normal(850, 10, 5))
+    cmp = compare(cur, base, threshold_pct=5)
+    assert cmp.failed and len(cmp.configs) == 1 and len(cmp.regressions) == 1  # not once per figure
+    c = cmp.regressions[0]
+    assert c.throughput.samples == "repeats" and c.throughput.p_value < 0.001
+    assert c.throughput.change_pct == pytest.approx(-15, abs=2)
+    assert "step p50" in c.context and c.context["step p50"][2] > 10  # shown beside, not counted again
+    assert "**regression**" in to_markdown(cmp, 5)
+
+
+def test_same_code_noise_is_not_a_regression(tmp_path):
+    rng = np.random.default_rng(1)
+    for trial in range(5):
+        base = _repeats(tmp_path / str(trial), "b", rng.normal(1000, 15, 5))
+        cur = _repeats(tmp_path / str(trial), "c", rng.normal(1000, 15, 5))
+        cmp = compare(cur, base, threshold_pct=5)
+        assert not cmp.failed and cmp.configs[0].verdict == OK
+
+
+def test_spread_wider_than_the_threshold_is_inconclusive(tmp_path):
+    """Same code on a noisy machine: a -25% mean change inside a ±40% interval is not called a regression."""
+    base = _repeats(tmp_path, "b", [1000, 400, 1600])
+    cur = _repeats(tmp_path, "c", [300, 1200, 750])
+    cmp = compare(cur, base, threshold_pct=5)
+    assert not cmp.failed
+    c = cmp.configs[0]
+    assert c.verdict == INCONCLUSIVE and c.throughput.halfwidth_pct > 5
+    assert c.throughput.needed > 3
+    assert f"about {c.throughput.needed} repeats per side would settle it" in c.reasons[0]
+
+
+def test_one_run_per_side_uses_the_steady_steps(tmp_path):
+    rng = np.random.default_rng(2)
+    base_times = rng.normal(0.100, 0.002, 30)
+    base = pd.DataFrame([_run(tmp_path / "b", "r", TOKENS / base_times.mean(), step_times=base_times)])
+    assert len(step_throughputs(base["run_dir"][0])) == 30  # the warm-up step is left out
+    slow = rng.normal(0.115, 0.002, 30)
+    cur = pd.DataFrame([_run(tmp_path / "c", "r", TOKENS / slow.mean(), step_times=slow)])
+    cmp = compare(cur, base, threshold_pct=5)
+    assert cmp.failed and cmp.configs[0].throughput.samples == "steady steps"
+    same = rng.normal(0.100, 0.002, 30)
+    cur2 = pd.DataFrame([_run(tmp_path / "c2", "r", TOKENS / same.mean(), step_times=same)])
+    assert compare(cur2, base, threshold_pct=5).configs[0].verdict == OK
+
+
+def test_memory_growth_and_a_run_that_stopped_succeeding_are_regressions(tmp_path):
+    base = _repeats(tmp_path, "b", [1000, 1001, 999])
+    cur = _repeats(tmp_path, "c", [1000, 1001, 999], peak=12 * 2**30)
+    c = compare(cur, base, threshold_pct=5).configs[0]
+    assert c.verdict == REGRESSION and "torch_peak_reserved +20.0%" in c.reasons
+    failed = _repeats(tmp_path, "f", [None], status="oom_device")
+    c = compare(failed, base, threshold_pct=5).configs[0]
+    assert c.verdict == REGRESSION and c.reasons == ["status ok -> oom_device"]

@@ -1,0 +1,35 @@
+"""Preflight input checks that need a little I/O: a local checkpoint without a tokenizer and a text dataset."""
+
+import pytest
+
+from ftprof.cli.main import main
+from ftprof.models.presets import preset_config
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    preset_config("tiny").save_pretrained(ckpt)  # config.json only: no weights needed to fail, no tokenizer
+    data = tmp_path / "data.txt"
+    data.write_text("some text to train on\n")
+    return ckpt, data
+
+
+def test_text_dataset_with_a_checkpoint_without_tokenizer_is_an_input_error(checkpoint, tmp_path, capsys):
+    ckpt, data = checkpoint
+    code = main(["train", "full", "--model", str(ckpt), "--dataset", str(data), "--output-dir", str(tmp_path / "o"),
+                 "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err
+    assert "has no tokenizer files" in err and str(ckpt) in err
+    assert not (tmp_path / "o").exists()  # nothing started
+
+
+def test_a_tokenizer_file_satisfies_the_check(checkpoint):
+    from ftprof.models.source import resolve_model_source
+    from ftprof.preflight import _check_tokenizer
+
+    ckpt, data = checkpoint
+    (ckpt / "tokenizer.json").write_text("{}")
+    _check_tokenizer(resolve_model_source(str(ckpt)), str(data))  # no error
+    _check_tokenizer(resolve_model_source(str(ckpt)), "synthetic")
