@@ -2,6 +2,8 @@
 # The GPU runs behind BENCHMARKS.md's fast-paths table, on one H200, from the repository root:
 #   benchmarks/fast_paths_session.sh tests OUT    # GPU tests: every fast path against eager (loss, gradients)
 #   benchmarks/fast_paths_session.sh sweep OUT    # examples/fast-paths.yaml (resumes), then the HF + Liger baseline
+#   benchmarks/fast_paths_session.sh ab OUT       # PROFILING.md's A/B example: llama-1b QLoRA with checkpointing,
+#                                                 # eager against --kernels liger, profiled with shapes, then diffed
 # Each phase keeps to BUDGET_S seconds (a device call's limit) and always ends by packing its results into
 # OUT/PHASE.tgz (no traces).
 set -u
@@ -30,7 +32,15 @@ case $phase in
         > runs/hf_baseline_qlora_liger.out 2> runs/hf_baseline_qlora_liger.err
     fi
     python3 -m ftprof report runs/fast-paths > runs/report-fast-paths.log 2>&1 ;;
-  *) echo "unknown phase '$phase' (tests or sweep)" >&2; exit 2 ;;
+  ab)
+    for k in eager liger; do
+      timeout 150 python3 -m ftprof profile qlora --model llama-1b --batch-size 4 --seq-len 1024 --checkpointing full \
+        --kernels $k --prof-record-shapes --output-dir runs/ab --run-name $k --quiet > runs/ab-$k.log 2>&1
+    done
+    timeout 120 python3 -m ftprof profile --summarize "$(ls -d runs/ab/liger/profile/cycle* | tail -1)" --baseline "$(ls -d runs/ab/eager/profile/cycle* | tail -1)" \
+      > runs/ab-diff.txt 2>&1
+    cp runs/ab/*/profile/*summary*.md runs/ 2>/dev/null ;;
+  *) echo "unknown phase '$phase' (tests, sweep or ab)" >&2; exit 2 ;;
 esac
 tar czf "$out/$phase.tgz" --exclude='*.pt.trace.json.gz' --exclude='*.pickle' runs
 echo "phase $phase done in $(( $(date +%s) - t0 )) s"
