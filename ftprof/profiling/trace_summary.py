@@ -91,6 +91,7 @@ class TraceSummary:
     profiler_overhead: float | None = None
     breakdown: dict[str, Any] | None = None  # fine-tuning buckets per active step (buckets.Breakdown as a dict)
     rank: int | None = None
+    logits_softmax_us: float = 0.0  # the loss's softmax over the vocabulary (absent under a fused linear loss)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -356,6 +357,7 @@ def summarize(path: str | Path, run_config: dict | None = None) -> TraceSummary:
         host_device_copies={k: {"count": acc.copies[k], "us": acc.copy_us[k], "bytes": acc.copy_bytes[k]}
                             for k in acc.copies},
         fp32_gemm_us=fp32_us, gemm_us=gemm_us, verdict="", diagnoses=[], metadata=meta)
+    summary.logits_softmax_us = sum(t for n, t in acc.kernel_time.items() if any(k in n for k in LOGITS_KERNELS))
     summary.breakdown = breakdown_dict(buckets.from_trace(acc, meta, ftmeta, run_config, categorize))
     info = meta.get("distributedInfo")
     summary.rank = int(info["rank"]) if isinstance(info, dict) and "rank" in info else None
@@ -426,6 +428,7 @@ def diagnose(s: TraceSummary, dtype: str | None = None, checkpointing: bool | No
                              f"{n_copies} host-device copies inside the recorded steps ({dtoh} device-to-host: "
                              "each one can synchronise the host with the GPU)", copies))
     out.extend(_elementwise(s, total))
+    out.extend(_logits(s, total))
     if checkpointing:
         out.extend(_recomputation(s))
     return out
@@ -446,8 +449,9 @@ def _elementwise(s: TraceSummary, total: float) -> list[Diagnosis]:
     top = [k for k in s.top_kernels if categorize(k["name"]) in ("elementwise", "normalization")][:3]
     return [Diagnosis("elementwise", "warning" if share > 0.3 else "info",
                       f"elementwise and normalization kernels take {100 * share:.1f}% of GPU kernel time (unfused "
-                      "RMSNorm in fp32, activations, rotary embeddings, residual and LoRA adds): fusing them "
-                      "(torch.compile of the decoder layers, fused RMSNorm/SwiGLU kernels) is the lever",
+                      "RMSNorm in fp32, activations, rotary embeddings, residual and LoRA adds): fusing them is the "
+                      "lever: --compile (each decoder block compiled) or --kernels liger (fused RMSNorm, SwiGLU, "
+                      "RoPE)",
                       {"us": us, "share": share, "top_kernels": top})]
 
 
@@ -464,8 +468,27 @@ def _recomputation(s: TraceSummary) -> list[Diagnosis]:
     if flops and extra:
         evidence["flops_share"] = extra / (flops + extra)
         text += f"; {100 * evidence['flops_share']:.0f}% of the FLOPs executed"
-    return [Diagnosis("recomputation", "info", "activation checkpointing recomputes the forward in backward: " + text,
-                      evidence)]
+    return [Diagnosis("recomputation", "info", "activation checkpointing recomputes the forward in backward: " + text
+                      + "; --checkpointing selective saves the matmul outputs instead, --checkpointing auto picks "
+                      "the fastest policy that fits the GPU's memory", evidence)]
+
+
+# The loss's NLL and fp32 softmax over the vocabulary: their presence means the logits (and their fp32 gradients,
+# 2 x 4 bytes x tokens x vocab in backward) are materialized; a fused linear cross entropy never builds them.
+LOGITS_KERNELS = ("nll_loss", "SoftMaxForward", "SoftMaxBackward")
+
+
+def _logits(s: TraceSummary, total: float) -> list[Diagnosis]:
+    if s.device_kind != "gpu":
+        return []
+    us = s.logits_softmax_us
+    if not us:
+        return []
+    return [Diagnosis("logits", "info",
+                      f"the loss materializes the logits and their fp32 softmax ({100 * us / total:.1f}% of GPU "
+                      "kernel time; in backward two fp32 logit-sized gradients are held at once): --kernels liger's "
+                      "fused linear cross entropy computes the loss in chunks without them",
+                      {"us": us, "share": us / total})]
 
 
 def _steps(s: TraceSummary) -> int:

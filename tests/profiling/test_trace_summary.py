@@ -3,6 +3,7 @@
 import gzip
 import json
 import tracemalloc
+from pathlib import Path
 
 import pytest
 import torch
@@ -182,3 +183,13 @@ def test_summarize_never_overwrites_the_trace(tmp_path):
     before = trace.read_bytes()
     assert main(["profile", "--summarize", str(trace)]) == 0
     assert trace.read_bytes() == before and (tmp_path / "x.summary.json").exists()
+
+
+def test_diagnoses_name_the_fast_path_options():
+    """Each finding names the run option that addresses it (the fixture: a real H200 trace of an eager run)."""
+    from ftprof.profiling.trace_summary import summarize
+
+    summary = summarize(Path(__file__).parents[1] / "fixtures" / "tiny_gpu_trace.pt.trace.json.gz")
+    messages = {d.code: d.message for d in summary.diagnoses}
+    assert "--compile" in messages["elementwise"] and "--kernels liger" in messages["elementwise"]
+    assert summary.logits_softmax_us > 0 and "fused linear cross entropy" in messages["logits"]
