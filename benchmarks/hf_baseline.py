@@ -120,7 +120,7 @@ def run(args) -> dict:
                               optim="adamw_torch_fused" if cuda else "adamw_torch", logging_steps=10 ** 6,
                               save_strategy="no", report_to=[], dataloader_num_workers=0, use_cpu=not cuda,
                               use_liger_kernel=args.liger)  # the Trainer's own Liger switch (patches the instance)
-    # FLOPs per token by the DESIGN.md convention, counted on the model as trained (the same count ftprof uses)
+    # FLOPs per token by the README's MFU convention, counted on the model as trained (the same count ftprof uses)
     config = preset_config(args.model)
     layers, attn_dim = metrics.attention_dims(config)
     flops = metrics.flops_per_token(metrics.count_params(model), layers, attn_dim, args.seq_len)
