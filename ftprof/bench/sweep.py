@@ -104,6 +104,19 @@ def _digest(values: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
+def _differing_keys(cells: list[dict[str, Any]]) -> set[str]:
+    """Options whose value is not the same in every cell (one pass over the cells: linear, not quadratic)."""
+    seen: dict[str, set[str]] = {}
+    for values in cells:
+        for key in values:
+            seen.setdefault(key, set())
+    for values in cells:
+        for key, distinct in seen.items():
+            if len(distinct) < 2:
+                distinct.add(json.dumps(values.get(key), default=str))
+    return {key for key, distinct in seen.items() if len(distinct) > 1}
+
+
 def load_sweep(path: str | Path) -> Sweep:
     path = Path(path)
     if not path.is_file():
@@ -166,7 +179,7 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
     if not cells:
         raise _fail(path, "", "the sweep has no experiments (empty matrix and experiments, or all excluded)")
 
-    differs = {k for _, v in cells for k in v if len({json.dumps(c.get(k), default=str) for _, c in cells}) > 1}
+    differs = _differing_keys([values for _, values in cells])
     order = ["method"] + keys + sorted(differs)  # method first, then the matrix's own order
     varying = list(dict.fromkeys(k for k in order if k in differs))
     experiments: list[Experiment] = []

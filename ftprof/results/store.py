@@ -29,6 +29,23 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return path
 
 
+def check_writable_dir(path: str | Path, what: str) -> Path:
+    """``path`` is (or can be created as) a writable directory; else ConfigError naming ``what`` (an option)."""
+    from ftprof.errors import ConfigError
+
+    path = Path(path).expanduser()
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise ConfigError(f"{what} '{path}': '{probe}' is a file, not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} '{path}': '{probe}' is not writable")
+    return path
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
