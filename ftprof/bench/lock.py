@@ -143,7 +143,7 @@ def claim_holder(run_dir: Path) -> str | None:
     if info is None:
         return None
     if info.get("host") == socket.gethostname():
-        pids = [p for p in info.get("pids", [info.get("pid")]) if p != os.getpid() and _alive(p)]
+        pids = [p for p in info.get("pids", [info.get("pid")]) if _alive(p)]
         if not pids:
             return None
         return f"pid {', '.join(map(str, pids))} on {info['host']} since {info.get('started', '?')}"

@@ -195,6 +195,25 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def _signals_set_flag(flag: list[bool]):
+    """While bench stops its children, Ctrl-C and SIGTERM only set ``flag`` (hurry: kill now) instead of raising,
+    so the children are still waited for and recorded."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        flag[0] = True
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def _tail(path: Path, lines: int = 20) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -389,28 +408,21 @@ class BenchRunner:
     def _stop_all(self, running: list[Running]) -> None:
         """Ctrl-C: ask each child to stop (it records 'interrupted'), kill what does not stop in time. A second
         Ctrl-C (or SIGTERM) while waiting kills the children at once; they are still waited for and recorded."""
-        for r in running:
-            r.interrupted = True
-            self._signal(r, signal.SIGINT)
-        deadline = time.monotonic() + INTERRUPT_GRACE_S
         hurry = [False]
-        for r in list(running):
-            while r.proc.poll() is None:
-                try:
+        with _signals_set_flag(hurry):
+            for r in running:
+                r.interrupted = True
+                self._signal(r, signal.SIGINT)
+            deadline = time.monotonic() + INTERRUPT_GRACE_S
+            for r in list(running):
+                while r.proc.poll() is None:
                     if hurry[0] or time.monotonic() > deadline:
                         self._signal(r, signal.SIGKILL)
                         r.proc.wait()
                         break
                     time.sleep(POLL_S)
-                except KeyboardInterrupt:
-                    hurry[0] = True
-            while True:
-                try:
-                    self._finish(r)
-                    break
-                except KeyboardInterrupt:  # recording takes milliseconds: finish it
-                    hurry[0] = True
-            running.remove(r)
+                self._finish(r)
+                running.remove(r)
 
     # ------------------------------------------------------------------ summary
     def write_summary(self) -> Path:

@@ -131,12 +131,17 @@ def bench_command(args: argparse.Namespace) -> int:
     console.print(f"[dim]wrote {done.summary}[/dim]")
     code = done.exit_code()
     if done.interrupted:
-        again = "run the same command without --force" if args.force else "run the same command again"
-        console.print(f"[yellow]interrupted[/yellow]: {again} to resume")
+        console.print(f"[yellow]interrupted[/yellow]: {resume_advice(args.force)}")
     elif done.failed():
         console.print(f"[red]{len(done.failed())} experiment(s) failed[/red] (exit status {code}); "
                       "--retry-failed reruns them")
     return code
+
+
+def resume_advice(force: bool) -> str:
+    """What to type to resume: --force would rerun the finished experiments too."""
+    return ("run the same command without --force to resume (with it, finished experiments run again)" if force
+            else "run the same command again to resume")
 
 
 MAX_TABLE_ROWS = 500

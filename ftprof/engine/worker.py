@@ -9,6 +9,7 @@ appears only in ``command.sh``, for people to read and replay.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from ftprof.errors import FtprofError
@@ -38,11 +39,16 @@ def exit_worker(code: int) -> None:
     os._exit(code)
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m ftprof.engine.worker CONFIG.json", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, _interrupt)  # bench stopping us (or dying: its parent-death signal) = Ctrl-C
     try:
         code = run_config_file(argv[0])
     except FtprofError as exc:
