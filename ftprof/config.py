@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
@@ -267,6 +268,7 @@ class TrainConfig:
         _require(self.max_steps >= 1, f"--max-steps must be at least 1, got {self.max_steps}")
         _require(self.warmup_steps >= 0, f"--warmup-steps must be >= 0, got {self.warmup_steps}")
         _require(self.lr > 0, f"--lr must be positive, got {self.lr}")
+        _require(self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}")
         _require(self.max_grad_norm >= 0, f"--max-grad-norm must be >= 0, got {self.max_grad_norm}")
         _one_of("--optimizer", self.optimizer, OPTIMIZERS)
 
@@ -523,6 +525,8 @@ def _check_type(key: str, value: Any) -> Any:
         return value
     if base is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if base is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"--{key.replace('_', '-')} must be a finite number, got {value}")
     if isinstance(value, base) and not (base is int and isinstance(value, bool)):
         return value
     name = getattr(base, "__name__", str(base))

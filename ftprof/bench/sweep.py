@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from ftprof.checks import check_config
 from ftprof.config import MEMORY_LOGGING, MEMORY_LOGGING_ALIASES, RunConfig, flat_field_owners
 from ftprof.errors import ConfigError, did_you_mean
 from ftprof.models.source import classify_model_name, unknown_model_message
@@ -104,6 +106,25 @@ def _digest(values: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: object, line: int):
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _differing_keys(cells: list[dict[str, Any]]) -> set[str]:
     """Options whose value is not the same in every cell (one pass over the cells: linear, not quadratic)."""
     seen: dict[str, set[str]] = {}
@@ -122,7 +143,9 @@ def load_sweep(path: str | Path) -> Sweep:
     if not path.is_file():
         raise ConfigError(f"sweep file '{path}' does not exist")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)  # a SafeLoader
+    except _DuplicateKey as exc:
+        raise _fail(path, f"line {exc.line}", f"key '{exc.key}' is given twice") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else ""
@@ -159,8 +182,8 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
     if repeats < 1:
         raise _fail(path, "repeats", "must be at least 1")
     timeout = float(data.get("timeout_s", 1800))
-    if timeout <= 0:
-        raise _fail(path, "timeout_s", "must be positive")
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise _fail(path, "timeout_s", f"must be a positive finite number of seconds, got {timeout}")
     memory = os.environ.get("MEMORY_LOGGING") or data.get("memory_logging", "all")
     memory = MEMORY_LOGGING_ALIASES.get(memory, memory)
     if memory not in MEMORY_LOGGING:
@@ -194,6 +217,7 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
             own = None if os.environ.get("MEMORY_LOGGING") else values.get("memory_logging")
             own = MEMORY_LOGGING_ALIASES.get(own, own)
             config = RunConfig.from_flat({**values, "memory_logging": own or memory, "quiet": True})
+            check_config(config)  # LoRA targets, seq_len against the model, dataset present: before anything runs
         except ConfigError as exc:
             raise _fail(path, where, str(exc)) from None
         name = f"{_slug(values, varying or ['method'])}-{_digest(values)}"

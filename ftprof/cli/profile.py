@@ -147,15 +147,18 @@ def profile_command(args: argparse.Namespace) -> int:
         raise ConfigError("--baseline needs --summarize (the profile to compare against it)")
     if args.summarize:
         return summarize_command(args.summarize, args.baseline)
-    from ftprof.engine.run import train
-    from ftprof.results.status import exit_code
+    from ftprof.checks import check_before_run
 
     cfg = config_from_args(args, extra_keys={"summarize", "baseline"})
     cfg = cfg.replace(profile=True)
+    check_before_run(cfg)  # bad input: one line, exit 2, before torch is imported
     if cfg.output.quiet:
         from ftprof.console import silence_third_party
 
         silence_third_party()
+    from ftprof.engine.run import train
+    from ftprof.results.status import exit_code
+
     result = train(cfg)
     print_open_hints(result)
     return exit_code(result.status)

@@ -1,0 +1,58 @@
+"""Checks that need neither torch nor a model: run by the CLI before it imports the engine, and by sweeps for each
+experiment, so bad input is one line and exit status 2 in a fraction of a second.
+
+``check_config`` reads only the configuration (and the model's config file); ``check_host`` also looks at this
+machine (output paths writable, a GPU for CUDA profiling).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ftprof.config import RunConfig
+from ftprof.errors import ConfigError
+from ftprof.models.modules import lora_target_problem, max_positions
+from ftprof.results.store import check_writable_dir
+
+
+def check_config(cfg: RunConfig) -> None:
+    m = cfg.method
+    if m.method in ("lora", "qlora", "gptq-lora"):
+        problem = lora_target_problem(cfg.model.model, m.lora_targets)
+        if problem:
+            raise ConfigError(problem)
+    limit = max_positions(cfg.model.model)
+    if limit is not None and cfg.data.seq_len > limit:
+        raise ConfigError(f"--seq-len {cfg.data.seq_len} exceeds the {limit} positions of model '{cfg.model.model}'")
+    if cfg.data.dataset != "synthetic" and not Path(cfg.data.dataset).expanduser().is_file():
+        raise ConfigError(f"--dataset: '{cfg.data.dataset}' does not exist")
+    prof = cfg.profiling
+    if prof.profile and prof.prof_ranks != "all":
+        world = cfg.distributed.world_size
+        beyond = [int(r) for r in str(prof.prof_ranks).split(",") if int(r) >= world]
+        if beyond:
+            raise ConfigError(f"--prof-ranks: rank {beyond[0]} does not exist in a run of {world} process(es) "
+                              f"(ranks 0..{world - 1})")
+
+
+def host_has_cuda() -> bool:
+    """An NVIDIA driver is loaded on this machine (checked without importing torch)."""
+    return os.path.exists("/proc/driver/nvidia/version")
+
+
+def check_host(cfg: RunConfig) -> None:
+    check_writable_dir(cfg.output.output_dir, "--output-dir")
+    prof = cfg.profiling
+    if prof.profile and prof.prof_output_dir:
+        check_writable_dir(prof.prof_output_dir, "--prof-output-dir")
+    if prof.profile and "cuda" in prof.activities():
+        if cfg.output.device == "cpu":
+            raise ConfigError("--prof-activities cuda: the run is on --device cpu")
+        if not host_has_cuda():
+            raise ConfigError("--prof-activities cuda: this machine has no NVIDIA GPU (use cpu)")
+
+
+def check_before_run(cfg: RunConfig) -> None:
+    check_config(cfg)
+    check_host(cfg)
