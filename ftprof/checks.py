@@ -13,10 +13,21 @@ from pathlib import Path
 from ftprof.config import RunConfig
 from ftprof.errors import ConfigError
 from ftprof.models.modules import lora_target_problem, max_positions
+from ftprof.models.source import classify_model_name, unknown_model_message
 from ftprof.results.store import check_writable_dir
 
 
+def check_model(name: str) -> None:
+    """Presets and directories are checked now; hub ids are left to the run (it reads their config)."""
+    kind = classify_model_name(name)
+    if kind is None:
+        raise ConfigError(f"--model: {unknown_model_message(name)}")
+    if kind == "local" and not Path(name).expanduser().is_dir():
+        raise ConfigError(f"--model: '{name}' is not a directory")
+
+
 def check_config(cfg: RunConfig) -> None:
+    check_model(cfg.model.model)
     m = cfg.method
     if m.method in ("lora", "qlora", "gptq-lora"):
         problem = lora_target_problem(cfg.model.model, m.lora_targets)

@@ -29,7 +29,6 @@ import yaml
 from ftprof.checks import check_config
 from ftprof.config import MEMORY_LOGGING, MEMORY_LOGGING_ALIASES, RunConfig, flat_field_owners
 from ftprof.errors import ConfigError, did_you_mean
-from ftprof.models.source import classify_model_name, unknown_model_message
 
 TOP_KEYS = {"name": str, "base": dict, "matrix": dict, "experiments": list, "exclude": list, "repeats": int,
             "memory_logging": str, "timeout_s": (int, float), "description": str}
@@ -78,16 +77,6 @@ def _check_keys(path: Path, where: str, mapping: Any, *, allow_lists: bool) -> N
                 raise _fail(path, f"{where}.{key}", "must be a non-empty list of values")
         elif isinstance(value, (list, dict)) and key != "lora_targets":
             raise _fail(path, f"{where}.{key}", f"must be a single value, got a {type(value).__name__}")
-
-
-def _check_model(path: Path, where: str, model: Any) -> None:
-    """Presets and directories are checked now; hub ids are left to the run (no network here)."""
-    name = str(model)
-    kind = classify_model_name(name)
-    if kind is None:
-        raise _fail(path, where, unknown_model_message(name))
-    if kind == "local" and not Path(name).expanduser().is_dir():
-        raise _fail(path, where, f"model directory '{name}' does not exist")
 
 
 def _slug(values: dict[str, Any], keys: list[str]) -> str:
@@ -183,7 +172,7 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
         raise _fail(path, "repeats", "must be at least 1")
     timeout = float(data.get("timeout_s", 1800))
     if not math.isfinite(timeout) or timeout <= 0:
-        raise _fail(path, "timeout_s", f"must be a positive finite number of seconds, got {timeout}")
+        raise _fail(path, "timeout_s", f"must be positive and finite (seconds), got {timeout}")
     memory = os.environ.get("MEMORY_LOGGING") or data.get("memory_logging", "all")
     memory = MEMORY_LOGGING_ALIASES.get(memory, memory)
     if memory not in MEMORY_LOGGING:
@@ -209,8 +198,6 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
     seen: dict[str, str] = {}
     for where, values in cells:
         values.setdefault("method", "qlora")
-        if "model" in values:
-            _check_model(path, f"{where}.model", values["model"])
         try:
             # A cell's own memory_logging (say, to measure the NVML sampler's cost) wins over the sweep's;
             # MEMORY_LOGGING in the environment wins over both.
