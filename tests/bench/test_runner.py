@@ -95,10 +95,12 @@ def test_failures_are_rows_and_the_sweep_goes_on(tmp_path):
 def test_timeout_is_recorded(tmp_path):
     path = _sweep(tmp_path, "experiments: [{method: full, max_steps: 100000}]\ntimeout_s: 8\n")
     out = tmp_path / "out"
-    assert main(["bench", str(path), "--output-dir", str(out)]) == 0
+    assert main(["bench", str(path), "--output-dir", str(out)]) == 1  # a failed experiment
     (run,) = [p for p in out.iterdir() if p.is_dir()]
     result = json.loads((run / "result.json").read_text())
     assert result["status"] == "timeout" and "timed out after 8 s" in result["error_message"]
+    steps = (run / "steps.csv").read_text().strip().splitlines()[1:] if (run / "steps.csv").exists() else []
+    assert result["steps_completed"] == len(steps)  # what steps.csv holds, not 0
 
 
 def test_sigkilled_child_is_oom_host(tmp_path):
