@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import os
@@ -23,10 +24,20 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        _unlink_quietly(tmp)
+        if exc.errno in _STORAGE_ERRNOS:
+            from ftprof.errors import StorageError
+
+            raise StorageError(exc.errno, f"cannot write {path}: {exc.strerror}") from None
+        raise
     except BaseException:
         _unlink_quietly(tmp)
         raise
     return path
+
+
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 
 
 def check_writable_dir(path: str | Path, what: str) -> Path:
