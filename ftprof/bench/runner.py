@@ -11,7 +11,6 @@ run one at a time.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shlex
 import signal
@@ -26,6 +25,7 @@ from pathlib import Path
 from ftprof.bench.lock import Claim, claim_cell, claim_holder
 from ftprof.bench.sweep import Experiment, Sweep
 from ftprof.config import RunConfig
+from ftprof.lifetime import preexec_die_with
 from ftprof.results import run_dir as files
 from ftprof.results.load import read_result, read_runs
 from ftprof.results.run_dir import RunDirWriter
@@ -117,25 +117,6 @@ def child_command(run_dir: Path) -> list[str]:
 def replay_command(exp: Experiment, run_dir: Path) -> list[str]:
     """The same run as an ``ftprof train`` command line (command.sh and --dry-run show it)."""
     return [sys.executable, "-m", "ftprof", "train", *run_config(exp, run_dir).cli_args()]
-
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def die_with_parent(parent_pid: int):
-    """A preexec_fn: the child gets SIGTERM when bench dies, even by kill -9 (Linux parent-death signal; the worker
-    treats SIGTERM like Ctrl-C and records 'interrupted'). Elsewhere a no-op."""
-
-    def preexec() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        except (OSError, AttributeError):
-            return
-        if os.getppid() != parent_pid:  # bench died between fork and prctl
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec if sys.platform.startswith("linux") else None
 
 
 def steps_recorded(run_dir: Path) -> int:
@@ -253,7 +234,7 @@ class BenchRunner:
         env = {**os.environ, **overrides}
         with open(p.run_dir / files.STDOUT, "wb") as out, open(p.run_dir / files.STDERR, "wb") as err:
             proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True,
-                                    preexec_fn=die_with_parent(os.getpid()))
+                                    preexec_fn=preexec_die_with(os.getpid()))
         claim.add_process(proc.pid)
         now = time.monotonic()
         self.on_event("start", p)

@@ -40,6 +40,15 @@ def exit_worker(code: int) -> None:
 
 
 def _interrupt(signum, frame) -> None:
+    """SIGTERM stops the run like Ctrl-C, and reaches our own descendants first (torchrun's workers: torchrun
+    itself is killed outright when the run stops, which would orphan them)."""
+    try:
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):
+            child.send_signal(signum)
+    except Exception:  # noqa: BLE001 - psutil missing or a child already gone: stopping matters more
+        pass
     raise KeyboardInterrupt
 
 
@@ -49,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m ftprof.engine.worker CONFIG.json", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _interrupt)  # bench stopping us (or dying: its parent-death signal) = Ctrl-C
+    from ftprof.ranks import under_torchrun
+
+    if under_torchrun():  # a rank: stop when torchrun is gone (killed outright, it cannot stop us itself)
+        from ftprof.lifetime import die_with_parent
+
+        die_with_parent(os.getppid())
     try:
         code = run_config_file(argv[0])
     except FtprofError as exc:

@@ -212,7 +212,7 @@ def _start_bench(path, out, *extra):
     proc = subprocess.Popen([sys.executable, "-m", "ftprof", "bench", str(path), "--output-dir", str(out), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 120
-    while time.time() < deadline and not list(out.glob("*/steps.csv")) and proc.poll() is None:
+    while time.time() < deadline and not list(out.glob("*/steps*.csv")) and proc.poll() is None:
         time.sleep(0.2)
     assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
     return proc
@@ -255,18 +255,22 @@ def test_double_ctrl_c_still_records_and_summarizes(tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_9_of_bench_stops_its_experiment(tmp_path):
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_kill_9_of_bench_stops_its_experiment(tmp_path, nproc):
+    """kill -9 of bench: its experiment (and, for a torchrun experiment, every worker) stops by itself."""
     import psutil
 
-    path = _sweep(tmp_path, LONG)
+    path = _sweep(tmp_path, LONG.replace("max_steps: 100000", f"max_steps: 100000, nproc_per_node: {nproc}"))
     out = tmp_path / "out"
     bench = _start_bench(path, out)
     family = psutil.Process(bench.pid).children(recursive=True)
-    assert family
+    assert len(family) >= (1 if nproc == 1 else 4)  # the worker; or it, torchrun and two ranks
     bench.kill()
     bench.wait()
     _, alive = psutil.wait_procs(family, timeout=60)
-    assert alive == []
+    for p in alive:  # leave nothing behind, whatever the verdict
+        p.kill()
+    assert [" ".join(p.cmdline()[-3:]) for p in alive if p.is_running()] == []
     (run,) = [d for d in out.iterdir() if d.is_dir()]
     assert plan(load_sweep(path), out)[0].action == "run"  # its claim is stale now: a rerun may take it
 
@@ -327,3 +331,16 @@ def test_resume_advice_matches_the_flags():
 
     assert "without --force" in resume_advice(force=True)
     assert "same command again" in resume_advice(force=False)
+
+
+def test_a_rerun_clears_the_previous_attempts_files(tmp_path):
+    from ftprof.bench.runner import clear_attempt
+
+    run = tmp_path / "cell"
+    run.mkdir()
+    old = ["result.json", "steps.csv", "steps_rank1.csv", "memory_stages.csv", "memory_stages_rank0.csv", "env.json",
+           "nvml.csv", "stdout.log", "stderr.log", "result_rank1.json"]
+    for name in old + ["config.json", "command.sh", ".claim"]:
+        (run / name).write_text("x")
+    clear_attempt(run)
+    assert sorted(p.name for p in run.iterdir()) == [".claim", "command.sh", "config.json"]
