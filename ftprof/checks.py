@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from ftprof.config import RunConfig
+from ftprof.data.source import check_dataset, locate
 from ftprof.errors import ConfigError
 from ftprof.models.modules import lora_target_problem, max_positions
 from ftprof.models.source import classify_model_name, unknown_model_message
@@ -36,8 +37,8 @@ def check_config(cfg: RunConfig) -> None:
     limit = max_positions(cfg.model.model)
     if limit is not None and cfg.data.seq_len > limit:
         raise ConfigError(f"--seq-len {cfg.data.seq_len} exceeds the {limit} positions of model '{cfg.model.model}'")
-    if cfg.data.dataset != "synthetic" and not Path(cfg.data.dataset).expanduser().is_file():
-        raise ConfigError(f"--dataset: '{cfg.data.dataset}' does not exist")
+    if cfg.data.dataset != "synthetic":
+        locate(cfg.data)  # a file or save_to_disk folder that exists, or a hub name (its content: check_dataset)
     prof = cfg.profiling
     if prof.profile and prof.prof_ranks != "all":
         world = cfg.distributed.world_size
@@ -66,4 +67,5 @@ def check_host(cfg: RunConfig) -> None:
 
 def check_before_run(cfg: RunConfig) -> None:
     check_config(cfg)
+    check_dataset(cfg.data)  # reads a data file through (a .jsonl line by line): before torch is imported
     check_host(cfg)
