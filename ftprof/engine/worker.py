@@ -32,16 +32,25 @@ def exit_worker(code: int) -> None:
     """A torchrun worker leaves without interpreter teardown: gloo's threads can abort it there (seen with torch
     2.14 on CPU: 'terminate called without an active exception') after every file is already written."""
     from ftprof.engine import distributed
+    from ftprof.results.status import Status
 
-    distributed.shutdown()
+    if code != Status.INTERRUPTED.exit_code:  # interrupted: a peer may be gone, its barrier would wait forever
+        distributed.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
+_stopping: list[bool] = []
+
+
 def _interrupt(signum, frame) -> None:
-    """SIGTERM stops the run like Ctrl-C, and reaches our own descendants first (torchrun's workers: torchrun
-    itself is killed outright when the run stops, which would orphan them)."""
+    """SIGTERM stops the run like Ctrl-C, once (torchrun and bench may both send it: a second one must not break the
+    recording of the first), and reaches our own descendants first (torchrun's workers: torchrun itself is killed
+    outright when the run stops, which would orphan them)."""
+    if _stopping:
+        return
+    _stopping.append(True)
     try:
         import psutil
 
