@@ -120,12 +120,15 @@ def replay_command(exp: Experiment, run_dir: Path) -> list[str]:
 
 
 def steps_recorded(run_dir: Path) -> int:
-    """Rows of steps.csv: the steps a killed run completed before it died."""
-    try:
-        with open(run_dir / files.STEPS, encoding="utf-8", errors="replace") as fh:
-            return max(0, sum(1 for line in fh if line.strip()) - 1)
-    except OSError:
-        return 0
+    """Rows of steps.csv (a distributed run that was killed has only rank 0's steps_rank0.csv): the steps a killed
+    run completed before it died."""
+    for name in (files.STEPS, files.rank_file(files.STEPS, 0)):
+        try:
+            with open(run_dir / name, encoding="utf-8", errors="replace") as fh:
+                return max(0, sum(1 for line in fh if line.strip()) - 1)
+        except OSError:
+            continue
+    return 0
 
 
 def clear_attempt(run_dir: Path) -> None:
