@@ -38,20 +38,12 @@ def profile(cfg: RunConfig, **kwargs):
     return train(dataclasses.replace(cfg, profiling=dataclasses.replace(cfg.profiling, profile=True)), **kwargs)
 
 
-def run_sweep(sweep_file, output_dir=None, *, force: bool = False, retry_failed: bool = False):
-    """Run a sweep file, one process per experiment; returns the outcomes (name, status, seconds, result)."""
-    from pathlib import Path
+def run_sweep(sweep_file, output_dir=None, *, force: bool = False, retry_failed: bool = False, wait: bool = False):
+    """Run a sweep file, one process per experiment, holding the output directory's lock; returns the outcomes
+    (name, status, seconds, result). ``ftprof bench`` runs the same flow (ftprof.bench.flow.run_sweep)."""
+    from ftprof.bench.flow import run_sweep as _run_sweep
 
-    from ftprof.bench.runner import BenchRunner, plan
-    from ftprof.bench.sweep import load_sweep
-
-    sweep = load_sweep(sweep_file)
-    out = Path(output_dir or Path("results") / sweep.name)
-    out.mkdir(parents=True, exist_ok=True)
-    runner = BenchRunner(sweep, out, plan(sweep, out, force=force, retry_failed=retry_failed))
-    outcomes = runner.run()
-    runner.write_summary()
-    return outcomes
+    return _run_sweep(sweep_file, output_dir, force=force, retry_failed=retry_failed, wait=wait).outcomes
 
 
 def load_results(*paths, problems=None):

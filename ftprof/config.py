@@ -12,6 +12,8 @@ dataset exist, does the sequence fit the model) live in ``ftprof.preflight``.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
@@ -266,6 +268,7 @@ class TrainConfig:
         _require(self.max_steps >= 1, f"--max-steps must be at least 1, got {self.max_steps}")
         _require(self.warmup_steps >= 0, f"--warmup-steps must be >= 0, got {self.warmup_steps}")
         _require(self.lr > 0, f"--lr must be positive, got {self.lr}")
+        _require(self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}")
         _require(self.max_grad_norm >= 0, f"--max-grad-norm must be >= 0, got {self.max_grad_norm}")
         _one_of("--optimizer", self.optimizer, OPTIMIZERS)
 
@@ -441,8 +444,9 @@ class RunConfig:
 
     def to_flat(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for section in SECTIONS:
-            out.update(dataclasses.asdict(getattr(self, section)))
+        for section in SECTIONS:  # fields are plain values (tuples, not nested dataclasses): no deep copy needed
+            part = getattr(self, section)
+            out.update({f.name: getattr(part, f.name) for f in fields(part)})
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -464,7 +468,7 @@ class RunConfig:
         """The command-line words that rebuild this config (``ftprof train`` after the method: options that differ
         from their defaults). The one place where a config is spelled as a command line: command.sh uses it; child
         processes get the config as a file instead."""
-        defaults = RunConfig().to_flat()
+        defaults = _default_flat()
         values = self.to_flat()
         args = [values.pop("method")]
         for key, value in values.items():
@@ -483,6 +487,11 @@ class RunConfig:
         return RunConfig.from_flat(values)
 
 
+@functools.cache
+def _default_flat() -> dict[str, Any]:
+    return RunConfig().to_flat()
+
+
 def option_words(key: str, value: Any) -> list[str]:
     """One option as command-line words: --flag / --no-flag for booleans, comma-joined lists, str() otherwise."""
     flag = "--" + key.replace("_", "-")
@@ -493,7 +502,9 @@ def option_words(key: str, value: Any) -> list[str]:
     return [flag, str(value)]
 
 
+@functools.cache
 def _field_types() -> dict[str, Any]:
+    """Each option's type hint, resolved once (typing.get_type_hints is slow; sweeps check thousands of values)."""
     import typing
 
     return {name: hint for cls in SECTIONS.values() for name, hint in typing.get_type_hints(cls).items()}
@@ -514,6 +525,8 @@ def _check_type(key: str, value: Any) -> Any:
         return value
     if base is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if base is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"--{key.replace('_', '-')} must be a finite number, got {value}")
     if isinstance(value, base) and not (base is int and isinstance(value, bool)):
         return value
     name = getattr(base, "__name__", str(base))
@@ -522,4 +535,9 @@ def _check_type(key: str, value: Any) -> Any:
 
 def flat_field_owners() -> dict[str, str]:
     """Map each option name to its section."""
+    return dict(_owners())
+
+
+@functools.cache
+def _owners() -> dict[str, str]:
     return {f.name: section for section, cls in SECTIONS.items() for f in fields(cls)}

@@ -10,6 +10,11 @@ class FtprofError(Exception):
     """Base class for errors ftprof reports to the user as one line."""
 
 
+class StorageError(FtprofError, OSError):
+    """A result file could not be written (disk full, quota, file size limit, read-only filesystem): not bad input,
+    so the CLI exits 1 with this one line; files written before it stay."""
+
+
 class ConfigError(FtprofError, ValueError):
     """Bad input: an option, a path, a combination. Raised before any expensive work."""
 

@@ -10,21 +10,24 @@ run one at a time.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ftprof.bench.lock import Claim, claim_cell, claim_holder
 from ftprof.bench.sweep import Experiment, Sweep
 from ftprof.config import RunConfig
+from ftprof.lifetime import preexec_die_with
 from ftprof.results import run_dir as files
-from ftprof.results.load import read_runs
+from ftprof.results.load import read_result, read_runs
 from ftprof.results.run_dir import RunDirWriter
 from ftprof.results.schema import failure_result
 from ftprof.results.status import Status
@@ -39,7 +42,8 @@ class Planned:
     experiment: Experiment
     run_dir: Path
     previous: str | None  # status found on disk, None if never run
-    action: str  # "run" | "skip"
+    action: str  # "run" | "skip" | "busy" (a live process, here or on another host, is running it now)
+    reason: str = ""  # why: a damaged file, who holds the cell
 
 
 @dataclass
@@ -49,6 +53,7 @@ class Running:
     slot: str | None
     started: float
     deadline: float
+    claim: Claim | None = None
     timed_out: bool = False
     interrupted: bool = False
 
@@ -61,26 +66,40 @@ class Outcome:
     result: dict = field(default_factory=dict)
 
 
-def previous_status(run_dir: Path) -> str | None:
+def previous_status(run_dir: Path) -> tuple[str | None, str]:
+    """The status a run directory records (None: never finished) and, for a damaged result.json or config.json,
+    why it counts as a failed run ('error')."""
     try:
-        return json.loads((run_dir / files.RESULT).read_text()).get("status")
-    except (OSError, ValueError):
-        return None
+        result = read_result(run_dir)
+    except ValueError as exc:
+        return Status.ERROR.value, str(exc)
+    if result is None:
+        return None, ""
+    config = run_dir / files.CONFIG
+    if config.exists():
+        try:
+            read_result(run_dir, files.CONFIG)
+        except ValueError as exc:
+            return Status.ERROR.value, str(exc)
+    return result["status"], ""
 
 
 def plan(sweep: Sweep, out_dir: Path, *, force: bool = False, retry_failed: bool = False) -> list[Planned]:
     planned = []
     for exp in sweep.experiments:
         run_dir = out_dir / exp.name
-        prev = previous_status(run_dir)
+        prev, reason = previous_status(run_dir)
         status = Status.parse(prev)
-        if force or status is None or status is Status.INTERRUPTED:
+        holder = claim_holder(run_dir)
+        if holder is not None:
+            action, reason = "busy", f"being run by {holder}"
+        elif force or status is None or status is Status.INTERRUPTED:
             action = "run"
         elif status.failed:
             action = "run" if retry_failed else "skip"
         else:
             action = "skip"
-        planned.append(Planned(exp, run_dir, prev, action))
+        planned.append(Planned(exp, run_dir, prev, action, reason))
     return planned
 
 
@@ -98,6 +117,18 @@ def child_command(run_dir: Path) -> list[str]:
 def replay_command(exp: Experiment, run_dir: Path) -> list[str]:
     """The same run as an ``ftprof train`` command line (command.sh and --dry-run show it)."""
     return [sys.executable, "-m", "ftprof", "train", *run_config(exp, run_dir).cli_args()]
+
+
+def steps_recorded(run_dir: Path) -> int:
+    """Rows of steps.csv (a distributed run that was killed has only rank 0's steps_rank0.csv): the steps a killed
+    run completed before it died."""
+    for name in (files.STEPS, files.rank_file(files.STEPS, 0)):
+        try:
+            with open(run_dir / name, encoding="utf-8", errors="replace") as fh:
+                return max(0, sum(1 for line in fh if line.strip()) - 1)
+        except OSError:
+            continue
+    return 0
 
 
 def clear_attempt(run_dir: Path) -> None:
@@ -131,6 +162,42 @@ def gpu_slots() -> list[str]:
     return entries[:count]
 
 
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt in the main thread (so bench stops its children and records them)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _signals_set_flag(flag: list[bool]):
+    """While bench stops its children, Ctrl-C and SIGTERM only set ``flag`` (hurry: kill now) instead of raising,
+    so the children are still waited for and recorded."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        flag[0] = True
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def _tail(path: Path, lines: int = 20) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -151,8 +218,7 @@ class BenchRunner:
         self._running: list[Running] = []
 
     # ------------------------------------------------------------------ one experiment
-    def _launch(self, p: Planned, slot: str | None) -> Running:
-        p.run_dir.mkdir(parents=True, exist_ok=True)
+    def _launch(self, p: Planned, slot: str | None, claim: Claim) -> Running:
         clear_attempt(p.run_dir)
         RunDirWriter(p.run_dir).write_config(run_config(p.experiment, p.run_dir).to_dict())
         cmd = child_command(p.run_dir)
@@ -170,23 +236,34 @@ class BenchRunner:
         os.chmod(script, 0o755)
         env = {**os.environ, **overrides}
         with open(p.run_dir / files.STDOUT, "wb") as out, open(p.run_dir / files.STDERR, "wb") as err:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True)
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True,
+                                    preexec_fn=preexec_die_with(os.getpid()))
+        claim.add_process(proc.pid)
         now = time.monotonic()
         self.on_event("start", p)
-        return Running(p, proc, slot, now, now + self.sweep.timeout_s)
+        return Running(p, proc, slot, now, now + self.sweep.timeout_s, claim)
+
+    def _claim(self, p: Planned) -> Claim | None:
+        """Claim the cell just before it starts; a cell another process took since planning is skipped."""
+        claim = claim_cell(p.run_dir)
+        if claim is None:
+            p.action, p.reason = "busy", f"being run by {claim_holder(p.run_dir) or 'another process'}"
+            self.on_event("skip", p)
+        return claim
 
     def _finish(self, r: Running) -> Outcome:
         code = r.proc.returncode
-        status = previous_status(r.planned.run_dir)
-        if status is None or (r.timed_out and status != Status.OK):
+        status, problem = previous_status(r.planned.run_dir)
+        if status is None or problem or (r.timed_out and status != Status.OK):
             classified = self._classify(r, code)
             self._write_failure(r, classified, code)
             status = classified.value
-        result = {}
         try:
-            result = json.loads((r.planned.run_dir / files.RESULT).read_text())
-        except (OSError, ValueError):
-            pass
+            result = read_result(r.planned.run_dir) or {}
+        except ValueError:
+            result = {}
+        if r.claim is not None:
+            r.claim.release()
         outcome = Outcome(r.planned.experiment.name, status, time.monotonic() - r.started, result)
         self.outcomes.append(outcome)
         self.on_event("finish", outcome)
@@ -216,6 +293,7 @@ class BenchRunner:
                              f"recorded by ftprof bench: {reason}")
         if not (r.planned.run_dir / files.CONFIG).is_file():
             RunDirWriter(r.planned.run_dir).write_config(cfg.to_dict())
+        res.steps_completed = steps_recorded(r.planned.run_dir)
         RunDirWriter(r.planned.run_dir).write_result(res)
 
     def _unrunnable(self, p: Planned, reason: str) -> None:
@@ -255,9 +333,15 @@ class BenchRunner:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> list[Outcome]:
+        """Run the planned experiments. SIGTERM is handled like Ctrl-C (children stopped, 'interrupted' recorded)
+        while this runs in the main thread."""
+        with _sigterm_as_interrupt():
+            return self._run()
+
+    def _run(self) -> list[Outcome]:
         pending = [p for p in self.planned if p.action == "run"]
         for p in self.planned:
-            if p.action == "skip":
+            if p.action in ("skip", "busy"):
                 self.on_event("skip", p)
         free: list[str] = list(self.slots)
         cpu_free = [True]  # without GPUs, one experiment at a time
@@ -266,22 +350,27 @@ class BenchRunner:
             while pending or running:
                 while pending:
                     p = pending[0]
-                    if not self.slots:
-                        if not cpu_free[0]:
-                            break
-                        cpu_free[0] = False
-                        running.append(self._launch(pending.pop(0), None))
-                        continue
                     need = p.experiment.gpus
-                    if need > len(self.slots):
+                    if self.slots and need > len(self.slots):
                         pending.pop(0)
                         self._unrunnable(p, f"needs {need} GPUs; this machine has {len(self.slots)}")
                         continue
-                    if need > len(free):
+                    if (not self.slots and not cpu_free[0]) or (self.slots and need > len(free)):
                         break  # wait for a slot of its size
-                    slot = ",".join(free[:need])
-                    del free[:need]
-                    running.append(self._launch(pending.pop(0), slot))
+                    pending.pop(0)
+                    claim = self._claim(p)
+                    if claim is None:
+                        continue
+                    if self.slots:
+                        slot = ",".join(free[:need])
+                        del free[:need]
+                    else:
+                        slot, cpu_free[0] = None, False
+                    try:
+                        running.append(self._launch(p, slot, claim))
+                    except BaseException:
+                        claim.release()
+                        raise
                 time.sleep(POLL_S)
                 for r in list(running):
                     if r.proc.poll() is None:
@@ -301,18 +390,23 @@ class BenchRunner:
         return self.outcomes
 
     def _stop_all(self, running: list[Running]) -> None:
-        """Ctrl-C: ask each child to stop (it records 'interrupted'), kill what does not stop in time."""
-        for r in running:
-            r.interrupted = True
-            self._signal(r, signal.SIGINT)
-        deadline = time.monotonic() + INTERRUPT_GRACE_S
-        for r in running:
-            try:
-                r.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self._signal(r, signal.SIGKILL)
-                r.proc.wait()
-            self._finish(r)
+        """Ctrl-C: ask each child to stop (it records 'interrupted'), kill what does not stop in time. A second
+        Ctrl-C (or SIGTERM) while waiting kills the children at once; they are still waited for and recorded."""
+        hurry = [False]
+        with _signals_set_flag(hurry):
+            for r in running:
+                r.interrupted = True
+                self._signal(r, signal.SIGINT)
+            deadline = time.monotonic() + INTERRUPT_GRACE_S
+            for r in list(running):
+                while r.proc.poll() is None:
+                    if hurry[0] or time.monotonic() > deadline:
+                        self._signal(r, signal.SIGKILL)
+                        r.proc.wait()
+                        break
+                    time.sleep(POLL_S)
+                self._finish(r)
+                running.remove(r)
 
     # ------------------------------------------------------------------ summary
     def write_summary(self) -> Path:

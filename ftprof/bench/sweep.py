@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -25,9 +26,9 @@ from typing import Any
 
 import yaml
 
+from ftprof.checks import check_config
 from ftprof.config import MEMORY_LOGGING, MEMORY_LOGGING_ALIASES, RunConfig, flat_field_owners
 from ftprof.errors import ConfigError, did_you_mean
-from ftprof.models.source import classify_model_name, unknown_model_message
 
 TOP_KEYS = {"name": str, "base": dict, "matrix": dict, "experiments": list, "exclude": list, "repeats": int,
             "memory_logging": str, "timeout_s": (int, float), "description": str}
@@ -78,16 +79,6 @@ def _check_keys(path: Path, where: str, mapping: Any, *, allow_lists: bool) -> N
             raise _fail(path, f"{where}.{key}", f"must be a single value, got a {type(value).__name__}")
 
 
-def _check_model(path: Path, where: str, model: Any) -> None:
-    """Presets and directories are checked now; hub ids are left to the run (no network here)."""
-    name = str(model)
-    kind = classify_model_name(name)
-    if kind is None:
-        raise _fail(path, where, unknown_model_message(name))
-    if kind == "local" and not Path(name).expanduser().is_dir():
-        raise _fail(path, where, f"model directory '{name}' does not exist")
-
-
 def _slug(values: dict[str, Any], keys: list[str]) -> str:
     parts = []
     for k in keys:
@@ -104,12 +95,46 @@ def _digest(values: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: object, line: int):
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _differing_keys(cells: list[dict[str, Any]]) -> set[str]:
+    """Options whose value is not the same in every cell (one pass over the cells: linear, not quadratic)."""
+    seen: dict[str, set[str]] = {}
+    for values in cells:
+        for key in values:
+            seen.setdefault(key, set())
+    for values in cells:
+        for key, distinct in seen.items():
+            if len(distinct) < 2:
+                distinct.add(json.dumps(values.get(key), default=str))
+    return {key for key, distinct in seen.items() if len(distinct) > 1}
+
+
 def load_sweep(path: str | Path) -> Sweep:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"sweep file '{path}' does not exist")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)  # a SafeLoader
+    except _DuplicateKey as exc:
+        raise _fail(path, f"line {exc.line}", f"key '{exc.key}' is given twice") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else ""
@@ -146,8 +171,8 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
     if repeats < 1:
         raise _fail(path, "repeats", "must be at least 1")
     timeout = float(data.get("timeout_s", 1800))
-    if timeout <= 0:
-        raise _fail(path, "timeout_s", "must be positive")
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise _fail(path, "timeout_s", f"must be positive and finite (seconds), got {timeout}")
     memory = os.environ.get("MEMORY_LOGGING") or data.get("memory_logging", "all")
     memory = MEMORY_LOGGING_ALIASES.get(memory, memory)
     if memory not in MEMORY_LOGGING:
@@ -166,21 +191,20 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
     if not cells:
         raise _fail(path, "", "the sweep has no experiments (empty matrix and experiments, or all excluded)")
 
-    differs = {k for _, v in cells for k in v if len({json.dumps(c.get(k), default=str) for _, c in cells}) > 1}
+    differs = _differing_keys([values for _, values in cells])
     order = ["method"] + keys + sorted(differs)  # method first, then the matrix's own order
     varying = list(dict.fromkeys(k for k in order if k in differs))
     experiments: list[Experiment] = []
     seen: dict[str, str] = {}
     for where, values in cells:
         values.setdefault("method", "qlora")
-        if "model" in values:
-            _check_model(path, f"{where}.model", values["model"])
         try:
             # A cell's own memory_logging (say, to measure the NVML sampler's cost) wins over the sweep's;
             # MEMORY_LOGGING in the environment wins over both.
             own = None if os.environ.get("MEMORY_LOGGING") else values.get("memory_logging")
             own = MEMORY_LOGGING_ALIASES.get(own, own)
             config = RunConfig.from_flat({**values, "memory_logging": own or memory, "quiet": True})
+            check_config(config)  # LoRA targets, seq_len against the model, dataset present: before anything runs
         except ConfigError as exc:
             raise _fail(path, where, str(exc)) from None
         name = f"{_slug(values, varying or ['method'])}-{_digest(values)}"

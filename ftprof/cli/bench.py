@@ -19,7 +19,9 @@ def bench_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "bench", help="run a sweep of experiments from YAML, one process each, recording failures as results",
         description="Run every experiment of a sweep file in its own process. Finished experiments are skipped "
-                    "when the same sweep runs again; --retry-failed reruns failed ones, --force reruns all.")
+                    "when the same sweep runs again; --retry-failed reruns failed ones, --force reruns all. One bench "
+                    "at a time per output directory. Exit status: 0 all ok, 1 some experiment failed, 2 bad input "
+                    "or output directory in use, 130 interrupted.")
     parser.add_argument("sweep", help="sweep file (YAML)")
     parser.add_argument("--dry-run", action="store_true", help="print the experiments and commands, run nothing")
     parser.add_argument("--output-dir", help="results directory (default: results/<sweep name>)")
@@ -27,6 +29,8 @@ def bench_parser(subparsers) -> argparse.ArgumentParser:
     mode.add_argument("--resume", action="store_true", help="skip finished experiments (the default)")
     mode.add_argument("--force", action="store_true", help="rerun every experiment")
     parser.add_argument("--retry-failed", action="store_true", help="rerun experiments that failed (OOM, timeout...)")
+    parser.add_argument("--wait", action="store_true",
+                        help="if another bench holds the output directory, wait for it instead of exiting (status 2)")
     parser.set_defaults(func=bench_command)
     return parser
 
@@ -89,42 +93,81 @@ def _num(row: dict, key: str):
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    from ftprof.bench.runner import BenchRunner, gpu_slots, plan, replay_command
+    from ftprof.bench.flow import output_dir_for, run_sweep
+    from ftprof.bench.runner import gpu_slots, plan
     from ftprof.bench.sweep import load_sweep
     from ftprof.results.load import read_runs
 
     sweep = load_sweep(args.sweep)
-    out_dir = Path(args.output_dir or Path("results") / sweep.name)
-    planned = plan(sweep, out_dir, force=args.force, retry_failed=args.retry_failed)
+    out_dir = output_dir_for(sweep, args.output_dir)
     console = Console(highlight=False)
     slots = gpu_slots()
     if args.dry_run:
-        table = Table(title=f"sweep {sweep.name}: {len(planned)} experiments -> {out_dir}", header_style="bold")
-        for col in ("experiment", "action", *sweep.varying):
-            table.add_column(col)
-        for p in planned:
-            table.add_row(p.experiment.name, p.action + (f" ({p.previous})" if p.previous else ""),
-                          *(str(p.experiment.values.get(k, "")) for k in sweep.varying))
-        console.print(table)
-        console.print(f"GPU slots: {', '.join(slots) if slots else 'none (CPU: one experiment at a time)'}; "
-                      f"memory logging: {sweep.memory_logging}; timeout {sweep.timeout_s:g} s")
-        for p in planned:
-            console.print(" ".join(shlex.quote(c) for c in replay_command(p.experiment, p.run_dir)), soft_wrap=True)
+        dry_run(console, sweep, out_dir, plan(sweep, out_dir, force=args.force, retry_failed=args.retry_failed),
+                slots)
         return 0
-    out_dir.mkdir(parents=True, exist_ok=True)
-    display = BenchDisplay(console, len(planned))
-    runner = BenchRunner(sweep, out_dir, planned, on_event=display.event, slots=slots)
     if not slots:
         console.print("[dim]no GPU: experiments run one at a time; NVML sampling is skipped[/dim]")
-    with display.live:
-        runner.run()
-    summary = runner.write_summary()
-    names = {p.experiment.name for p in planned}
+    displays: list[BenchDisplay] = []
+
+    def start_display(planned) -> None:
+        displays.append(BenchDisplay(console, len(planned)))
+        displays[0].live.start()
+
+    try:
+        done = run_sweep(sweep, out_dir, force=args.force, retry_failed=args.retry_failed, wait=args.wait,
+                         slots=slots, on_plan=start_display, on_event=lambda kind, p: displays[0].event(kind, p),
+                         on_wait=lambda who: console.print(f"[yellow]waiting[/yellow] for {who} to release {out_dir}"))
+    finally:
+        if displays:
+            displays[0].live.stop()
+    names = {p.experiment.name for p in done.planned}
     rows = [dict(r, experiment=Path(r["run_dir"]).name) for r in read_runs([out_dir]).rows
             if Path(r["run_dir"]).name in names]
     console.print(results_table(rows, f"sweep {sweep.name}", sweep.varying))
-    console.print(f"[dim]wrote {summary}[/dim]")
-    if runner.interrupted:
-        console.print("[yellow]interrupted[/yellow]: run the same command again to resume")
-        return 130
-    return 0
+    for p in done.planned:
+        if p.action == "busy":
+            console.print(f"[yellow]not run[/yellow] {p.experiment.name}: {p.reason}")
+    console.print(f"[dim]wrote {done.summary}[/dim]")
+    code = done.exit_code()
+    if done.interrupted:
+        console.print(f"[yellow]interrupted[/yellow]: {resume_advice(args.force)}")
+    elif done.failed():
+        console.print(f"[red]{len(done.failed())} experiment(s) failed[/red] (exit status {code}); "
+                      "--retry-failed reruns them")
+    return code
+
+
+def resume_advice(force: bool) -> str:
+    """What to type to resume: --force would rerun the finished experiments too."""
+    return ("run the same command without --force to resume (with it, finished experiments run again)" if force
+            else "run the same command again to resume")
+
+
+MAX_TABLE_ROWS = 500
+
+
+def dry_run(console: Console, sweep, out_dir: Path, planned, slots: list[str]) -> None:
+    """The plan as a table, then each experiment's replay command (plain lines: thousands print in a second)."""
+    import sys
+
+    from ftprof.bench.runner import replay_command
+
+    title = f"sweep {sweep.name}: {len(planned)} experiments -> {out_dir}"
+    columns = ("experiment", "action", *sweep.varying)
+    rows = [(p.experiment.name,
+             p.action + (f" ({p.previous})" if p.previous else "") + (f": {p.reason}" if p.reason else ""),
+             *(str(p.experiment.values.get(k, "")) for k in sweep.varying)) for p in planned]
+    if len(rows) > MAX_TABLE_ROWS:  # rich lays out a table in seconds per thousand rows: plain lines instead
+        sys.stdout.write("".join("\t".join(row) + "\n" for row in [(title,), columns, *rows]))
+    else:
+        table = Table(title=title, header_style="bold")
+        for col in columns:
+            table.add_column(col)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    console.print(f"GPU slots: {', '.join(slots) if slots else 'none (CPU: one experiment at a time)'}; "
+                  f"memory logging: {sweep.memory_logging}; timeout {sweep.timeout_s:g} s")
+    sys.stdout.write("".join(" ".join(shlex.quote(c) for c in replay_command(p.experiment, p.run_dir)) + "\n"
+                             for p in planned))

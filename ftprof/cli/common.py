@@ -33,6 +33,26 @@ class OneLineErrorParser(argparse.ArgumentParser):
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         raise SystemExit(2)
 
+    def parse_known_args(self, args=None, namespace=None):
+        self._refuse_repeats(sys.argv[1:] if args is None else list(args))
+        return super().parse_known_args(args, namespace)
+
+    def _refuse_repeats(self, words: list[str]) -> None:
+        """An option given twice, under any of its spellings (``--active-steps 2 --prof-active-steps 3``, or
+        ``--packing --no-packing``), is an error: argparse would silently keep the last."""
+        given: dict[str, str] = {}
+        for word in words:
+            if word == "--":
+                break
+            if not word.startswith("--"):
+                continue
+            action = self._option_string_actions.get(word.split("=", 1)[0])
+            if action is None or action.dest in ("help", "version"):
+                continue
+            if action.dest in given:
+                self.error(f"{word.split('=', 1)[0]} repeats {given[action.dest]} (give each option once)")
+            given[action.dest] = word.split("=", 1)[0]
+
 
 def _base_type(annotation: Any) -> Any:
     """int/float/str/bool/tuple from annotations such as Optional[int] or Optional[tuple[str, ...]]."""

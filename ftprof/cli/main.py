@@ -9,7 +9,7 @@ from ftprof.cli.common import OneLineErrorParser
 from ftprof.cli.profile import profile_parser
 from ftprof.cli.report import report_parser
 from ftprof.cli.train import train_parser
-from ftprof.errors import FtprofError
+from ftprof.errors import FtprofError, StorageError
 
 
 def build_parser() -> OneLineErrorParser:
@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except StorageError as exc:  # a full disk is not bad input: exit 1, files written so far stay
+        print(f"ftprof {args.command}: error: {exc.strerror}", file=sys.stderr)
+        return 1
     except FtprofError as exc:
         print(f"ftprof {args.command}: error: {exc}", file=sys.stderr)
         return 2

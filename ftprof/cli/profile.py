@@ -43,7 +43,11 @@ def _run_config_near(trace: Path) -> dict | None:
     <run>/profile/<trace>)."""
     for parent in list(trace.resolve().parents)[1:3]:
         if (parent / CONFIG).is_file():
-            return json.loads((parent / CONFIG).read_text())
+            try:
+                data = json.loads((parent / CONFIG).read_text())
+            except (OSError, ValueError):
+                return None  # a damaged run config only loses the dtype hints
+            return data if isinstance(data, dict) else None
     return None
 
 
@@ -92,7 +96,14 @@ def _load(paths: list[Path], option: str) -> list:
         except Exception as exc:  # noqa: BLE001 - not JSON, truncated gzip, not a trace...
             raise ConfigError(f"{option}: cannot read '{path}' as a trace: {type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+        if not isinstance(out[-1], dict) and not _has_events(out[-1]):
+            raise ConfigError(f"{option}: '{path}' holds no trace events (not a torch.profiler trace)")
     return out
+
+
+def _has_events(summary) -> bool:
+    """{} and [] parse as traces of nothing: not a trace someone meant to summarize."""
+    return bool(summary.categories_us or summary.top_operators or summary.top_kernels)
 
 
 def summarize_command(trace: str, baseline: str | None = None) -> int:
@@ -147,15 +158,18 @@ def profile_command(args: argparse.Namespace) -> int:
         raise ConfigError("--baseline needs --summarize (the profile to compare against it)")
     if args.summarize:
         return summarize_command(args.summarize, args.baseline)
-    from ftprof.engine.run import train
-    from ftprof.results.status import exit_code
+    from ftprof.checks import check_before_run
 
     cfg = config_from_args(args, extra_keys={"summarize", "baseline"})
     cfg = cfg.replace(profile=True)
+    check_before_run(cfg)  # bad input: one line, exit 2, before torch is imported
     if cfg.output.quiet:
         from ftprof.console import silence_third_party
 
         silence_third_party()
+    from ftprof.engine.run import train
+    from ftprof.results.status import exit_code
+
     result = train(cfg)
     print_open_hints(result)
     return exit_code(result.status)

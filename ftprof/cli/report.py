@@ -10,6 +10,19 @@ from ftprof.console import make_console
 from ftprof.results.status import status_style
 
 
+def _percent(text: str) -> float:
+    """A finite, non-negative percentage (NaN would disable the regression gate)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite percentage >= 0, got '{text}'")
+    return value
+
+
 def report_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "report", help="turn run directories into tables, CSV, Markdown, plots and an HTML report",
@@ -18,7 +31,7 @@ def report_parser(subparsers) -> argparse.ArgumentParser:
                     "matching experiments and exit 1 on a regression beyond --threshold percent.")
     parser.add_argument("paths", nargs="+", help="results directories or run directories")
     parser.add_argument("--baseline", help="results directory to compare against")
-    parser.add_argument("--threshold", type=float, default=5.0, help="regression threshold in percent (default 5)")
+    parser.add_argument("--threshold", type=_percent, default=5.0, help="regression threshold in percent (default 5)")
     parser.add_argument("--format", default="all", choices=("all", "md", "csv"),
                         help="what to write: all (tables, plots, HTML), md or csv (default all)")
     parser.add_argument("--group-by", help="group rows by this column (e.g. method)")

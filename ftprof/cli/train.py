@@ -32,16 +32,19 @@ def train_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def train_command(args: argparse.Namespace) -> int:
+    from ftprof.checks import check_before_run
+
+    cfg = config_from_args(args)
+    check_before_run(cfg)  # bad input: one line, exit 2, before torch is imported
+    if cfg.output.quiet:
+        from ftprof.console import silence_third_party
+
+        silence_third_party()  # before torch, transformers and peft are imported
     from ftprof.engine.run import train
     from ftprof.engine.worker import exit_worker
     from ftprof.ranks import under_torchrun
     from ftprof.results.status import exit_code
 
-    cfg = config_from_args(args)
-    if cfg.output.quiet:
-        from ftprof.console import silence_third_party
-
-        silence_third_party()  # before torch, transformers and peft are imported
     code = exit_code(train(cfg).status)
     if under_torchrun():  # started by the user's own torchrun
         exit_worker(code)

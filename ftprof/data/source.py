@@ -59,18 +59,30 @@ def check_dataset(data: DataConfig) -> None:
         return
     try:
         with open(where.name, encoding="utf-8") as fh:
-            first = next((line for line in fh if line.strip()), None)
+            if where.name.endswith(".jsonl"):
+                found = _check_jsonl_lines(fh, data.dataset)
+            else:
+                found = any(line.strip() for line in fh)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"--dataset: cannot read '{data.dataset}': {exc}") from None
-    if first is None:
+    if not found:
         raise ConfigError(f"--dataset: '{data.dataset}' is empty")
-    if where.name.endswith(".jsonl"):
+
+
+def _check_jsonl_lines(fh, name: str) -> bool:
+    """Every record of a .jsonl file, streamed: the first bad line is named by its number. True if any record."""
+    found = False
+    for number, line in enumerate(fh, start=1):
+        if not line.strip():
+            continue
         try:
-            record = json.loads(first)
+            record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"--dataset: '{data.dataset}' line 1 is not JSON: {exc.msg}") from None
+            raise ConfigError(f"--dataset: '{name}' line {number} is not JSON: {exc.msg}") from None
         if not isinstance(record, dict):
-            raise ConfigError(f"--dataset: '{data.dataset}' line 1 is not a JSON object")
+            raise ConfigError(f"--dataset: '{name}' line {number} is not a JSON object")
+        found = True
+    return found
 
 
 def _first_line(exc: BaseException) -> str:

@@ -9,6 +9,7 @@ appears only in ``command.sh``, for people to read and replay.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from ftprof.errors import FtprofError
@@ -31,11 +32,33 @@ def exit_worker(code: int) -> None:
     """A torchrun worker leaves without interpreter teardown: gloo's threads can abort it there (seen with torch
     2.14 on CPU: 'terminate called without an active exception') after every file is already written."""
     from ftprof.engine import distributed
+    from ftprof.results.status import Status
 
-    distributed.shutdown()
+    if code != Status.INTERRUPTED.exit_code:  # interrupted: a peer may be gone, its barrier would wait forever
+        distributed.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+_stopping: list[bool] = []
+
+
+def _interrupt(signum, frame) -> None:
+    """SIGTERM stops the run like Ctrl-C, once (torchrun and bench may both send it: a second one must not break the
+    recording of the first), and reaches our own descendants first (torchrun's workers: torchrun itself is killed
+    outright when the run stops, which would orphan them)."""
+    if _stopping:
+        return
+    _stopping.append(True)
+    try:
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):
+            child.send_signal(signum)
+    except Exception:  # noqa: BLE001 - psutil missing or a child already gone: stopping matters more
+        pass
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m ftprof.engine.worker CONFIG.json", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, _interrupt)  # bench stopping us (or dying: its parent-death signal) = Ctrl-C
+    from ftprof.ranks import under_torchrun
+
+    if under_torchrun():  # a rank: stop when torchrun is gone (killed outright, it cannot stop us itself)
+        from ftprof.lifetime import die_with_parent
+
+        die_with_parent(os.getppid())
     try:
         code = run_config_file(argv[0])
     except FtprofError as exc:

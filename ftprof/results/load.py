@@ -1,11 +1,12 @@
 """Read run directories back: one flat row per run (config options + result fields), never a crash.
 
 A directory is a run directory when it holds config.json. Half-written or unreadable directories and newer schema
-versions are reported (``problems``) and skipped.
+versions are reported (``problems``: one line each, "<run dir>: <file>: <why>") and skipped.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 from ftprof.config import SCHEMA_VERSION, SECTIONS
 from ftprof.results.run_dir import CONFIG, RESULT
-from ftprof.results.status import INCOMPLETE
+from ftprof.results.status import INCOMPLETE, STATUSES, Status
 
 
 @dataclass
@@ -32,30 +33,86 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
         out[prefix] = value
 
 
-def run_row(run_dir: Path) -> dict[str, Any]:
-    """One run as a flat dict. Raises ValueError naming the problem."""
+_KINDS = {"str": (str,), "int": (int,), "float": (int, float), "dict": (dict,), "list": (list,)}
+
+
+@functools.cache
+def _expected_types() -> dict[str, tuple[tuple[type, ...], bool]]:
+    """RunResult's fields: the JSON types each may hold, and whether null is allowed."""
+    from dataclasses import fields
+
+    from ftprof.results.schema import RunResult
+
+    out = {}
+    for f in fields(RunResult):
+        text = str(f.type)
+        optional = text.startswith("Optional[")
+        base = text.removeprefix("Optional[").split("[")[0].rstrip("]")
+        out[f.name] = (_KINDS.get(base, (object,)), optional)
+    return out
+
+
+def _read_object(run_dir: Path, name: str) -> dict[str, Any]:
     try:
-        config = json.loads((run_dir / CONFIG).read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"unreadable config.json ({type(exc).__name__})") from None
-    version = config.get("schema_version", 0)
-    if not isinstance(version, int) or version > SCHEMA_VERSION:
-        raise ValueError(f"schema_version {version} is newer than this ftprof reads ({SCHEMA_VERSION})")
+        data = json.loads((run_dir / name).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"{name}: cannot read ({exc.strerror or type(exc).__name__})") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{name}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{name}: must be a JSON object, got {type(data).__name__}")
+    version = data.get("schema_version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ValueError(f"{name}: schema_version must be an integer, got {version!r}")
+    if version > SCHEMA_VERSION:
+        raise ValueError(f"{name}: schema_version {version} is newer than this ftprof reads ({SCHEMA_VERSION})")
+    return data
+
+
+def _check_result(data: dict[str, Any]) -> None:
+    if Status.parse(data.get("status")) is None:
+        raise ValueError(f"{RESULT}: status {data.get('status')!r} is not one of {', '.join(STATUSES)}")
+    for key, (kinds, optional) in _expected_types().items():
+        if key not in data:
+            continue
+        value = data[key]
+        if value is None and optional:
+            continue
+        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+            raise ValueError(f"{RESULT}: field '{key}' must be {' or '.join(k.__name__ for k in kinds)}"
+                             f"{' or null' if optional else ''}, got {type(value).__name__}")
+
+
+def _check_config(data: dict[str, Any]) -> None:
+    for section in SECTIONS:
+        if not isinstance(data.get(section, {}), dict):
+            raise ValueError(f"{CONFIG}: '{section}' must be a JSON object, got {type(data[section]).__name__}")
+
+
+def read_result(run_dir: Path, name: str = RESULT) -> dict[str, Any] | None:
+    """A run directory's result.json (or config.json with ``name``), checked for shape and types; None when the
+    file does not exist. Raises ValueError naming the file and the problem."""
+    if not (Path(run_dir) / name).exists():
+        return None
+    data = _read_object(Path(run_dir), name)
+    (_check_result if name == RESULT else _check_config)(data)
+    return data
+
+
+def run_row(run_dir: Path) -> dict[str, Any]:
+    """One run as a flat dict. Raises ValueError naming the file and the problem."""
+    config = read_result(run_dir, CONFIG)
+    if config is None:
+        raise ValueError(f"{CONFIG}: missing")
     row: dict[str, Any] = {"run_dir": str(run_dir), "run_name": run_dir.name}
     for section in SECTIONS:
         for key, value in (config.get(section) or {}).items():
             row[key] = ",".join(map(str, value)) if isinstance(value, list) else value
     row["run_name"] = run_dir.name  # the directory, even if copied or renamed since the run
-    result_path = run_dir / RESULT
-    if not result_path.is_file():
+    result = read_result(run_dir)
+    if result is None:
         row["status"] = INCOMPLETE  # started, never finished (killed before bench could record it)
         return row
-    try:
-        result = json.loads(result_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"unreadable result.json ({type(exc).__name__})") from None
-    if result.get("schema_version", 0) > SCHEMA_VERSION:
-        raise ValueError(f"result schema_version {result['schema_version']} is newer than this ftprof reads")
     flat: dict[str, Any] = {}
     _flatten("", result, flat)
     flat.pop("run_dir", None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import os
@@ -23,9 +24,36 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        _unlink_quietly(tmp)
+        if exc.errno in _STORAGE_ERRNOS:
+            from ftprof.errors import StorageError
+
+            raise StorageError(exc.errno, f"cannot write {path}: {exc.strerror}") from None
+        raise
     except BaseException:
         _unlink_quietly(tmp)
         raise
+    return path
+
+
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+
+def check_writable_dir(path: str | Path, what: str) -> Path:
+    """``path`` is (or can be created as) a writable directory; else ConfigError naming ``what`` (an option)."""
+    from ftprof.errors import ConfigError
+
+    path = Path(path).expanduser()
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise ConfigError(f"{what} '{path}': '{probe}' is a file, not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} '{path}': '{probe}' is not writable")
     return path
 
 

@@ -73,15 +73,18 @@ def test_command_sh_replays_the_run(tmp_path):
 
 
 def test_failures_are_rows_and_the_sweep_goes_on(tmp_path):
-    # a bad combination fails inside the child (no such LoRA target); the next experiment still runs
-    path = _sweep(tmp_path, "experiments:\n  - {method: lora, lora_targets: [no_such_proj]}\n  - {method: full}\n")
+    # a dataset whose third record is broken fails inside the child (the sweep checks only that it exists); the
+    # next experiment still runs
+    data = tmp_path / "late.jsonl"
+    data.write_text('{"text": "a b"}\n{"text": "c d"}\n{"text": \n')
+    path = _sweep(tmp_path, f"experiments:\n  - {{method: lora, dataset: '{data}'}}\n  - {{method: full}}\n")
     out = tmp_path / "out"
-    assert main(["bench", str(path), "--output-dir", str(out)]) == 0
+    assert main(["bench", str(path), "--output-dir", str(out)]) == 1  # some experiment failed
     statuses = {d.name.split("-")[0]: _status(d) for d in out.iterdir() if d.is_dir()}
     assert sorted(statuses.values()) == ["error", "ok"]
     bad = next(d for d in out.iterdir() if d.is_dir() and _status(d) == "error")
     result = json.loads((bad / "result.json").read_text())
-    assert "--lora-targets" in (result["error_message"] or "") + (bad / "stderr.log").read_text()
+    assert "line 3 is not JSON" in (result["error_message"] or "") + (bad / "stderr.log").read_text()
     with open(out / "raw_summary.csv") as fh:
         assert sorted(r["status"] for r in csv.DictReader(fh)) == ["error", "ok"]
     # failed experiments are kept on resume, rerun with --retry-failed
@@ -92,10 +95,12 @@ def test_failures_are_rows_and_the_sweep_goes_on(tmp_path):
 def test_timeout_is_recorded(tmp_path):
     path = _sweep(tmp_path, "experiments: [{method: full, max_steps: 100000}]\ntimeout_s: 8\n")
     out = tmp_path / "out"
-    assert main(["bench", str(path), "--output-dir", str(out)]) == 0
+    assert main(["bench", str(path), "--output-dir", str(out)]) == 1  # a failed experiment
     (run,) = [p for p in out.iterdir() if p.is_dir()]
     result = json.loads((run / "result.json").read_text())
     assert result["status"] == "timeout" and "timed out after 8 s" in result["error_message"]
+    steps = (run / "steps.csv").read_text().strip().splitlines()[1:] if (run / "steps.csv").exists() else []
+    assert result["steps_completed"] == len(steps)  # what steps.csv holds, not 0
 
 
 def test_sigkilled_child_is_oom_host(tmp_path):
@@ -123,6 +128,9 @@ def test_sigkilled_child_is_oom_host(tmp_path):
     assert outcome.status == "oom_host"
     run = out / outcome.name
     assert _status(run) == "oom_host" and (run / "steps.csv").exists()  # partial steps are kept
+    rows = (run / "steps.csv").read_text().strip().splitlines()[1:]
+    result = json.loads((run / "result.json").read_text())
+    assert len(rows) > 0 and result["steps_completed"] == len(rows)
 
 
 def test_ctrl_c_marks_interrupted_and_resumes(tmp_path):
@@ -176,10 +184,163 @@ def test_timeout_kills_torchrun_workers_too(tmp_path):
     out = tmp_path / "out"
     sweep = load_sweep(path)
     runner = BenchRunner(sweep, out, plan(sweep, out), slots=[])
-    before = {p.pid for p in psutil.process_iter()}
+    seen: dict[int, psutil.Process] = {}  # this test's own descendants, watched while they live
+    done = threading.Event()
+
+    def watch():
+        me = psutil.Process()
+        while not done.is_set():
+            try:
+                seen.update((p.pid, p) for p in me.children(recursive=True))
+            except psutil.Error:
+                pass
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     (outcome,) = runner.run()
+    done.set()
+    watcher.join()
     assert outcome.status == "timeout"
+    assert len(seen) >= 3  # torchrun and its two workers were seen
     time.sleep(1.0)
-    left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before
-            and "ftprof" in " ".join(p.info["cmdline"] or [])]
+    left = [p for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert left == []
+
+
+def _start_bench(path, out, *extra):
+    proc = subprocess.Popen([sys.executable, "-m", "ftprof", "bench", str(path), "--output-dir", str(out), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(out.glob("*/steps*.csv")) and proc.poll() is None:
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+    return proc
+
+
+LONG = "experiments:\n  - {method: full, max_steps: 100000}\n  - {method: lora}\n"
+
+
+@pytest.mark.slow
+def test_second_bench_is_refused_and_sigterm_is_ctrl_c(tmp_path, capsys):
+    path = _sweep(tmp_path, LONG)
+    out = tmp_path / "out"
+    first = _start_bench(path, out)
+    try:
+        capsys.readouterr()
+        assert main(["bench", str(path), "--output-dir", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"pid {first.pid}" in err[0] and "--wait" in err[0]
+    finally:
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=120)
+    assert first.returncode == 130, err.decode()[-2000:]
+    runs = [d for d in out.iterdir() if d.is_dir()]
+    assert [_status(d) for d in runs] == ["interrupted"]
+    assert (out / "raw_summary.csv").is_file() and not (runs[0] / ".claim").exists()
+
+
+@pytest.mark.slow
+def test_double_ctrl_c_still_records_and_summarizes(tmp_path):
+    path = _sweep(tmp_path, LONG)
+    out = tmp_path / "out"
+    bench = _start_bench(path, out)
+    bench.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    bench.send_signal(signal.SIGINT)
+    _, err = bench.communicate(timeout=120)
+    assert bench.returncode == 130, err.decode()[-2000:]
+    assert [_status(d) for d in out.iterdir() if d.is_dir()] == ["interrupted"]
+    assert (out / "raw_summary.csv").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_kill_9_of_bench_stops_its_experiment(tmp_path, nproc):
+    """kill -9 of bench: its experiment (and, for a torchrun experiment, every worker) stops by itself."""
+    import psutil
+
+    path = _sweep(tmp_path, LONG.replace("max_steps: 100000", f"max_steps: 100000, nproc_per_node: {nproc}"))
+    out = tmp_path / "out"
+    bench = _start_bench(path, out)
+    family = psutil.Process(bench.pid).children(recursive=True)
+    assert len(family) >= (1 if nproc == 1 else 4)  # the worker; or it, torchrun and two ranks
+    bench.kill()
+    bench.wait()
+    _, alive = psutil.wait_procs(family, timeout=60)
+    for p in alive:  # leave nothing behind, whatever the verdict
+        p.kill()
+    assert [" ".join(p.cmdline()[-3:]) for p in alive if p.is_running()] == []
+    (run,) = [d for d in out.iterdir() if d.is_dir()]
+    assert plan(load_sweep(path), out)[0].action == "run"  # its claim is stale now: a rerun may take it
+
+
+def test_rerun_does_not_start_a_twin_of_a_live_cell(tmp_path, capsys):
+    """A cell whose experiment is still alive (its claim names a live pid here) is reported, not started again."""
+    import socket
+
+    path = _sweep(tmp_path, "experiments: [{method: full}]\n")
+    out = tmp_path / "out"
+    (p,) = plan(load_sweep(path), out)
+    p.run_dir.mkdir(parents=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (p.run_dir / ".claim").write_text(json.dumps({"pid": sleeper.pid, "pids": [sleeper.pid],
+                                                       "host": socket.gethostname(), "started": "earlier"}))
+        (again,) = plan(load_sweep(path), out)
+        assert again.action == "busy" and str(sleeper.pid) in again.reason
+        assert main(["bench", str(path), "--output-dir", str(out)]) == 0
+        assert "being run by pid" in capsys.readouterr().out
+        assert not (p.run_dir / "result.json").exists() and not (p.run_dir / "stdout.log").exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+@pytest.mark.parametrize("text, why", [("[1, 2]", "must be a JSON object"),
+                                       ('{"status": 3}', "status 3 is not one of"),
+                                       ('{"status": "ok", "tokens_per_s": "fast"}', "'tokens_per_s' must be"),
+                                       ('{"status": "ok"', "not valid JSON")])
+def test_a_damaged_result_is_a_failed_cell_when_planning(tmp_path, capsys, text, why):
+    path = _sweep(tmp_path, "experiments: [{method: full}]\n")
+    out = tmp_path / "out"
+    (p,) = plan(load_sweep(path), out)
+    p.run_dir.mkdir(parents=True)
+    (p.run_dir / "result.json").write_text(text)
+    (again,) = plan(load_sweep(path), out)
+    assert (again.action, again.previous) == ("skip", "error") and "result.json" in again.reason
+    assert why in again.reason
+    assert plan(load_sweep(path), out, retry_failed=True)[0].action == "run"
+    assert main(["bench", str(path), "--dry-run", "--output-dir", str(out)]) == 0
+    assert "result.json" in capsys.readouterr().out
+
+
+def test_a_damaged_config_is_a_failed_cell(tmp_path):
+    path = _sweep(tmp_path, "experiments: [{method: full}]\n")
+    out = tmp_path / "out"
+    (p,) = plan(load_sweep(path), out)
+    p.run_dir.mkdir(parents=True)
+    (p.run_dir / "result.json").write_text('{"status": "ok"}')
+    (p.run_dir / "config.json").write_text('{"model": []}')
+    (again,) = plan(load_sweep(path), out)
+    assert again.previous == "error" and "config.json: 'model' must be a JSON object" in again.reason
+
+
+def test_resume_advice_matches_the_flags():
+    from ftprof.cli.bench import resume_advice
+
+    assert "without --force" in resume_advice(force=True)
+    assert "same command again" in resume_advice(force=False)
+
+
+def test_a_rerun_clears_the_previous_attempts_files(tmp_path):
+    from ftprof.bench.runner import clear_attempt
+
+    run = tmp_path / "cell"
+    run.mkdir()
+    old = ["result.json", "steps.csv", "steps_rank1.csv", "memory_stages.csv", "memory_stages_rank0.csv", "env.json",
+           "nvml.csv", "stdout.log", "stderr.log", "result_rank1.json"]
+    for name in old + ["config.json", "command.sh", ".claim"]:
+        (run / name).write_text("x")
+    clear_attempt(run)
+    assert sorted(p.name for p in run.iterdir()) == [".claim", "command.sh", "config.json"]

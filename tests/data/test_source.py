@@ -13,6 +13,8 @@ from tests.data_files import text_rows, write
     (None, "missing.jsonl", "does not exist"),
     ("", "empty.jsonl", "is empty"),
     ("not json\n", "bad.jsonl", "line 1 is not JSON"),
+    ('{"text": "a"}\n\n{"text": "b"}\n{"text": \n', "late.jsonl", "line 4 is not JSON"),
+    ('{"text": "a"}\n[1]\n', "late_list.jsonl", "line 2 is not a JSON object"),
     ("[1, 2]\n", "list.jsonl", "line 1 is not a JSON object"),
     ("x", "data.xlsx", r"is not a supported file \(.txt, .json, .jsonl, .csv, .parquet\)"),
     (b"\xff\xfe\x00bad", "binary.txt", "cannot read"),

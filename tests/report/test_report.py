@@ -50,7 +50,7 @@ def test_load_results_skips_broken_dirs(results):
     df = ftprof.load_results(results, problems=problems)
     assert sorted(df["run_name"]) == ["a", "b", "c1", "c2", "oom"]
     assert len(problems) == 2
-    assert any("half" in p and "unreadable config.json" in p for p in problems)
+    assert any("half" in p and "config.json: not valid JSON" in p for p in problems)
     assert any("newer" in p and "schema_version 99" in p for p in problems)
 
 

@@ -1,0 +1,67 @@
+"""One sweep, start to end: check the output directory, hold its lock, plan, run, write the summary.
+
+``ftprof bench`` and ``ftprof.run_sweep`` both call :func:`run_sweep`; the exit status a sweep earns is
+:meth:`SweepRun.exit_code` (0 every experiment ok, 1 some experiment failed, 130 interrupted; bad input and a busy
+output directory are errors before anything runs, exit 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ftprof.bench.lock import OutputLock
+from ftprof.bench.runner import BenchRunner, Outcome, Planned, plan
+from ftprof.bench.sweep import Sweep, load_sweep
+from ftprof.results.status import Status
+from ftprof.results.store import check_writable_dir
+
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+
+
+@dataclass
+class SweepRun:
+    sweep: Sweep
+    out_dir: Path
+    planned: list[Planned]
+    outcomes: list[Outcome] = field(default_factory=list)
+    interrupted: bool = False
+    summary: Path | None = None
+
+    def failed(self) -> list[str]:
+        """Experiments whose recorded status is a failure: run now, or kept from an earlier run."""
+        now = {o.name: o.status for o in self.outcomes}
+        statuses = {p.experiment.name: now.get(p.experiment.name, p.previous) for p in self.planned
+                    if p.action != "busy"}
+        return [name for name, status in statuses.items() if (s := Status.parse(status)) is not None and s.failed]
+
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        return EXIT_FAILED if self.failed() else EXIT_OK
+
+
+def output_dir_for(sweep: Sweep, output_dir: str | Path | None) -> Path:
+    return check_writable_dir(output_dir or Path("results") / sweep.name, "--output-dir")
+
+
+def run_sweep(sweep: Sweep | str | Path, output_dir: str | Path | None = None, *, force: bool = False,
+              retry_failed: bool = False, wait: bool = False, slots: list[str] | None = None,
+              on_event: Callable[[str, object], None] | None = None,
+              on_wait: Callable[[str], None] | None = None,
+              on_plan: Callable[[list[Planned]], None] | None = None) -> SweepRun:
+    """Run a sweep in ``output_dir`` (default results/<sweep name>) holding its lock (OutputDirBusy when another
+    bench holds it, unless ``wait``). ``on_plan`` sees the plan before anything runs (to set up a display)."""
+    if not isinstance(sweep, Sweep):
+        sweep = load_sweep(sweep)
+    out_dir = output_dir_for(sweep, output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with OutputLock(out_dir, wait=wait, on_wait=on_wait):
+        planned = plan(sweep, out_dir, force=force, retry_failed=retry_failed)
+        if on_plan is not None:
+            on_plan(planned)
+        runner = BenchRunner(sweep, out_dir, planned, on_event=on_event, slots=slots)
+        runner.run()
+        summary = runner.write_summary()
+    return SweepRun(sweep, out_dir, planned, runner.outcomes, runner.interrupted, summary)

@@ -1,0 +1,71 @@
+"""Checks that need neither torch nor a model: run by the CLI before it imports the engine, and by sweeps for each
+experiment, so bad input is one line and exit status 2 in a fraction of a second.
+
+``check_config`` reads only the configuration (and the model's config file); ``check_host`` also looks at this
+machine (output paths writable, a GPU for CUDA profiling).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ftprof.config import RunConfig
+from ftprof.data.source import check_dataset, locate
+from ftprof.errors import ConfigError
+from ftprof.models.modules import lora_target_problem, max_positions
+from ftprof.models.source import classify_model_name, unknown_model_message
+from ftprof.results.store import check_writable_dir
+
+
+def check_model(name: str) -> None:
+    """Presets and directories are checked now; hub ids are left to the run (it reads their config)."""
+    kind = classify_model_name(name)
+    if kind is None:
+        raise ConfigError(f"--model: {unknown_model_message(name)}")
+    if kind == "local" and not Path(name).expanduser().is_dir():
+        raise ConfigError(f"--model: '{name}' is not a directory")
+
+
+def check_config(cfg: RunConfig) -> None:
+    check_model(cfg.model.model)
+    m = cfg.method
+    if m.method in ("lora", "qlora", "gptq-lora"):
+        problem = lora_target_problem(cfg.model.model, m.lora_targets)
+        if problem:
+            raise ConfigError(problem)
+    limit = max_positions(cfg.model.model)
+    if limit is not None and cfg.data.seq_len > limit:
+        raise ConfigError(f"--seq-len {cfg.data.seq_len} exceeds the {limit} positions of model '{cfg.model.model}'")
+    if cfg.data.dataset != "synthetic":
+        locate(cfg.data)  # a file or save_to_disk folder that exists, or a hub name (its content: check_dataset)
+    prof = cfg.profiling
+    if prof.profile and prof.prof_ranks != "all":
+        world = cfg.distributed.world_size
+        beyond = [int(r) for r in str(prof.prof_ranks).split(",") if int(r) >= world]
+        if beyond:
+            raise ConfigError(f"--prof-ranks: rank {beyond[0]} does not exist in a run of {world} process(es) "
+                              f"(ranks 0..{world - 1})")
+
+
+def host_has_cuda() -> bool:
+    """An NVIDIA driver is loaded on this machine (checked without importing torch)."""
+    return os.path.exists("/proc/driver/nvidia/version")
+
+
+def check_host(cfg: RunConfig) -> None:
+    check_writable_dir(cfg.output.output_dir, "--output-dir")
+    prof = cfg.profiling
+    if prof.profile and prof.prof_output_dir:
+        check_writable_dir(prof.prof_output_dir, "--prof-output-dir")
+    if prof.profile and "cuda" in prof.activities():
+        if cfg.output.device == "cpu":
+            raise ConfigError("--prof-activities cuda: the run is on --device cpu")
+        if not host_has_cuda():
+            raise ConfigError("--prof-activities cuda: this machine has no NVIDIA GPU (use cpu)")
+
+
+def check_before_run(cfg: RunConfig) -> None:
+    check_config(cfg)
+    check_dataset(cfg.data)  # reads a data file through (a .jsonl line by line): before torch is imported
+    check_host(cfg)

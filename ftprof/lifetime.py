@@ -1,0 +1,37 @@
+"""Processes that die with their parent: the Linux parent-death signal (prctl PR_SET_PDEATHSIG), through ctypes.
+
+Bench sets it in each experiment it starts (a preexec_fn), and each torchrun worker sets it on itself, so killing
+bench, even with kill -9, stops its experiments instead of orphaning them. Elsewhere than Linux it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent exits; True if it could. If the parent is
+    already gone (it died before this ran), the signal is sent now."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def preexec_die_with(parent_pid: int):
+    """A ``subprocess.Popen(preexec_fn=...)`` that ties the child to ``parent_pid`` (None off Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return lambda: die_with_parent(parent_pid)

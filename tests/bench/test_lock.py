@@ -1,0 +1,97 @@
+"""One owner per output directory (flock), one process per cell (O_EXCL claims), stale claims taken over."""
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from ftprof.bench.lock import CLAIM_FILE, LOCK_FILE, OutputDirBusy, OutputLock, claim_cell, claim_holder
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from ftprof.bench.lock import OutputLock
+with OutputLock(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def _holder(out, seconds):
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(out), str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_second_owner_is_refused_with_who_holds_it(tmp_path):
+    proc = _holder(tmp_path, 30)
+    try:
+        with pytest.raises(OutputDirBusy) as err:
+            OutputLock(tmp_path).acquire()
+        text = str(err.value)
+        assert f"pid {proc.pid}" in text and socket.gethostname() in text and "--wait" in text
+    finally:
+        proc.kill()
+        proc.wait()
+    with OutputLock(tmp_path):  # the kernel released it with its holder, even killed
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] > 0
+
+
+def test_wait_blocks_until_the_holder_leaves(tmp_path):
+    proc = _holder(tmp_path, 1.5)
+    told = []
+    start = time.monotonic()
+    with OutputLock(tmp_path, wait=True, on_wait=told.append):
+        waited = time.monotonic() - start
+    proc.wait()
+    assert waited > 0.5 and told and str(proc.pid) in told[0]
+
+
+def test_a_claim_is_exclusive_and_released(tmp_path):
+    claim = claim_cell(tmp_path / "cell")
+    assert claim is not None and (tmp_path / "cell" / CLAIM_FILE).is_file()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        claim.add_process(sleeper.pid)  # the experiment's own pid: alive even when bench is not
+        assert str(sleeper.pid) in (claim_holder(tmp_path / "cell") or "")
+        assert claim_cell(tmp_path / "cell") is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert claim_holder(tmp_path / "cell") is not None  # its bench (this process) is still alive
+    claim.release()
+    assert not (tmp_path / "cell" / CLAIM_FILE).exists() and claim_holder(tmp_path / "cell") is None
+
+
+def test_stale_claim_is_taken_over_and_other_hosts_are_respected(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    cell = tmp_path / "cell"
+    cell.mkdir()
+    (cell / CLAIM_FILE).write_text(json.dumps({"pid": dead.pid, "pids": [dead.pid], "host": socket.gethostname()}))
+    assert claim_holder(cell) is None
+    assert claim_cell(cell) is not None
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / CLAIM_FILE).write_text(json.dumps({"pid": dead.pid, "host": "node-elsewhere", "started": "t"}))
+    assert "node-elsewhere" in claim_holder(other) and claim_cell(other) is None
+
+
+def test_only_one_of_many_racing_claimers_wins(tmp_path):
+    wins = []
+    barrier = threading.Barrier(8)
+
+    def race():
+        barrier.wait()
+        wins.append(claim_cell(tmp_path / "cell"))
+
+    threads = [threading.Thread(target=race) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(c is not None for c in wins) == 1

@@ -1,0 +1,30 @@
+"""A full disk (here: a file size limit, which fails writes the same way, EFBIG instead of ENOSPC) is one line and
+exit status 1, with every file written before it kept: no traceback from teardown."""
+
+import resource
+import signal
+import subprocess
+import sys
+
+import pytest
+
+
+def _limited(limit):
+    def preexec():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing us
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return preexec
+
+
+@pytest.mark.slow
+def test_full_disk_is_one_line_and_keeps_what_was_written(tmp_path):
+    # 2,000 bytes: config.json (~1.7 kB) fits, result.json (~2.4 kB) does not
+    proc = subprocess.run([sys.executable, "-m", "ftprof", "train", "full", "--model", "tiny", "--device", "cpu",
+                           "--max-steps", "3", "--warmup-steps", "1", "--seq-len", "32", "--output-dir",
+                           str(tmp_path), "--run-name", "r", "--quiet"],
+                          preexec_fn=_limited(2000), capture_output=True, text=True, timeout=180)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert lines[0].startswith("ftprof train: error: cannot write ") and "File too large" in lines[0]
+    assert (tmp_path / "r" / "config.json").is_file() and (tmp_path / "r" / "steps.csv").is_file()

@@ -1,0 +1,44 @@
+"""Reading run directories back: a damaged file is a skipped run whose reason names the file, never a crash."""
+
+import json
+
+import pytest
+
+from ftprof.results.load import read_result, read_runs
+
+GOOD_CONFIG = {"schema_version": 1, "model": {"model": "tiny"}, "method": {"method": "lora"}}
+
+
+def _run(root, name, result, config=GOOD_CONFIG):
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    if result is not None:
+        (d / "result.json").write_text(result if isinstance(result, str) else json.dumps(result))
+    return d
+
+
+@pytest.mark.parametrize("result, config, fragment", [
+    ([1, 2], GOOD_CONFIG, "result.json: must be a JSON object, got list"),
+    ({"status": "fine"}, GOOD_CONFIG, "result.json: status 'fine' is not one of"),
+    ({"status": "ok", "tokens_per_s": "fast"}, GOOD_CONFIG, "result.json: field 'tokens_per_s' must be"),
+    ({"status": "ok", "steps_completed": None}, GOOD_CONFIG, "field 'steps_completed'"),
+    ({"status": "ok", "schema_version": "1"}, GOOD_CONFIG, "result.json: schema_version must be an integer"),
+    ({"status": "ok"}, "[]", "config.json: must be a JSON object"),
+    ({"status": "ok"}, {"model": "tiny"}, "config.json: 'model' must be a JSON object"),
+    ({"status": "ok"}, '{"model": ', "config.json: not valid JSON"),
+])
+def test_a_damaged_run_is_skipped_with_the_file_named(tmp_path, result, config, fragment):
+    _run(tmp_path, "good", {"status": "ok", "tokens_per_s": 10.0})
+    bad = _run(tmp_path, "bad", result, config)
+    report = read_runs([tmp_path])
+    assert [r["run_name"] for r in report.rows] == ["good"]
+    (problem,) = report.problems
+    assert problem.startswith(f"{bad}: ") and fragment in problem
+
+
+def test_read_result_is_none_when_absent_and_typed_when_present(tmp_path):
+    d = _run(tmp_path, "r", None)
+    assert read_result(d) is None
+    (d / "result.json").write_text(json.dumps({"status": "oom_host", "steps_completed": 3, "mfu": None}))
+    assert read_result(d)["steps_completed"] == 3
