@@ -93,9 +93,6 @@ class TorchProfiler:
         action = self._schedule((index - 1) % self.cfg.cycle_steps)
         return {ProfilerAction.NONE: "wait", ProfilerAction.WARMUP: "warmup"}.get(action, "active")
 
-    def is_active(self, index: int) -> bool:
-        return self.phase(index) == "active"
-
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> TorchProfiler:
         self.out_dir.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from ftprof.config import CHECKPOINTING, KERNELS, METHODS
-from ftprof.console import GIB, fmt_gib, fmt_num
+from ftprof.console import fmt_gib, fmt_num
+from ftprof.metrics import GIB
 from ftprof.report.tables import config_columns, with_checkpointing_policy
 
 # Common GPU memory sizes (GiB): 16 (V100/T4-class), 24 (L4/A10/4090), 40 (A100-40G), 48 (L40S/A6000),

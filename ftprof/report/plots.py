@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ftprof.console import GIB
+from ftprof.metrics import GIB
+from ftprof.results.run_dir import STEPS
 
 MAX_EXPERIMENTS_PER_PLOT = 40  # beyond this, per-experiment plots show the first 40 (tables keep them all)
 
@@ -169,7 +170,7 @@ def step_times(df: pd.DataFrame, out: Path) -> Path | None:
     data, labels = [], []
     name = labeller(df)
     for _, r in df.head(MAX_EXPERIMENTS_PER_PLOT).iterrows():
-        times = _read_column(Path(r["run_dir"]) / "steps.csv", "step_time_s", lambda row: row.get("warmup") == "False")
+        times = _read_column(Path(r["run_dir"]) / STEPS, "step_time_s", lambda row: row.get("warmup") == "False")
         if times:
             data.append(times)
             labels.append(name(r))

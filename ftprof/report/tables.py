@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ftprof.console import GIB, fmt_num
+from ftprof.console import fmt_num
+from ftprof.metrics import GIB
 from ftprof.results.load import read_runs
 
 # Columns of summary.csv / summary.md: (source column, header, kind). Kind says how to format and aggregate.
