@@ -37,6 +37,9 @@ def report_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--group-by", help="group rows by this column (e.g. method)")
     parser.add_argument("--sort", default="tokens_per_s", help="sort by this column, descending (default tokens_per_s)")
     parser.add_argument("--output-dir", help="where to write (default: <first path>/report)")
+    parser.add_argument("--report-to", metavar="TRACKERS",
+                        help="also send the summary table to these experiment trackers: tensorboard, wandb, mlflow "
+                             "(comma-separated, or all); TensorBoard logs and the MLflow store go under the first path")
     parser.set_defaults(func=report_command)
     return parser
 
@@ -80,7 +83,12 @@ def choose_table(choice) -> Table | None:
 
 
 def report_command(args: argparse.Namespace) -> int:
+    from ftprof.config import normalize_report_to
+    from ftprof.exporters import check_exporters
     from ftprof.report.build import build_report
+
+    trackers = normalize_report_to(args.report_to)  # bad names and missing packages: one line, before any work
+    check_exporters(trackers or ())
 
     report = build_report(args.paths, args.output_dir, baseline=args.baseline, threshold_pct=args.threshold,
                           sort=args.sort, group_by=args.group_by, formats=args.format)
@@ -108,4 +116,13 @@ def report_command(args: argparse.Namespace) -> int:
                           f"({len(cmp.configs)} configurations compared"
                           + (f", {len(cmp.inconclusive)} inconclusive" if cmp.inconclusive else "") + ")")
     console.print(f"[dim]wrote {', '.join(sorted(report.files))} to {report.out_dir}[/dim]")
+    if trackers:
+        from pathlib import Path
+
+        from ftprof.exporters import send_summary
+        from ftprof.report.tables import to_csv_frame
+
+        sweep_dir = Path(args.paths[0])
+        for where in send_summary(to_csv_frame(report.table), trackers, sweep_dir, sweep_dir.resolve().name):
+            console.print(f"[dim]sent the summary table to {where}[/dim]")
     return 1 if cmp is not None and cmp.failed else 0

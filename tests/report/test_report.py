@@ -204,6 +204,7 @@ def test_group_and_sort(results, tmp_path):
     (["report", "{results}", "--sort", "speed"], "--sort: 'speed' is not a column"),
     (["report", "{results}", "--group-by", "colour"], "--group-by: 'colour' is not a column"),
     (["report", "{empty}"], "no run directories"),
+    (["report", "{results}", "--report-to", "comet"], "--report-to: 'comet' is not one of"),
 ])
 def test_report_errors(results, tmp_path, capsys, argv, fragment):
     (tmp_path / "empty").mkdir()
@@ -251,3 +252,16 @@ def test_the_runs_device_is_a_budget(results, tmp_path):
     env["gpus"][0]["name"] = "NVIDIA A100"
     (runs / "b" / "env.json").write_text(json.dumps(env))
     assert runs_device(ftprof.load_results(runs)) is None and rep.choice.picks
+
+
+def test_report_to_sends_the_summary_table_to_tensorboard(results, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(results / "a", sweep / "a")
+    shutil.copytree(results / "b", sweep / "b")
+    assert main(["report", str(sweep), "--report-to", "tensorboard", "--format", "csv"]) == 0
+    acc = EventAccumulator(str(sweep / "tensorboard"))
+    acc.Reload()
+    assert any(tag.startswith("sweep/summary") for tag in acc.Tags()["tensors"])
