@@ -37,6 +37,7 @@ def test_dry_run_prints_commands_and_runs_nothing(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 def test_sweep_runs_resumes_and_forces(tmp_path, capsys):
     path = _sweep(tmp_path, "matrix: {method: [full, lora]}\n")
     out = tmp_path / "out"
@@ -61,6 +62,7 @@ def test_sweep_runs_resumes_and_forces(tmp_path, capsys):
     assert [p.action for p in plan(load_sweep(path), out, force=True)] == ["run", "run"]
 
 
+@pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 def test_command_sh_replays_the_run(tmp_path):
     path = _sweep(tmp_path, "experiments: [{method: full}]\n")
     out = tmp_path / "out"
@@ -72,6 +74,7 @@ def test_command_sh_replays_the_run(tmp_path):
     assert _status(run) == "ok"
 
 
+@pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 def test_failures_are_rows_and_the_sweep_goes_on(tmp_path):
     # a dataset whose third record is broken fails inside the child (the sweep checks only that it exists); the
     # next experiment still runs
@@ -92,6 +95,7 @@ def test_failures_are_rows_and_the_sweep_goes_on(tmp_path):
     assert [p.action for p in plan(load_sweep(path), out, retry_failed=True)].count("run") == 1
 
 
+@pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 def test_timeout_is_recorded(tmp_path):
     path = _sweep(tmp_path, "experiments: [{method: full, max_steps: 100000}]\ntimeout_s: 8\n")
     out = tmp_path / "out"
@@ -103,6 +107,7 @@ def test_timeout_is_recorded(tmp_path):
     assert result["steps_completed"] == len(steps)  # what steps.csv holds, not 0
 
 
+@pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 def test_sigkilled_child_is_oom_host(tmp_path):
     path = _sweep(tmp_path, "experiments: [{method: full, max_steps: 100000}]\n")
     out = tmp_path / "out"
@@ -133,6 +138,7 @@ def test_sigkilled_child_is_oom_host(tmp_path):
     assert len(rows) > 0 and result["steps_completed"] == len(rows)
 
 
+@pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 def test_ctrl_c_marks_interrupted_and_resumes(tmp_path):
     path = _sweep(tmp_path, "experiments:\n  - {method: full, max_steps: 100000}\n  - {method: lora}\n")
     out = tmp_path / "out"
@@ -176,6 +182,7 @@ def test_gpu_slots_of_the_experiments_size(tmp_path):
     assert _status(out / outcome.name) == "error"
 
 
+@pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 def test_timeout_kills_torchrun_workers_too(tmp_path):
     """A 2-process experiment (torchrun under ftprof) that times out leaves no worker behind."""
     import psutil

@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "hf_baseline.py"
 
 
+@pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 def test_baseline_script_reports_throughput(tmp_path):
     out = subprocess.run([sys.executable, str(SCRIPT), "--method", "lora", "--model", "tiny", "--batch-size", "2",
                           "--seq-len", "32", "--max-steps", "5", "--warmup-steps", "2"],
@@ -26,6 +29,7 @@ def test_baseline_script_reports_throughput(tmp_path):
     assert row["flops_per_token"] == result.flops_per_token
 
 
+@pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 def test_gptq_baseline_reuses_ftprofs_quantized_checkpoint(tmp_path):
     """The baseline trains the very GPTQ checkpoint `ftprof train gptq-lora` quantized: one cache entry, not two."""
     import os

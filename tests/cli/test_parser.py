@@ -92,6 +92,7 @@ def test_hf_spellings_are_aliases():
     assert (cfg.train.lr, cfg.data.batch_size, cfg.train.grad_accum) == (1e-3, 4, 2)
 
 
+@pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 def test_readme_main_job_runs(tmp_path):
     """The README's main job, `ftprof train qlora`, as a user runs it (shortened)."""
     out = subprocess.run([sys.executable, "-m", "ftprof", "train", "qlora", "--max-steps", "4", "--output-dir",

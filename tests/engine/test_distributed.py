@@ -15,6 +15,7 @@ from tests.conftest import tiny_config
 
 @pytest.mark.parametrize("method, parallel", [("full", "fsdp"), ("lora", "fsdp"), ("lora", "ddp"),
                                               ("qlora", "fsdp")])
+@pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 def test_two_process_run_on_cpu(tmp_path, method, parallel):
     cfg = tiny_config(tmp_path, method, nproc_per_node=2, parallel=parallel, max_steps=5, warmup_steps=1,
                       run_name="d", lr=3e-3)
@@ -77,6 +78,7 @@ def test_distributed_bad_input(tmp_path, capsys, argv, fragment):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 def test_gptq_lora_two_processes_quantize_once(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("FTPROF_CACHE_DIR", str(cache))
@@ -87,6 +89,7 @@ def test_gptq_lora_two_processes_quantize_once(tmp_path, monkeypatch):
     assert len(entries) == 1 and not entries[0].name.startswith(".")  # one checkpoint, no leftover temp dirs
 
 
+@pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 def test_profile_every_rank_with_checkpointing_under_fsdp(tmp_path):
     cfg = tiny_config(tmp_path, "lora", nproc_per_node=2, parallel="fsdp", max_steps=4, run_name="p", profile=True,
                       prof_ranks="all", prof_active_steps=1, gradient_checkpointing=True)

@@ -12,7 +12,7 @@ from tests.conftest import build_run, tiny_config
 LEARNING_RATES = {"full": 3e-3, "lora": 1e-2, "qlora": 1e-2, "gptq-lora": 1e-2}
 
 
-@pytest.mark.parametrize("method", ["full", "lora", "qlora", "gptq-lora"])
+@pytest.mark.parametrize("method", ["full", "lora", "qlora", pytest.param("gptq-lora", marks=pytest.mark.slow)])
 def test_method_trains_and_loss_falls(tmp_path, method):
     cfg = tiny_config(tmp_path, method, max_steps=25, seq_len=64, batch_size=8, lr=LEARNING_RATES[method],
                       warmup_steps=2)

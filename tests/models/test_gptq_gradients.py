@@ -44,6 +44,7 @@ def _check_layer(layer, dtype, rtol, autocast=contextlib.nullcontext):
         assert err < rtol, float(err)
 
 
+@pytest.mark.slow  # GPTQ quantization: seconds per test on the 2-core machine
 def test_gptq_lora_gradients_match_dequantized_reference(tmp_path):
     _, layers = _gptq_lora_layers(tmp_path)
     for layer in layers[:4]:
@@ -57,6 +58,7 @@ def test_gptq_lora_gradients_on_gpu_bf16(tmp_path):
         _check_layer(layer, torch.bfloat16, rtol=2e-2, autocast=built.autocast)
 
 
+@pytest.mark.slow  # GPTQ quantization: seconds per test on the 2-core machine
 @pytest.mark.parametrize("quantizer", ["rtn", "gptq"])
 def test_quantizers_round_within_their_bounds(tmp_path, quantizer, monkeypatch):
     """rtn rounds every weight to its group's nearest level: within half a step, or one step at a group's edge
@@ -91,6 +93,7 @@ def test_quantizers_round_within_their_bounds(tmp_path, quantizer, monkeypatch):
         assert worst > 1.5, worst
 
 
+@pytest.mark.slow  # GPTQ quantization: seconds per test on the 2-core machine
 def test_backward_keeps_no_dequantized_weight(tmp_path):
     """Autograd saves activations for the GPTQ linears, never their dequantized 16-bit weights."""
     built, layers = _gptq_lora_layers(tmp_path)

@@ -41,6 +41,7 @@ def test_tied_embeddings_stay_tied():
     assert counts.total == sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 def test_replaced_linears_are_freed_during_the_build():
     """A quantizing hook sees every earlier 16-bit weight already freed: the model never exists in 16 bits (at
     llama-70b, keeping them was a 139 GiB OOM on an H200)."""

@@ -25,6 +25,7 @@ def test_phases_follow_the_schedule_in_optimizer_steps():
     assert prof.phase(0) == ""
 
 
+@pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 def test_profile_writes_openable_artifacts(tmp_path):
     cfg = tiny_config(tmp_path, "lora", max_steps=8, warmup_steps=1, profile=True, prof_with_stack=True,
                       prof_record_shapes=True, prof_memory_timeline=True)
@@ -73,6 +74,7 @@ def test_max_steps_raised_so_cycles_complete(tmp_path):
         "cycle1/trace_rank0_cycle1.pt.trace.json.gz", "cycle2/trace_rank0_cycle2.pt.trace.json.gz"]
 
 
+@pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 def test_trace_size_guard_turns_off_costly_options(tmp_path):
     cfg = tiny_config(tmp_path, "full", max_steps=8, profile=True, prof_with_stack=True, prof_record_shapes=True,
                       prof_repeat=2, prof_max_trace_mb=0.001)
@@ -133,7 +135,7 @@ def test_profile_command_end_to_end(tmp_path, capsys):
     assert "ui.perfetto.dev" in tail and "tensorboard --logdir" in tail and "TraceAnalysis(trace_dir=" in tail
 
 
-@pytest.mark.parametrize("method", ["full", "lora", "qlora", "gptq-lora"])
+@pytest.mark.parametrize("method", ["full", "lora", "qlora", pytest.param("gptq-lora", marks=pytest.mark.slow)])
 def test_profile_each_method_on_cpu(tmp_path, method):
     result = ftprof.profile(tiny_config(tmp_path, method, max_steps=5, prof_active_steps=1,
                                         gptq_calibration_samples=4) if method == "gptq-lora"
@@ -148,6 +150,7 @@ def test_profile_each_method_on_cpu(tmp_path, method):
         assert summary["categories_us"].get("quantize/dequantize", 0) > 0
 
 
+@pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 def test_a_failing_exporter_warns_and_the_rest_are_written(tmp_path, monkeypatch):
     def broken(self, path, metric="self_cpu_time_total"):
         raise RuntimeError("stacks exporter broke")

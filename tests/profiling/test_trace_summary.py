@@ -127,6 +127,7 @@ def test_categorize_examples():
     assert categorize("aten::scaled_dot_product_attention") == "attention"
 
 
+@pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 def test_summary_streams_large_traces(tmp_path):
     n = 150_000
     # kernel events with the args Kineto writes (~400 bytes each, as in real traces)
