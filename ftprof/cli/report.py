@@ -108,7 +108,8 @@ def report_command(args: argparse.Namespace) -> int:
     cmp = report.comparison
     if cmp is not None:
         for c in cmp.regressions:
-            console.print(f"[red]regression[/red] {c.experiment}: {'; '.join(c.reasons)}")
+            console.print(f"[red]regression[/red] {c.experiment}: {'; '.join(c.reasons)}"
+                          + (f" [dim](profile: {c.cause})[/dim]" if c.cause else ""))
         for c in cmp.inconclusive:
             console.print(f"[yellow]inconclusive[/yellow] {c.experiment}: {'; '.join(c.reasons)}")
         if not cmp.failed:

@@ -13,12 +13,13 @@ import pandas as pd
 from ftprof.errors import ConfigError
 from ftprof.report import choose as choose_mod
 from ftprof.report import compare as compare_mod
-from ftprof.report import plots
+from ftprof.report import plots, profiles
 from ftprof.report.tables import SummaryTable, load_results, summarize, to_csv_frame, to_markdown
 from ftprof.results.run_dir import ENV
 from ftprof.results.store import write_text_atomic
 
 FORMATS = ("all", "md", "csv")
+DEFAULT_SORT = "tokens_per_s"
 
 
 @dataclass
@@ -47,6 +48,22 @@ def runs_device(df: pd.DataFrame) -> tuple[str, float] | None:
     return seen.pop() if len(seen) == 1 else None
 
 
+def _writable(out: Path) -> None:
+    """The output directory, created; one line (exit 2) when it cannot be: a file in the way, no permission."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".ftprof-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"--output-dir: cannot write to '{out}': {exc.strerror or exc}") from None
+
+
+def skipped_markdown(problems: list[str]) -> str:
+    """The run directories left out, and why: in summary.md and report.html, not only on the terminal."""
+    return "\n".join(["## Skipped run directories", "", *(f"- {p}" for p in problems)]) + "\n"
+
+
 def _check_paths(paths: list[str | Path]) -> None:
     for p in paths:
         if not Path(p).exists():
@@ -54,7 +71,7 @@ def _check_paths(paths: list[str | Path]) -> None:
 
 
 def build_report(paths: list[str | Path], out_dir: str | Path | None = None, *, baseline: str | Path | None = None,
-                 threshold_pct: float = 5.0, sort: str | None = "tokens_per_s", group_by: str | None = None,
+                 threshold_pct: float = 5.0, sort: str | None = DEFAULT_SORT, group_by: str | None = None,
                  formats: str = "all", plot: bool = True) -> Report:
     if not paths:
         raise ConfigError("give at least one results directory")
@@ -66,13 +83,19 @@ def build_report(paths: list[str | Path], out_dir: str | Path | None = None, *, 
     problems: list[str] = []
     df = load_results(list(paths), problems=problems)
     if df.empty:
-        raise ConfigError(f"no run directories (with config.json) under {', '.join(map(str, paths))}")
+        where = ", ".join(map(str, paths))
+        if problems:  # run directories exist, but none could be read: say which and why, not "none found"
+            raise ConfigError(f"no readable run directory under {where}: {len(problems)} skipped, e.g. {problems[0]}")
+        raise ConfigError(f"no run directories (with config.json) under {where}")
+    df = profiles.with_bucket_columns(df)
     if sort and sort not in df.columns:
-        raise ConfigError(f"--sort: '{sort}' is not a column (try tokens_per_s, step_time_p50_s, mfu)")
+        if sort != DEFAULT_SORT:
+            raise ConfigError(f"--sort: '{sort}' is not a column (try tokens_per_s, step_time_p50_s, mfu)")
+        sort = None  # no run finished, so nothing has a throughput yet: the rows keep their order
     if group_by and group_by not in df.columns:
         raise ConfigError(f"--group-by: '{group_by}' is not a column (try method, model, batch_size)")
     out = Path(out_dir) if out_dir else Path(paths[0]) / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    _writable(out)
     table = summarize(df, sort=sort, group_by=group_by)
     report = Report(df, table, out, problems=problems)
     if formats in ("all", "csv"):
@@ -87,6 +110,8 @@ def build_report(paths: list[str | Path], out_dir: str | Path | None = None, *, 
             raise ConfigError(f"--baseline: no run directories under '{baseline}'")
         report.comparison = compare_mod.compare(df, base_df, threshold_pct)
         markdown += "\n" + compare_mod.to_markdown(report.comparison, threshold_pct)
+    if problems:
+        markdown += "\n" + skipped_markdown(problems)
     if formats in ("all", "md"):
         report.files["summary.md"] = write_text_atomic(out / "summary.md", markdown)
     if plot and formats == "all":

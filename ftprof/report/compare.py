@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ftprof.report import profiles
 from ftprof.report.tables import config_key
 from ftprof.results.run_dir import STEPS
 from ftprof.results.status import Status
@@ -56,6 +57,7 @@ class ConfigComparison:
     reasons: list[str] = field(default_factory=list)  # why it is a regression / inconclusive
     throughput: ThroughputTest | None = None
     context: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # words -> (base, cur, change %)
+    cause: str | None = None  # when both sides were profiled: the buckets that explain the change
 
 
 @dataclass
@@ -218,6 +220,9 @@ def compare(current: pd.DataFrame, baseline: pd.DataFrame, threshold_pct: float)
     cur["_key"], base["_key"] = config_key(cur), config_key(base)
     cur_groups, base_groups = dict(tuple(cur.groupby("_key"))), dict(tuple(base.groupby("_key")))
     configs = [compare_config(base_groups[k], cur_groups[k], threshold_pct) for k in cur_groups if k in base_groups]
+    for key, c in zip([k for k in cur_groups if k in base_groups], configs, strict=True):
+        if c.verdict != OK:  # only where the verdict needs a why: profiles are read for those configurations alone
+            c.cause = profiles.cause(list(base_groups[key]["run_dir"]), list(cur_groups[key]["run_dir"]))
     return Comparison(configs, [_label(g.iloc[0]) for k, g in cur_groups.items() if k not in base_groups],
                       [_label(g.iloc[0]) for k, g in base_groups.items() if k not in cur_groups])
 
@@ -247,7 +252,7 @@ def to_markdown(cmp: Comparison, threshold_pct: float) -> str:
         mem = next((v for k, v in c.context.items() if k.startswith("peak memory")), None)
         lines.append(f"| {c.experiment} | {verdict} | {_fmt_test(t)} | {samples} | {p} | "
                      f"{'-' if p50 is None else f'{p50[2]:+.1f}%'} | {'-' if mem is None else f'{mem[2]:+.1f}%'} | "
-                     f"{'; '.join(c.reasons)} |")
+                     f"{'; '.join(c.reasons + ([f'profile: {c.cause}'] if c.cause else []))} |")
     if cmp.unmatched_current:
         lines += ["", "New (no baseline): " + "; ".join(cmp.unmatched_current)]
     if cmp.unmatched_baseline:

@@ -265,3 +265,27 @@ def test_report_to_sends_the_summary_table_to_tensorboard(results, tmp_path):
     acc = EventAccumulator(str(sweep / "tensorboard"))
     acc.Reload()
     assert any(tag.startswith("sweep/summary") for tag in acc.Tags()["tensors"])
+
+
+def test_report_messages_about_what_could_not_be_read(results, tmp_path, capsys):
+    """Only a damaged run: the message says it was skipped and why. Only unfinished runs: no --sort error. Skipped
+    runs are listed in summary.md too. An output directory that is a file: one line, exit 2."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(results / "half", damaged / "half")
+    assert main(["report", str(damaged), "--output-dir", str(tmp_path / "o1")]) == 2
+    err = capsys.readouterr().err
+    assert "no readable run directory" in err and "1 skipped" in err and len(err.strip().splitlines()) == 1
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(results / "a", unfinished / "a")
+    (unfinished / "a" / "result.json").unlink()
+    assert main(["report", str(unfinished), "--format", "md", "--output-dir", str(tmp_path / "o2")]) == 0
+    mixed = tmp_path / "mixed"
+    shutil.copytree(results / "a", mixed / "a")
+    shutil.copytree(results / "half", mixed / "half")
+    assert main(["report", str(mixed), "--format", "md", "--output-dir", str(tmp_path / "o3")]) == 0
+    assert "## Skipped run directories" in (tmp_path / "o3" / "summary.md").read_text()
+    (tmp_path / "afile").write_text("x")
+    capsys.readouterr()
+    assert main(["report", str(mixed), "--output-dir", str(tmp_path / "afile")]) == 2
+    err = capsys.readouterr().err
+    assert "--output-dir: cannot write" in err and len(err.strip().splitlines()) == 1
