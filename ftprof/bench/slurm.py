@@ -116,7 +116,11 @@ def parse_scontrol(line: str) -> dict[str, str]:
 
 
 def scontrol_job(job_id: str) -> dict[str, str]:
-    return parse_scontrol(_slurm(["scontrol", "show", "job", "-o", job_id], check=False))
+    """Slurm's account of a job while the controller still knows it (else, or without scontrol, nothing)."""
+    try:
+        return parse_scontrol(_slurm(["scontrol", "show", "job", "-o", job_id], check=False))
+    except SlurmError:
+        return {}
 
 
 def scancel(job_ids: list[str]) -> None:
