@@ -33,8 +33,9 @@ class SweepRun:
     def failed(self) -> list[str]:
         """Experiments whose recorded status is a failure: run now, or kept from an earlier run."""
         now = {o.name: o.status for o in self.outcomes}
+        # a cell submitted and not watched to its end (Slurm, --no-watch) has no verdict yet: its old one is void
         statuses = {p.experiment.name: now.get(p.experiment.name, p.previous) for p in self.planned
-                    if p.action != "busy"}
+                    if p.action != "busy" and not (p.action == "run" and p.experiment.name not in now)}
         return [name for name, status in statuses.items() if (s := Status.parse(status)) is not None and s.failed]
 
     def exit_code(self) -> int:

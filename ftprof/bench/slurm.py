@@ -407,7 +407,10 @@ class CellState:
 def sweep_status(sweep: Sweep, out_dir: Path, *, reconcile_ended: bool = True) -> list[CellState]:
     """Where each experiment of a submitted sweep stands (``ftprof bench --status``)."""
     run_dirs = [out_dir / e.name for e in sweep.experiments]
-    jobs = squeue_jobs()
+    try:
+        jobs = squeue_jobs()
+    except SlurmError:  # no Slurm here (a local sweep, or a login node without the tools): what the files say
+        jobs, reconcile_ended = {}, False
     active = refresh(run_dirs, jobs) if reconcile_ended else {
         d: j for d in run_dirs if (j := active_job(d, jobs)) is not None}
     cells = []

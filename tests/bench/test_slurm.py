@@ -173,3 +173,14 @@ def test_a_cancelled_job_is_resumed_and_a_live_one_never_resubmitted(tmp_path, s
     finally:
         subprocess.run(["scancel", second], check=False)
         _wait(lambda: not slurm.refresh([run_dir]), 60, "the resumed job to end")
+
+
+def test_status_shows_each_experiments_job_and_result(tmp_path, capsys, monkeypatch):
+    from ftprof.cli.main import main
+
+    run_dir = _submitted(tmp_path, result="ok")
+    (run_dir / "slurm_task.json").write_text(json.dumps({"job_id": "7_0", "nodes": "gpu-17"}))
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))  # no squeue: what the files say
+    assert main(["bench", "--status", str(tmp_path / "s.yaml"), "--output-dir", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "7_0" in out and "gpu-17" in out and "1 ok" in out
