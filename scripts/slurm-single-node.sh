@@ -68,8 +68,10 @@ start() {
   fi
   chown -R munge:munge /etc/munge /run/munge /var/lib/munge /var/log/munge 2>/dev/null || true
   chmod 400 /etc/munge/munge.key
-  pgrep -x munged >/dev/null || runuser -u munge -- munged --force 2>/dev/null || munged --force \
-    || die "munged did not start"
+  if ! pgrep -x munged >/dev/null; then
+    runuser -u munge -- munged --force 2>/dev/null || munged --force || die "munged did not start"
+    touch "$STATE/munged.ours"  # stop stops it only if this script started it
+  fi
   [ -f "$STATE/slurmctld.pid" ] && kill -0 "$(cat "$STATE/slurmctld.pid")" 2>/dev/null || slurmctld \
     || die "slurmctld did not start (see $STATE/log/slurmctld.log)"
   [ -f "$STATE/slurmd.pid" ] && kill -0 "$(cat "$STATE/slurmd.pid")" 2>/dev/null || slurmd \
@@ -85,13 +87,24 @@ start() {
   die "the node did not come up within 90 s (sinfo: '${state:-nothing}'; logs in $STATE/log)"
 }
 
+stop_pid() {  # SIGTERM, then up to 15 s for it to exit, then SIGKILL
+  local pid=$1
+  [ -n "$pid" ] && kill "$pid" 2>/dev/null || return 0
+  for _ in $(seq 1 15); do kill -0 "$pid" 2>/dev/null || return 0; sleep 1; done
+  kill -9 "$pid" 2>/dev/null || true
+}
+
 stop() {
   for pidfile in "$STATE/slurmd.pid" "$STATE/slurmctld.pid"; do
     if [ -f "$pidfile" ]; then
-      kill "$(cat "$pidfile")" 2>/dev/null || true
+      stop_pid "$(cat "$pidfile")"
       rm -f "$pidfile"
     fi
   done
+  if [ -f "$STATE/munged.ours" ] && [ -f /run/munge/munged.pid ]; then
+    stop_pid "$(cat /run/munge/munged.pid)"
+    rm -f "$STATE/munged.ours"
+  fi
   echo "slurm-single-node: stopped"
 }
 
