@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ftprof.bench.launcher import LauncherSettings
 from ftprof.bench.lock import OutputLock
 from ftprof.bench.runner import BenchRunner, Outcome, Planned, plan
 from ftprof.bench.sweep import Sweep, load_sweep
@@ -32,8 +33,9 @@ class SweepRun:
     def failed(self) -> list[str]:
         """Experiments whose recorded status is a failure: run now, or kept from an earlier run."""
         now = {o.name: o.status for o in self.outcomes}
+        # a cell submitted and not watched to its end (Slurm, --no-watch) has no verdict yet: its old one is void
         statuses = {p.experiment.name: now.get(p.experiment.name, p.previous) for p in self.planned
-                    if p.action != "busy"}
+                    if p.action != "busy" and not (p.action == "run" and p.experiment.name not in now)}
         return [name for name, status in statuses.items() if (s := Status.parse(status)) is not None and s.failed]
 
     def exit_code(self) -> int:
@@ -50,18 +52,33 @@ def run_sweep(sweep: Sweep | str | Path, output_dir: str | Path | None = None, *
               retry_failed: bool = False, wait: bool = False, slots: list[str] | None = None,
               on_event: Callable[[str, object], None] | None = None,
               on_wait: Callable[[str], None] | None = None,
-              on_plan: Callable[[list[Planned]], None] | None = None) -> SweepRun:
+              on_plan: Callable[[list[Planned]], None] | None = None,
+              launcher: LauncherSettings | None = None, watch: bool = True, cancel: bool = False) -> SweepRun:
     """Run a sweep in ``output_dir`` (default results/<sweep name>) holding its lock (OutputDirBusy when another
-    bench holds it, unless ``wait``). ``on_plan`` sees the plan before anything runs (to set up a display)."""
+    bench holds it, unless ``wait``). ``on_plan`` sees the plan before anything runs (to set up a display).
+    ``launcher`` (default: the sweep file's) picks local child processes or Slurm jobs; with Slurm, ``watch=False``
+    returns once the jobs are submitted and ``cancel`` cancels them on Ctrl-C."""
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
+    launcher = launcher or sweep.launcher
     out_dir = output_dir_for(sweep, output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with OutputLock(out_dir, wait=wait, on_wait=on_wait):
-        planned = plan(sweep, out_dir, force=force, retry_failed=retry_failed)
+        if launcher.type == "slurm":
+            from ftprof.bench import slurm
+
+            slurm.refresh([out_dir / e.name for e in sweep.experiments])  # jobs that ended: results recorded
+            planned = slurm.plan_with_jobs(plan(sweep, out_dir, force=force, retry_failed=retry_failed),
+                                           slurm.squeue_jobs())
+        else:
+            planned = plan(sweep, out_dir, force=force, retry_failed=retry_failed)
         if on_plan is not None:
             on_plan(planned)
-        runner = BenchRunner(sweep, out_dir, planned, on_event=on_event, slots=slots)
+        if launcher.type == "slurm":
+            runner = slurm.SlurmRunner(sweep, out_dir, planned, launcher, on_event=on_event, watch=watch,
+                                       cancel=cancel)
+        else:
+            runner = BenchRunner(sweep, out_dir, planned, on_event=on_event, slots=slots)
         runner.run()
         summary = runner.write_summary()
     return SweepRun(sweep, out_dir, planned, runner.outcomes, runner.interrupted, summary)

@@ -8,6 +8,7 @@
     repeats: 1
     memory_logging: all         # nvml | torch | all | none (MEMORY_LOGGING in the environment overrides it)
     timeout_s: 1800             # per experiment
+    launcher: {type: slurm, partition: gpu, time: 60}   # where experiments run (ftprof/bench/launcher.py)
 
 Every problem is reported as one line naming the file and where in it (``sweep.yaml: matrix.batch_size: ...``).
 """
@@ -26,12 +27,13 @@ from typing import Any
 
 import yaml
 
+from ftprof.bench.launcher import LauncherSettings, launcher_from_file
 from ftprof.checks import check_config
 from ftprof.config import MEMORY_LOGGING, MEMORY_LOGGING_ALIASES, RunConfig, flat_field_owners
 from ftprof.errors import ConfigError, did_you_mean
 
 TOP_KEYS = {"name": str, "base": dict, "matrix": dict, "experiments": list, "exclude": list, "repeats": int,
-            "memory_logging": str, "timeout_s": (int, float), "description": str}
+            "memory_logging": str, "timeout_s": (int, float), "description": str, "launcher": dict}
 # Keys a sweep may set that are not train options (bench handles them itself).
 SWEEP_ONLY = {"output_dir", "run_name", "quiet"}  # set by bench per experiment; a sweep may not set them
 
@@ -57,6 +59,7 @@ class Sweep:
     timeout_s: float
     repeats: int
     varying: list[str] = field(default_factory=list)  # option names that differ across experiments
+    launcher: LauncherSettings = field(default_factory=LauncherSettings)  # the sweep file's launcher: section
 
 
 def _fail(path: Path, where: str, message: str) -> ConfigError:
@@ -179,6 +182,8 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
         src = "MEMORY_LOGGING" if os.environ.get("MEMORY_LOGGING") else "memory_logging"
         raise _fail(path, src, f"'{memory}' is not one of {', '.join(MEMORY_LOGGING)} (or nvidia, huggingface)")
 
+    launcher = launcher_from_file(path, data.get("launcher"))
+
     cells: list[tuple[str, dict[str, Any]]] = []
     keys = list(matrix)
     for combo in itertools.product(*(matrix[k] for k in keys)) if keys else ():
@@ -216,4 +221,4 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
     sweep_name = str(data.get("name") or path.stem)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", sweep_name):
         raise _fail(path, "name", f"'{sweep_name}' must be a plain directory name")
-    return Sweep(sweep_name, path, experiments, memory, timeout, repeats, varying)
+    return Sweep(sweep_name, path, experiments, memory, timeout, repeats, varying, launcher)

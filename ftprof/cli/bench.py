@@ -23,6 +23,8 @@ def bench_parser(subparsers) -> argparse.ArgumentParser:
                     "at a time per output directory. Exit status: 0 all ok, 1 some experiment failed, 2 bad input "
                     "or output directory in use, 130 interrupted.")
     parser.add_argument("sweep", help="sweep file (YAML)")
+    parser.add_argument("--status", action="store_true",
+                        help="show where a submitted (Slurm) sweep stands: each experiment's job, state and result")
     parser.add_argument("--dry-run", action="store_true", help="print the experiments and commands, run nothing")
     parser.add_argument("--output-dir", help="results directory (default: results/<sweep name>)")
     mode = parser.add_mutually_exclusive_group()
@@ -31,6 +33,25 @@ def bench_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--retry-failed", action="store_true", help="rerun experiments that failed (OOM, timeout...)")
     parser.add_argument("--wait", action="store_true",
                         help="if another bench holds the output directory, wait for it instead of exiting (status 2)")
+    slurm = parser.add_argument_group("launcher", "where experiments run; these override the sweep file's "
+                                               "launcher: section (BENCHMARKS.md)")
+    slurm.add_argument("--launcher", choices=("local", "slurm"), help="local child processes (default) or Slurm jobs")
+    slurm.add_argument("--partition", help="Slurm partition")
+    slurm.add_argument("--account", help="Slurm account")
+    slurm.add_argument("--qos", help="Slurm quality of service")
+    slurm.add_argument("--time", help="Slurm time limit per experiment (minutes, or [days-]hh:mm:ss)")
+    slurm.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the experiment's nproc_per_node)")
+    slurm.add_argument("--nodes", type=int, help="nodes per experiment (default: the experiment's nnodes)")
+    slurm.add_argument("--cpus-per-task", type=int, help="CPUs per task (one task per node)")
+    slurm.add_argument("--mem", help="memory per node, e.g. 200G")
+    slurm.add_argument("--constraint", help="Slurm node constraint (features)")
+    slurm.add_argument("--sbatch", action="append", metavar="OPTION",
+                       help="an extra sbatch option, e.g. --sbatch=--exclusive (repeatable)")
+    slurm.add_argument("--max-jobs", type=int, help="experiments that may run at once (the job array's limit)")
+    slurm.add_argument("--no-watch", action="store_true",
+                       help="submit and return; `ftprof bench --status SWEEP` shows progress later")
+    slurm.add_argument("--cancel", action="store_true",
+                       help="on Ctrl-C, cancel the submitted jobs (without it they keep running)")
     parser.set_defaults(func=bench_command)
     return parser
 
@@ -44,11 +65,17 @@ class BenchDisplay:
                                  console=console)
         self.task = self.progress.add_task("bench", total=total)
         self.running: list[str] = []
+        self.jobs: dict[str, str] = {}  # Slurm: experiment -> job state
         self.last = ""
         self.live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
 
     def _render(self) -> Group:
         lines = [f"[cyan]running[/cyan] {name}" for name in self.running]
+        if self.jobs:
+            counts: dict[str, int] = {}
+            for state in self.jobs.values():
+                counts[state] = counts.get(state, 0) + 1
+            lines.append("slurm: " + ", ".join(f"{n} {state.lower()}" for state, n in sorted(counts.items())))
         if self.last:
             lines.append(self.last)
         return Group(self.progress, *lines)
@@ -59,7 +86,18 @@ class BenchDisplay:
         elif kind == "skip":
             self.progress.advance(self.task)
             self.last = f"[dim]skipped {payload.experiment.name} ({payload.previous})[/dim]"
+        elif kind == "submit":
+            planned, job_id = payload
+            self.jobs[planned.experiment.name] = "SUBMITTED"
+            self.last = f"[dim]submitted {planned.experiment.name} as job {job_id}[/dim]"
+        elif kind == "state":
+            planned, job = payload
+            self.jobs[planned.experiment.name] = job.state
+            if job.state == "RUNNING" and job.nodes:
+                self.last = f"[cyan]running[/cyan] {planned.experiment.name} (job {job.job_id} on {job.nodes})"
         elif kind == "finish":
+            if payload.name in self.jobs:
+                self.jobs[payload.name] = "DONE" if payload.status == "ok" else "FAILED"
             if payload.name in self.running:
                 self.running.remove(payload.name)
             self.progress.advance(self.task)
@@ -99,14 +137,20 @@ def bench_command(args: argparse.Namespace) -> int:
     from ftprof.results.load import read_runs
 
     sweep = load_sweep(args.sweep)
+    launcher = sweep.launcher.merged({key: getattr(args, key) for key in LAUNCHER_OPTIONS}
+                                     | {"type": args.launcher, "sbatch": tuple(args.sbatch or ())}, "")
     out_dir = output_dir_for(sweep, args.output_dir)
     console = Console(highlight=False)
-    slots = gpu_slots()
+    if args.status:
+        return status_command(console, sweep, out_dir)
+    slots = gpu_slots() if launcher.type == "local" else []
     if args.dry_run:
         dry_run(console, sweep, out_dir, plan(sweep, out_dir, force=args.force, retry_failed=args.retry_failed),
                 slots)
         return 0
-    if not slots:
+    if launcher.type == "slurm":
+        console.print(experiment_table(sweep, out_dir))
+    elif not slots:
         console.print("[dim]no GPU: experiments run one at a time; NVML sampling is skipped[/dim]")
     displays: list[BenchDisplay] = []
 
@@ -116,7 +160,8 @@ def bench_command(args: argparse.Namespace) -> int:
 
     try:
         done = run_sweep(sweep, out_dir, force=args.force, retry_failed=args.retry_failed, wait=args.wait,
-                         slots=slots, on_plan=start_display, on_event=lambda kind, p: displays[0].event(kind, p),
+                         slots=slots, on_plan=start_display, launcher=launcher, watch=not args.no_watch,
+                         cancel=args.cancel, on_event=lambda kind, p: displays[0].event(kind, p),
                          on_wait=lambda who: console.print(f"[yellow]waiting[/yellow] for {who} to release {out_dir}"))
     finally:
         if displays:
@@ -130,12 +175,60 @@ def bench_command(args: argparse.Namespace) -> int:
             console.print(f"[yellow]not run[/yellow] {p.experiment.name}: {p.reason}")
     console.print(f"[dim]wrote {done.summary}[/dim]")
     code = done.exit_code()
-    if done.interrupted:
+    if done.interrupted and launcher.type == "slurm":
+        console.print("[yellow]stopped watching[/yellow]: "
+                      + ("the jobs were cancelled; " if args.cancel else "submitted jobs keep running; ")
+                      + f"`ftprof bench --status {args.sweep}` shows where they stand")
+    elif done.interrupted:
         console.print(f"[yellow]interrupted[/yellow]: {resume_advice(args.force)}")
+    elif launcher.type == "slurm" and args.no_watch:
+        console.print(f"submitted; `ftprof bench --status {args.sweep}` shows where the jobs stand")
     elif done.failed():
         console.print(f"[red]{len(done.failed())} experiment(s) failed[/red] (exit status {code}); "
                       "--retry-failed reruns them")
     return code
+
+
+LAUNCHER_OPTIONS = ("partition", "account", "qos", "time", "gpus_per_node", "nodes", "cpus_per_task", "mem",
+                    "constraint", "max_jobs")
+
+
+def experiment_table(sweep, out_dir: Path) -> Table:
+    """The experiments up front (a Slurm sweep runs elsewhere: this is what it submits)."""
+    table = Table(title=f"sweep {sweep.name}: {len(sweep.experiments)} experiments -> {out_dir}", header_style="bold")
+    for col in ("experiment", *sweep.varying):
+        table.add_column(col)
+    for exp in sweep.experiments:
+        table.add_row(exp.name, *(str(exp.values.get(k, "")) for k in sweep.varying))
+    return table
+
+
+def status_command(console: Console, sweep, out_dir: Path) -> int:
+    """`ftprof bench --status`: each experiment's job, its state and result; ended jobs are recorded on the way
+    (when no other bench holds the output directory)."""
+    from ftprof.bench.lock import OutputDirBusy, OutputLock
+    from ftprof.bench.slurm import sweep_status
+
+    try:
+        with OutputLock(out_dir):
+            cells = sweep_status(sweep, out_dir)
+    except OutputDirBusy:
+        cells = sweep_status(sweep, out_dir, reconcile_ended=False)
+    table = Table(title=f"sweep {sweep.name} ({out_dir})", header_style="bold")
+    for col in ("experiment", "job", "slurm state", "node", "status"):
+        table.add_column(col)
+    for c in cells:
+        style = status_style(c.status)
+        table.add_row(c.experiment, c.job_id or "-", c.state or "-", c.nodes or "-",
+                      f"[{style}]{c.status}[/{style}]" if c.status else "-")
+    console.print(table)
+    counts: dict[str, int] = {}
+    for c in cells:
+        key = c.state.lower() if c.state in ("PENDING", "RUNNING", "COMPLETING") and not c.status else (
+            c.status or "not submitted")
+        counts[key] = counts.get(key, 0) + 1
+    console.print(", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    return 0
 
 
 def resume_advice(force: bool) -> str:

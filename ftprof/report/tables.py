@@ -39,7 +39,7 @@ NUM_COLUMNS = [c for c, _, kind in HEADLINE if kind not in ("key", "status")]
 # Options that do not change what is measured: ignored when matching repeats and baselines.
 # gradient_checkpointing is the yes/no derived from the checkpointing policy (HF's spelling); the policy is the column.
 NOT_CONFIG = {"output_dir", "run_name", "quiet", "run_dir", "prof_output_dir", "memory_logging", "seed",
-              "gradient_checkpointing"}
+              "gradient_checkpointing", "slurm_job_id", "slurm_nodes"}  # slurm_*: where bench ran it
 
 # Two-sided 95% Student t quantiles by degrees of freedom (1..30); beyond that the normal 1.96.
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,

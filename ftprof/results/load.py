@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ftprof.config import SCHEMA_VERSION, SECTIONS
-from ftprof.results.run_dir import CONFIG, RESULT
+from ftprof.results.run_dir import CONFIG, RESULT, SLURM, SLURM_TASK
 from ftprof.results.status import INCOMPLETE, STATUSES, Status
 
 
@@ -109,6 +109,7 @@ def run_row(run_dir: Path) -> dict[str, Any]:
         for key, value in (config.get(section) or {}).items():
             row[key] = ",".join(map(str, value)) if isinstance(value, list) else value
     row["run_name"] = run_dir.name  # the directory, even if copied or renamed since the run
+    row.update(slurm_columns(run_dir))
     result = read_result(run_dir)
     if result is None:
         row["status"] = INCOMPLETE  # started, never finished (killed before bench could record it)
@@ -118,6 +119,22 @@ def run_row(run_dir: Path) -> dict[str, Any]:
     flat.pop("run_dir", None)
     row.update(flat)
     return row
+
+
+def slurm_columns(run_dir: Path) -> dict[str, str]:
+    """A run bench ran as a Slurm job: its job id and node(s), from what the job wrote (else what bench recorded).
+    Nothing for a local run; a damaged file only loses these columns."""
+    out: dict[str, str] = {}
+    for name in (SLURM, SLURM_TASK):  # the job's own record (written later) wins
+        try:
+            data = json.loads((run_dir / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            for key, column in (("job_id", "slurm_job_id"), ("nodes", "slurm_nodes")):
+                if isinstance(data.get(key), str) and data[key]:
+                    out[column] = data[key]
+    return out
 
 
 def find_run_dirs(paths: list[str | Path]) -> list[Path]:

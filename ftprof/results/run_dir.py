@@ -18,8 +18,11 @@ NVML = "nvml.csv"
 COMMAND = "command.sh"  # bench: the experiment as a readable, replayable command line
 STDOUT, STDERR = "stdout.log", "stderr.log"  # bench: the experiment's output
 PROFILE = "profile"  # torch.profiler artifacts (a folder)
+SLURM = "slurm.json"  # bench --launcher slurm: the job that runs this experiment (name, array task, job id)
+SLURM_TASK = "slurm_task.json"  # written by that job when it starts: its job id and node(s)
+SLURM_END = "slurm_end.txt"  # written by that job as it ends: Slurm's account (scontrol show job -o)
 # What one attempt of a run leaves behind: a rerun clears these (per-rank variants included) before it starts.
-ATTEMPT_FILES = (RESULT, STEPS, MEMORY_STAGES, ENV, NVML, STDOUT, STDERR)
+ATTEMPT_FILES = (RESULT, STEPS, MEMORY_STAGES, ENV, NVML, STDOUT, STDERR, SLURM_TASK, SLURM_END)
 
 
 def rank_file(name: str, rank: int | None) -> str:
