@@ -1,6 +1,7 @@
 """A full disk (here: a file size limit, which fails writes the same way, EFBIG instead of ENOSPC) is one line and
 exit status 1, with every file written before it kept: no traceback from teardown."""
 
+import json
 import resource
 import signal
 import subprocess
@@ -17,13 +18,24 @@ def _limited(limit):
     return preexec
 
 
+def _config_json_bytes(argv: list[str]) -> int:
+    """The size config.json will have: the resolved config, as the run writes it."""
+    from ftprof.cli.common import config_from_args
+    from ftprof.cli.main import build_parser
+    from ftprof.preflight import preflight
+
+    cfg = preflight(config_from_args(build_parser().parse_args(argv))).config
+    return len(json.dumps(cfg.to_dict(), indent=2, default=str).encode()) + 1
+
+
 @pytest.mark.slow
 def test_full_disk_is_one_line_and_keeps_what_was_written(tmp_path):
-    # 2,000 bytes: config.json (~1.7 kB) fits, result.json (~2.4 kB) does not
-    proc = subprocess.run([sys.executable, "-m", "ftprof", "train", "full", "--model", "tiny", "--device", "cpu",
-                           "--max-steps", "3", "--warmup-steps", "1", "--seq-len", "32", "--output-dir",
-                           str(tmp_path), "--run-name", "r", "--quiet"],
-                          preexec_fn=_limited(2000), capture_output=True, text=True, timeout=180)
+    argv = ["train", "full", "--model", "tiny", "--device", "cpu", "--max-steps", "3", "--warmup-steps", "1",
+            "--seq-len", "32", "--output-dir", str(tmp_path), "--run-name", "r", "--quiet"]
+    # config.json (and the small steps.csv) fit under the limit; result.json, larger, does not
+    limit = _config_json_bytes(argv) + 64
+    proc = subprocess.run([sys.executable, "-m", "ftprof", *argv], preexec_fn=_limited(limit), capture_output=True,
+                          text=True, timeout=180)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert lines[0].startswith("ftprof train: error: cannot write ") and "File too large" in lines[0]
