@@ -38,6 +38,12 @@ def torchrun_command(cfg: RunConfig, config_file: str) -> list[str]:
             "--rdzv-endpoint", endpoint, "-m", "ftprof.engine.worker", str(config_file)]
 
 
+def waiting_message(cfg: RunConfig) -> str:
+    d = cfg.distributed
+    return (f"ftprof: node {d.node_rank} of {d.nnodes} ({d.nproc_per_node} processes) is waiting at the rendezvous "
+            f"{d.rdzv_endpoint} until all {d.nnodes} nodes have started the same command")
+
+
 def launch(cfg: RunConfig, config_file: str) -> int:
     """Run the same training under torchrun; returns its exit status. Ctrl-C reaches the workers through torchrun."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}

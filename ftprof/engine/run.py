@@ -8,6 +8,7 @@ With profiling on, the same loop runs under a TorchProfiler and each cycle's tra
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from ftprof import ranks
@@ -88,6 +89,8 @@ def _launch_and_collect(cfg: RunConfig, quiet: bool | None) -> RunResult:
     run_dir = Path(cfg.output.output_dir).expanduser() / name
     run_dir.mkdir(parents=True, exist_ok=True)
     RunDirWriter(run_dir).write_config(cfg.to_dict())
+    if cfg.distributed.nnodes > 1:  # torchrun waits silently at the rendezvous until every node has joined
+        print(distributed.waiting_message(cfg), file=sys.stderr, flush=True)
     code = distributed.launch(cfg, str(run_dir / files.CONFIG))
     path = run_dir / files.RESULT
     if path.is_file():

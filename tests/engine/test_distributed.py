@@ -107,3 +107,12 @@ def test_profile_every_rank_with_checkpointing_under_fsdp(tmp_path):
     recompute = next(d for d in summary["diagnoses"] if d["code"] == "recomputation")
     expected = result.recompute_flops_per_token / (result.flops_per_token + result.recompute_flops_per_token)
     assert recompute["evidence"]["flops_share"] == pytest.approx(expected)
+
+
+def test_a_multi_node_launch_says_what_it_waits_for():
+    from ftprof.engine.distributed import waiting_message
+
+    args = build_parser().parse_args(["train", "lora", "--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1",
+                                      "--rdzv-endpoint", "host:29500"])
+    message = waiting_message(config_from_args(args))
+    assert "node 1 of 2" in message and "host:29500" in message and "all 2 nodes" in message

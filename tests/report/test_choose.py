@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from ftprof.console import GIB
+from ftprof.metrics import GIB
 from ftprof.report.choose import MARGIN, choose, configurations, option_effects, pareto_front, to_markdown
 
 
@@ -100,3 +100,23 @@ def test_no_successful_run_says_so():
     df = pd.DataFrame([{**_row("full", 4, False, None, 70), "status": "oom_device"}])
     md = to_markdown(choose(df))
     assert "No successful run" in md
+
+
+@pytest.mark.slow
+def test_a_real_sweep_gets_a_choose_section_and_a_pareto_plot(tmp_path):
+    """bench -> report end to end: three cells of the tiny preset (each its own process), then the report's
+    choose section in summary.md and report.html, and the labelled frontier plot."""
+    import ftprof
+    from ftprof.cli.main import main
+
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("name: s\nbase: {model: tiny, seq_len: 32, max_steps: 3, warmup_steps: 1}\n"
+                     "matrix: {method: [full, lora], batch_size: [1, 2]}\nexclude: [{method: full, batch_size: 1}]\n"
+                     "memory_logging: torch\n")
+    outcomes = ftprof.run_sweep(sweep, tmp_path / "results")
+    assert [o.status for o in outcomes] == ["ok"] * 3
+    assert main(["report", str(tmp_path / "results"), "--output-dir", str(tmp_path / "report")]) == 0
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "## Which should I pick?" in summary and "| 16 GiB |" in summary and "What each option bought" in summary
+    assert (tmp_path / "report" / "pareto.png").stat().st_size > 10_000
+    assert "Which should I pick?" in (tmp_path / "report" / "report.html").read_text()
