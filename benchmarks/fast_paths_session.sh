@@ -10,15 +10,7 @@ set -u
 phase=${1:?phase: tests or sweep}
 out=${2:?output folder}
 budget=${BUDGET_S:-550}
-t0=$(date +%s)
-left() { echo $(( budget - ($(date +%s) - t0) )); }
-mkdir -p runs "$out"
-if [ "$(df -k --output=avail /dev/shm 2>/dev/null | tail -1)" -gt 60000000 ] 2>/dev/null; then
-  export TMPDIR=/dev/shm FTPROF_CACHE_DIR=${FTPROF_CACHE_DIR:-/dev/shm/ftprof-cache}
-fi
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  python3 -c 'import torch, transformers, peft, bitsandbytes, liger_kernel, importlib.metadata as m; print(torch.__version__, transformers.__version__, peft.__version__, bitsandbytes.__version__, "liger", m.version("liger-kernel"))'
-} > runs/machine.txt 2>&1
+. "$(dirname "$0")/session_common.sh"  # left(), scratch in memory, runs/machine.txt
 case $phase in
   tests)
     timeout $(( $(left) - 20 )) python3 -m pytest -m gpu -q -p no:cacheprovider ${TESTS:-tests/gpu/test_gpu_fast_paths.py} \

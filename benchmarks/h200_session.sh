@@ -9,17 +9,7 @@ phase=${1:?phase: targets or classic}
 out=${2:?output folder}
 budget=${BUDGET_S:-540}
 model=${BASELINE_MODEL:-llama-8b}
-t0=$(date +%s)
-left() { echo $(( budget - ($(date +%s) - t0) )); }
-mkdir -p runs "$out"
-
-# Large scratch files (a 16-bit checkpoint for the QLoRA baseline, GPTQ's cache) go to memory when it is roomy.
-if [ "$(df -k --output=avail /dev/shm 2>/dev/null | tail -1)" -gt 60000000 ] 2>/dev/null; then
-  export TMPDIR=/dev/shm FTPROF_CACHE_DIR=${FTPROF_CACHE_DIR:-/dev/shm/ftprof-cache}
-fi
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  python3 -c 'import torch, transformers, peft, bitsandbytes, gptqmodel; print(torch.__version__, transformers.__version__, peft.__version__, bitsandbytes.__version__, gptqmodel.__version__)' 2>/dev/null
-  df -h /dev/shm /tmp | tail -2; } > runs/machine.txt 2>&1
+. "$(dirname "$0")/session_common.sh"  # left(), scratch in memory, runs/machine.txt
 
 baseline_lane() {  # GPU, then methods: one HF Trainer baseline after another on that GPU
   local gpu=$1; shift
