@@ -42,7 +42,8 @@ def _saved_ops() -> set:
 
 
 class SelectivePolicy:
-    """Save matmul and attention outputs, recompute the rest; count the bytes saved while ``counting``.
+    """Save matmul and attention outputs, recompute the rest; count the bytes saved between ``start_counting`` and
+    ``stop_counting``.
 
     ``context_fn`` is a ``functools.partial`` of torch's ``create_selective_checkpoint_contexts`` over a plain
     function whose state is a dict, the form torch.compile can trace (a callable object is refused: measured on an
@@ -64,26 +65,18 @@ class SelectivePolicy:
 
         self.context_fn = functools.partial(create_selective_checkpoint_contexts, policy)
 
-    @property
-    def counting(self) -> bool:
-        return self.state["counting"]
+    def start_counting(self) -> None:
+        self.state.update(counting=True, bytes=0)
 
-    @counting.setter
-    def counting(self, on: bool) -> None:
-        self.state["counting"] = on
-
-    @property
-    def saved_bytes(self) -> int:
+    def stop_counting(self) -> int:
+        """Bytes saved since ``start_counting``."""
+        self.state["counting"] = False
         return self.state["bytes"]
-
-    @saved_bytes.setter
-    def saved_bytes(self, value: int) -> None:
-        self.state["bytes"] = value
 
 
 def _low_rank(op, args, rank: int) -> bool:
-    """A matmul with a small inner dimension (LoRA's B: rank r in, a full projection out) costs little to redo and
-    its output is as large as the projection's: recompute it rather than save a second projection-sized tensor."""
+    """A matmul whose inner dimension is the LoRA rank (LoRA's B: rank r in, a full projection out) costs little to
+    redo and its output is as large as the projection's: recompute it rather than save a second such tensor."""
     if "attention" in op.__name__ or "gemm_4bit" in op.__name__:
         return False
     return rank > 0 and args[-2].shape[-1] == rank
@@ -179,10 +172,10 @@ def measure_activations(model, autocast, vocab: int, device: torch.device, token
     for policy in SPEED_ORDER:
         selective = SelectivePolicy(lora_rank)
         apply_policy(model, policy, selective)
-        selective.counting = True
+        selective.start_counting()
         with SavedActivations(model) as meter, autocast():
             loss = model(input_ids=ids, labels=ids).loss
-        per_token[policy] = (meter.bytes + selective.saved_bytes) / tokens
+        per_token[policy] = (meter.bytes + selective.stop_counting()) / tokens
         del loss  # frees the graph and the selective cache
     return per_token
 

@@ -109,15 +109,14 @@ class FirstStepMemory:
         if not first or not self.measure_activations:
             return contextlib.nullcontext()
         if selective is not None:  # selective checkpointing caches matmul outputs outside autograd's hooks
-            selective.saved_bytes, selective.counting = 0, True
+            selective.start_counting()
         return SavedActivations(model)
 
     def after_forward(self, meter, selective=None) -> None:
         if isinstance(meter, SavedActivations):
             self.saved_activations = meter.bytes
             if selective is not None:
-                self.saved_activations += selective.saved_bytes
-                selective.counting = False
+                self.saved_activations += selective.stop_counting()
 
     def after_optimizer_step(self, model, optimizer) -> None:
         self.static = static_breakdown(model, optimizer)

@@ -31,7 +31,7 @@ class StageMemory:
         return self.allocated_after - self.allocated_before
 
 
-def _peak_rss_bytes() -> int:
+def host_peak_rss() -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
 
@@ -109,10 +109,6 @@ class MemoryTracker:
 
     def stage_rows(self) -> list[dict]:
         return [asdict(s) | {"delta": s.delta} for s in self.stages]
-
-
-def host_peak_rss() -> int:
-    return _peak_rss_bytes()
 
 
 def dump_oom_snapshot(path) -> bool:
