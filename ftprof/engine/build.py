@@ -83,7 +83,8 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
     if cfg.model.compile:
         with memory.stage("compile"):
             first = next(make_batches(cfg.data, tokenizer, vocab, cfg.train.seed + dist.rank))  # stream untouched
-            compiled = warm_up(model, params, {k: v.to(pre.device) for k, v in first.items()}, autocast, log)
+            compiled = warm_up(model, params, {k: v.to(pre.device) for k, v in first.items()}, autocast, log,
+                               policy)
     counts = metrics.count_params(model)
     device_name = torch.cuda.get_device_name(pre.device) if pre.device.type == "cuda" else "cpu"
     return Built(tokenizer, batches, model, params, optimizer, autocast, counts,

@@ -68,6 +68,22 @@ def test_compile_matches_eager_on_cpu(tmp_path):
         assert compiled.loss_last == pytest.approx(eager.loss_last, rel=1e-6)
 
 
+@pytest.mark.slow
+def test_compile_under_full_checkpointing_keeps_the_checkpoint(tmp_path, policy_runs):
+    """Under full checkpointing the blocks' children are compiled, so torch's checkpoint stays outside compiled code:
+    the run keeps as little for backward as eager full checkpointing and trains the same numbers."""
+    run = ftprof.train(tiny_config(tmp_path, "lora", checkpointing="full", compile=True, max_steps=3, seq_len=64,
+                                   lr=3e-3))
+    assert run.status == "ok", run.error_message
+    assert run.compile["compiled"], run.compile
+    assert run.compile["scope"] == "block children" and run.compile["blocks"] == 2
+    saved = {p: r.memory_breakdown["activations_saved"] for p, r in policy_runs.items()}
+    assert run.memory_breakdown["activations_saved"] <= saved["full"] * 1.1 < saved["none"], (run.memory_breakdown,
+                                                                                             saved)
+    assert (run.loss_first, run.loss_last) == pytest.approx((policy_runs["full"].loss_first,
+                                                             policy_runs["full"].loss_last), rel=1e-3)
+
+
 @pytest.mark.parametrize("argv, fragment", [
     (["--kernels", "liger"], "--kernels liger needs a CUDA device"),
     (["--kernels", "liger", "--lora-targets", "q_proj,lm_head"], "--lora-targets lm_head"),
