@@ -31,6 +31,7 @@ MEMORY_LOGGING_ALIASES = {"nvidia": "nvml", "huggingface": "torch"}
 MEMORY_LOGGING = ("none", "torch", "nvml", "all")
 CHECKPOINTING = ("none", "full", "selective", "auto")
 KERNELS = ("eager", "liger")
+SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn")  # models/attention.py says what each means
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 
 
@@ -71,11 +72,15 @@ class ModelConfig:
                            "compile runs eager, with a note; compile time is reported apart from step time")
     attn_implementation: str = option("sdpa", "attention kernel passed to transformers",
                                       choices=("sdpa", "eager", "flash_attention_2"))
+    sdpa_backend: str = option("auto", "the kernel behind --attn-implementation sdpa: auto (PyTorch's order: "
+                               "FlashAttention-2 first), or flash, efficient, cudnn put first (cuDNN's attention is "
+                               "the faster one on Hopper GPUs; CUDA only)", choices=SDPA_BACKENDS)
 
     def __post_init__(self) -> None:
         _require(bool(self.model), "--model must not be empty")
         _one_of("--dtype", self.dtype, DTYPES)
         _one_of("--kernels", self.kernels, KERNELS)
+        _one_of("--sdpa-backend", self.sdpa_backend, SDPA_BACKENDS)
         if self.checkpointing is not None:
             _one_of("--checkpointing", self.checkpointing, CHECKPOINTING)
         # One policy, two spellings: gradient_checkpointing is kept as the derived yes/no (None while auto decides).

@@ -62,6 +62,10 @@ def preflight(cfg: RunConfig) -> Preflight:
         raise ConfigError("--optimizer paged_adamw_8bit needs a CUDA device (paged memory is CUDA unified memory)")
     if cfg.model.attn_implementation == "flash_attention_2" and device.type != "cuda":
         raise ConfigError("--attn-implementation flash_attention_2 needs a CUDA device")
+    if cfg.model.sdpa_backend != "auto":
+        from ftprof.models.attention import check_backend
+
+        check_backend(cfg.model.sdpa_backend, device.type, cfg.model.attn_implementation)
     if cfg.model.kernels == "liger":
         from ftprof.models.kernels import check_liger
 

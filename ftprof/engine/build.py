@@ -15,6 +15,7 @@ from ftprof.data import make_batches
 from ftprof.engine import checkpointing, distributed
 from ftprof.engine.checkpointing import AutoChoice, SelectivePolicy
 from ftprof.engine.compile import CompileOutcome, warm_up
+from ftprof.models import attention
 from ftprof.models.materialize import materialize_sharded
 from ftprof.models.methods import LoadContext, get_strategy
 from ftprof.models.tokenizer import load_tokenizer as tokenizer_for
@@ -44,6 +45,7 @@ class Built:
     checkpointing: str  # the policy that runs (auto resolved)
     auto_choice: AutoChoice | None  # what --checkpointing auto estimated and chose
     compiled: CompileOutcome | None  # --compile's outcome
+    sdpa_backend_used: str | None  # the attention kernel SDPA picks for this model's training shape (CUDA)
     selective: SelectivePolicy | None  # counts what selective checkpointing caches (activations it saves)
 
 
@@ -87,8 +89,10 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
                                policy)
     counts = metrics.count_params(model)
     device_name = torch.cuda.get_device_name(pre.device) if pre.device.type == "cuda" else "cpu"
+    used = (attention.probe(pre.source.config, cfg.data.batch_size, cfg.data.seq_len, pre.device, dtype)
+            if cfg.model.attn_implementation == "sdpa" else None)
     return Built(tokenizer, batches, model, params, optimizer, autocast, counts,
-                 count_flops(model, counts, pre, policy), device_name, policy, auto, compiled, selective)
+                 count_flops(model, counts, pre, policy), device_name, policy, auto, compiled, used, selective)
 
 
 def load_tokenizer(pre: Preflight, log: Callable[[str], None]):

@@ -80,6 +80,11 @@ def _throughput(res: RunResult, rec: Recorded, steps: list[dict]) -> None:
         res.kernels_applied = list(rec.kernels_applied)
         if rec.built.auto_choice is not None:
             res.checkpointing_auto = rec.built.auto_choice.to_dict()
+        res.sdpa_backend_used = rec.built.sdpa_backend_used
+        wanted = rec.pre.config.model.sdpa_backend
+        if wanted != "auto" and res.sdpa_backend_used not in (None, wanted):
+            res.notes.append(f"--sdpa-backend {wanted}: SDPA cannot run it for this shape and runs "
+                             f"{res.sdpa_backend_used}")
         if rec.built.compiled is not None:
             res.compile = rec.built.compiled.to_dict()
             res.compile_time_s = rec.built.compiled.compile_time_s

@@ -21,11 +21,12 @@ import torch
 from ftprof import ranks
 from ftprof.engine import aggregate
 from ftprof.engine.build import Built, build
+from ftprof.engine.compile import eager_rounding
 from ftprof.engine.loop import run_steps
 from ftprof.engine.result import Recorded, assemble
 from ftprof.engine.trackers import FirstStepMemory, NvmlTracker, StepLog
 from ftprof.errors import ConfigError
-from ftprof.models import kernels
+from ftprof.models import attention, kernels
 from ftprof.preflight import Preflight
 from ftprof.profiling.memory import MemoryTracker
 from ftprof.profiling.noop import NullProfiler
@@ -107,6 +108,8 @@ class Trainer:
                 trackers.enter_context(self.memory)
                 self.kernels_applied = trackers.enter_context(
                     kernels.patched(self.cfg.model.kernels, self.pre.source.config.model_type, self.cfg.model.compile))
+                trackers.enter_context(attention.preferred(self.cfg.model.sdpa_backend))
+                trackers.enter_context(eager_rounding(self.cfg.model.compile))
                 t0 = time.perf_counter()
                 self.built = build(self.pre, self.dist, self.memory, self.log)
                 self.setup_time_s = time.perf_counter() - t0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import hashlib
 import json
 import os
@@ -114,6 +115,12 @@ def _quantize(build_model, tokenizer, label: str, target: Path, method: MethodCo
             gm.quantize(calib, batch_size=1, backend=BACKEND(method.gptq_backend))
             gm.save(str(out))
         del gm
+        # GPTQModel's objects hold each other in reference cycles: without a collection their device tensors
+        # outlive the quantization and count as the run's load memory (a fresh cache on an H200: gptq-lora's load
+        # delta 1.56 GB against 2.47 for the whole 16-bit model).
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         if (work / "logs").is_dir():  # per-module quantization logs travel with the checkpoint
             shutil.move(str(work / "logs"), str(out / "quantize_logs"))
         os.replace(out, target)

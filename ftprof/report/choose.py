@@ -37,7 +37,7 @@ MEMORY_SOURCES = (("nvml_process_used_peak", "NVML process peak"), ("torch_peak_
 _GPU_OPTIONS = {"nproc_per_node", "nnodes"}
 # Labels read method first, then the options people sweep most; any other varying option follows.
 _LABEL_ORDER = ("method", "model", "batch_size", "seq_len", "grad_accum", "checkpointing", "kernels", "compile",
-                "world_size")
+                "sdpa_backend", "world_size")
 # Categorical options whose switches read best in a fixed order (from the baseline choice to the alternatives).
 _ORDERS = {"checkpointing": CHECKPOINTING, "kernels": KERNELS, "method": METHODS}
 
@@ -130,6 +130,8 @@ def _short(name: str, value: object) -> str:
         return "no-ckpt" if value == "none" else f"ckpt-{value}"
     if name == "seq_len":
         return f"s{value}"
+    if name == "sdpa_backend":
+        return f"attn-{value}"
     if name == "grad_accum":
         return f"ga{value}"
     if isinstance(value, bool) or str(value) in ("True", "False"):

@@ -97,6 +97,7 @@ class RunResult:
     checkpointing_auto: dict[str, Any] = field(default_factory=dict)  # auto's estimates, budget and reason
     kernels_applied: list[str] = field(default_factory=list)  # --kernels liger: which fused kernels were patched in
     compile: dict[str, Any] = field(default_factory=dict)  # --compile: blocks, compiled, fallback
+    sdpa_backend_used: Optional[str] = None  # the attention kernel SDPA picks for the training shape (CUDA only)
     compile_time_s: Optional[float] = None  # the compile warm-up (first forward + backward), apart from step times
     # real data (empty for synthetic): dataset, split, format, fingerprint, rows, mean/max_seq_len,
     # padding_fraction, label_fraction, tokenize_s (ftprof.data.prepare)

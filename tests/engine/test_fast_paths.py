@@ -86,6 +86,8 @@ def test_compile_under_full_checkpointing_keeps_the_checkpoint(tmp_path, policy_
 
 @pytest.mark.parametrize("argv, fragment", [
     (["--kernels", "liger"], "--kernels liger needs a CUDA device"),
+    (["--sdpa-backend", "cudnn"], "--sdpa-backend cudnn needs a CUDA device"),
+    (["--sdpa-backend", "fast"], "invalid choice"),
     (["--kernels", "liger", "--lora-targets", "q_proj,lm_head"], "--lora-targets lm_head"),
     (["--no-gradient-checkpointing", "--checkpointing", "full"], "contradicts --checkpointing full"),
     (["--checkpointing", "sometimes"], "invalid choice"),

@@ -20,6 +20,9 @@ FAST_PATHS = {
     "liger+selective": {"kernels": "liger", "checkpointing": "selective"},
     "compile+liger": {"compile": True, "kernels": "liger"},  # Liger's fused loss outside compiled blocks
     "compile+selective": {"compile": True, "checkpointing": "selective"},
+    "compile+full": {"compile": True, "checkpointing": "full"},  # the blocks' children compiled
+    "cudnn": {"sdpa_backend": "cudnn"},
+    "compile+cudnn": {"compile": True, "sdpa_backend": "cudnn"},
 }
 
 
@@ -50,8 +53,10 @@ def test_fast_path_loss_matches_eager(tmp_path, eager_runs, method, name):
     result = ftprof.train(fast_config(tmp_path, method, **FAST_PATHS[name]))
     eager = eager_runs[method]
     assert result.status == "ok", result.error_message
-    if name == "compile":
+    if "compile" in name:
         assert result.compile["compiled"], result.compile
+    if "cudnn" in name:  # SDPA really runs cuDNN's attention for this shape (not a silent fallback)
+        assert result.sdpa_backend_used == "cudnn", (result.sdpa_backend_used, result.notes)
     a, b = _losses(eager), _losses(result)
     assert len(a) == len(b) == 30
     worst = max(abs(y - x) / abs(x) for x, y in zip(a, b, strict=True))
@@ -65,7 +70,7 @@ def _lora_grads(cfg) -> dict[str, torch.Tensor]:
     return {n: p.grad.float().clone() for n, p in built.model.named_parameters() if p.requires_grad}
 
 
-@pytest.mark.parametrize("name", ["liger", "compile", "selective", "compile+liger"])
+@pytest.mark.parametrize("name", ["liger", "compile", "selective", "compile+liger", "compile+full", "cudnn"])
 def test_fast_path_lora_gradients_match_eager(tmp_path, name):
     eager = _lora_grads(fast_config(tmp_path / "e"))
     fast = _lora_grads(fast_config(tmp_path / "f", **FAST_PATHS[name]))
