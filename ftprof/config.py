@@ -72,9 +72,9 @@ class ModelConfig:
                            "compile runs eager, with a note; compile time is reported apart from step time")
     attn_implementation: str = option("sdpa", "attention kernel passed to transformers",
                                       choices=("sdpa", "eager", "flash_attention_2"))
-    sdpa_backend: str = option("auto", "the kernel behind --attn-implementation sdpa: auto (PyTorch's order: "
-                               "FlashAttention-2 first), or flash, efficient, cudnn put first (cuDNN's attention is "
-                               "the faster one on Hopper GPUs; CUDA only)", choices=SDPA_BACKENDS)
+    sdpa_backend: str = option("auto", "the kernel behind --attn-implementation sdpa: auto (PyTorch's own "
+                               "order), or flash, efficient, cudnn put first (CUDA only); result.json's "
+                               "sdpa_backend_used says which one ran", choices=SDPA_BACKENDS)
 
     def __post_init__(self) -> None:
         _require(bool(self.model), "--model must not be empty")

@@ -1,10 +1,12 @@
 """Which kernel runs scaled-dot-product attention (``--sdpa-backend auto|flash|efficient|cudnn``).
 
-PyTorch's SDPA picks the first backend in its priority order that supports the inputs: flash (FlashAttention-2),
-memory-efficient, math, then cuDNN. On Hopper GPUs cuDNN's attention is the faster kernel, but it comes last, so
-``auto`` (torch's order) never picks it. Choosing a backend moves it to the front of the order for the run; the
-others stay behind it as fallbacks, so inputs it cannot handle still run. ``probe`` asks SDPA which backend it
-would pick for the model's own training shape, and the run records that answer (``sdpa_backend_used``).
+PyTorch's SDPA picks the first backend in its priority order that supports the inputs. ``auto`` keeps torch's own
+order; naming a backend moves it to the front for the run, the others staying behind it as fallbacks, so inputs it
+cannot handle still run. ``probe`` asks SDPA which backend it picks for the model's own training shape, and the
+run records that answer (``sdpa_backend_used``): measured on an H200 with torch 2.11, ``auto`` already runs cuDNN's
+attention for llama-8b (batch 4 x 2048), so ``auto`` and ``cudnn`` train at the same speed there (15,100 and 15,095
+tokens/s, QLoRA with compiled blocks); the option is for comparing kernels and for builds that order them
+differently.
 
 The order is global state read when SDPA dispatches, and when torch.compile traces a block: it is set before the
 model's first forward and put back when the run ends.
