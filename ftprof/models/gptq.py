@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import gc
 import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
 from ftprof.config import MethodConfig
+from ftprof.lifetime import preexec_die_with
 from ftprof.runtime import quiet_import
 
 CACHE_ENV = "FTPROF_CACHE_DIR"
@@ -88,9 +90,8 @@ def _exclusive(lock_path: Path, log):
 
 def _quantize(build_model, tokenizer, label: str, target: Path, method: MethodConfig, calibration,
               device: torch.device, log) -> None:
-    ensure_workers()
-    with quiet_import():
-        from gptqmodel import BACKEND, GPTQModel, QuantizeConfig
+    """Build and save the 16-bit model here, quantize it in a child process (ftprof.models.gptq_quantize says why),
+    and move the finished checkpoint into place."""
     work = Path(tempfile.mkdtemp(prefix=f".{label}-", dir=target.parent))
     try:
         src, out = work / "fp", work / "gptq"
@@ -101,35 +102,37 @@ def _quantize(build_model, tokenizer, label: str, target: Path, method: MethodCo
             torch.cuda.empty_cache()
         tokenizer.save_pretrained(src)  # GPTQModel needs a tokenizer beside the model
         sequences = calibration()
+        torch.save([ids.cpu() for ids in sequences], work / "calibration.pt")
         log(f"quantizing {label} to {method.gptq_bits}-bit GPTQ ({method.gptq_quantizer}, group "
             f"{method.gptq_group_size}, {len(sequences)} calibration sequences); cached at {target}")
-        # rtn: GPTQModel's mock path rounds each group to nearest (identity Hessian inverse) and packs the same
-        # checkpoint format; it skips GPTQ's per-column error compensation (its slow part).
-        qcfg = QuantizeConfig(bits=method.gptq_bits, group_size=method.gptq_group_size,
-                              mock_quantization=method.gptq_quantizer == "rtn")
-        with quiet_import():  # GPTQModel prints hundreds of progress lines per layer
-            gm = GPTQModel.load(str(src), qcfg, device=str(device))
-        calib = [{"input_ids": ids.view(1, -1), "attention_mask": torch.ones(1, ids.numel(), dtype=torch.long)}
-                 for ids in sequences]
-        with quiet_import(), _logs_in(work / "logs"):
-            gm.quantize(calib, batch_size=1, backend=BACKEND(method.gptq_backend))
-            gm.save(str(out))
-        del gm
-        # GPTQModel's objects hold each other in reference cycles: without a collection their device tensors
-        # outlive the quantization and count as the run's load memory (a fresh cache on an H200: gptq-lora's load
-        # delta 1.56 GB against 2.47 for the whole 16-bit model).
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        spec = {"bits": method.gptq_bits, "group_size": method.gptq_group_size, "quantizer": method.gptq_quantizer,
+                "backend": method.gptq_backend, "device": str(device), "calibration": str(work / "calibration.pt"),
+                "logs": str(work / "logs")}
+        run_quantizer(src, out, spec, work / "quantize.log")
         if (work / "logs").is_dir():  # per-module quantization logs travel with the checkpoint
             shutil.move(str(work / "logs"), str(out / "quantize_logs"))
+        shutil.move(str(work / "quantize.log"), str(out / "quantize.log"))
         os.replace(out, target)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def run_quantizer(src: Path, out: Path, spec: dict, log_path: Path) -> None:
+    """Run ``python -m ftprof.models.gptq_quantize``; its output goes to ``log_path``. A failure raises with the
+    child's last line (the log itself goes away with the work folder)."""
+    ensure_workers()  # the child inherits the environment
+    with open(log_path, "w") as fh:
+        proc = subprocess.run([sys.executable, "-m", "ftprof.models.gptq_quantize", str(src), str(out),
+                               json.dumps(spec)], stdout=fh, stderr=subprocess.STDOUT,
+                              preexec_fn=preexec_die_with(os.getpid()), check=False)
+    if proc.returncode != 0:
+        lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+        last = lines[-1].strip()[:300] if lines else "no output"
+        raise RuntimeError(f"GPTQ quantization failed (exit {proc.returncode}): {last}")
+
+
 @contextlib.contextmanager
-def _logs_in(folder: Path):
+def logs_in(folder: Path):
     """GPTQModel writes its per-module quantization logs to ``./logs`` in the caller's working directory: point
     that at ``folder`` instead, so a run leaves nothing in the user's folder."""
     try:

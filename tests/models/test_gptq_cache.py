@@ -3,8 +3,11 @@
 import threading
 import time
 
+import pytest
+
 from ftprof.config import MethodConfig
 from ftprof.models import gptq
+from tests.conftest import tiny_config
 
 
 def test_concurrent_requests_quantize_once_and_share_the_result(tmp_path, monkeypatch):
@@ -52,3 +55,25 @@ def test_a_failed_quantization_leaves_no_entry_and_frees_the_lock(tmp_path, monk
         except RuntimeError:
             pass
     assert len(attempts) == 2 and not (tmp_path / "gptq" / "tiny-k2").exists()
+
+
+@pytest.mark.slow
+def test_quantization_runs_in_a_child_process_and_keeps_its_log(tmp_path, monkeypatch):
+    """A real quantization of the tiny preset: GPTQModel runs in a child process (its memory is given back when it
+    exits), and the checkpoint keeps the child's log."""
+    import ftprof
+
+    monkeypatch.setenv(gptq.CACHE_ENV, str(tmp_path / "cache"))
+    result = ftprof.train(tiny_config(tmp_path, "gptq-lora", max_steps=1, warmup_steps=0))
+    assert result.status == "ok", result.error_message
+    entries = [p for p in (tmp_path / "cache" / "gptq").iterdir() if p.is_dir()]
+    assert len(entries) == 1 and (entries[0] / "quantize_config.json").is_file()
+    assert (entries[0] / "quantize.log").read_text().strip()  # the child's output, kept off the terminal
+
+
+def test_a_failing_quantizer_child_is_one_clear_error(tmp_path):
+    spec = {"bits": 4, "group_size": 128, "quantizer": "rtn", "backend": "torch", "device": "cpu",
+            "calibration": str(tmp_path / "missing.pt"), "logs": str(tmp_path / "logs")}
+    with pytest.raises(RuntimeError, match=r"GPTQ quantization failed \(exit 1\): .*"):
+        gptq.run_quantizer(tmp_path / "no-model", tmp_path / "out", spec, tmp_path / "q.log")
+    assert (tmp_path / "q.log").read_text().strip()  # the child's traceback went to the log, not the terminal
