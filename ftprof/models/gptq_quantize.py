@@ -2,10 +2,11 @@
 ``python -m ftprof.models.gptq_quantize SRC OUT SPEC_JSON``.
 
 The parent (``gptq.ensure_quantized``) builds the model, saves it with its tokenizer and the calibration rows, and
-runs this module. Quantizing in-process left GPTQModel's device tensors alive after it was done (on an H200 with
-an empty cache, gptq-lora's load memory read 1.56-2.18 GB against 2.47 GB for the whole 16-bit llama-1b, a
-``gc.collect()`` notwithstanding), and the run counted them as its own. A child process gives all of it back when
-it exits. SPEC_JSON: bits, group_size, quantizer (gptq or rtn), backend, device, calibration (a torch.save file of
+runs this module. Quantizing in-process left GPTQModel's device tensors alive after it was done, a ``gc.collect()``
+notwithstanding, and the run counted them as its own: on an H200 with an empty cache, gptq-lora's llama-1b load
+memory read 2.18 GB in-process and 1.56 GB with this child process (the rest was a tied embedding that ftprof's
+dtype cast untied, fixed in ``methods.cast_frozen_parameters``). A child process gives all of it back when it
+exits. SPEC_JSON: bits, group_size, quantizer (gptq or rtn), backend, device, calibration (a torch.save file of
 token-id rows), logs (the folder for GPTQModel's per-module logs).
 """
 
