@@ -8,6 +8,7 @@ With profiling on, the same loop runs under a TorchProfiler and each cycle's tra
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -96,7 +97,8 @@ def _launch_and_collect(cfg: RunConfig, quiet: bool | None) -> RunResult:
     if path.is_file():
         result = RunResult.from_dict(read_json(path))
     else:
-        status = Status.INTERRUPTED if code in (Status.INTERRUPTED.exit_code, -2) else Status.ERROR
+        stopped = (Status.INTERRUPTED.exit_code, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM)
+        status = Status.INTERRUPTED if code in stopped else Status.ERROR  # Ctrl-C or SIGTERM: see torchrun_entry
         result = failure_result(cfg, run_dir, status.value, "torchrun", f"torchrun exited with code {code} before "
                                 "rank 0 recorded a result (see the ranks' output above)")
     if result.status == Status.INTERRUPTED.value:  # the ranks stay quiet about it: one line for all of them
