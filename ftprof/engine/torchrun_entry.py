@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = TORCHRUN_SIGNALS
     signal.signal(signal.SIGINT, _forward_interrupt)
+    from ftprof.lifetime import die_with_parent
+
+    die_with_parent(os.getppid())  # ftprof killed outright: SIGTERM, torchrun stops the ranks
     try:
         return run_torchrun(argv)
     except KeyboardInterrupt:  # before any rank started (torch still importing, say)
