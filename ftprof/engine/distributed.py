@@ -68,7 +68,7 @@ def launch(cfg: RunConfig, config_file: str) -> int:
 
 
 def _kill_tree(pid: int) -> None:
-    """SIGKILL a process and its descendants (children first found, then killed: none can be orphaned between)."""
+    """SIGKILL a process and its descendants (all found before any is killed, so that none escapes as an orphan)."""
     import psutil
 
     try:

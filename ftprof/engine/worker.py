@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # bench stopping us (or dying: its parent-death signal) = Ctrl-C
     from ftprof.ranks import under_torchrun
 
-    rank = under_torchrun()
-    if rank:  # a rank: stop when torchrun is gone (killed outright, it cannot stop us itself)
+    is_rank = under_torchrun()
+    if is_rank:  # a rank: stop when torchrun is gone (killed outright, it cannot stop us itself)
         from ftprof.lifetime import die_with_parent
 
         die_with_parent(os.getppid())
@@ -83,10 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ftprof: error: {exc}", file=sys.stderr)
         code = 2
     except KeyboardInterrupt:
-        if not rank:  # a rank stays quiet: the process that launched the ranks says it once for all of them
+        if not is_rank:  # a rank stays quiet: the process that launched the ranks says it once for all of them
             print("ftprof: interrupted", file=sys.stderr)
         code = 130
-    if rank:
+    if is_rank:
         exit_worker(code)
     return code
 
