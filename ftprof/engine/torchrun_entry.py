@@ -24,15 +24,19 @@ import logging
 import os
 import signal
 import sys
+import threading
 
 TORCHRUN_SIGNALS = "SIGTERM,SIGHUP,SIGQUIT"  # torchrun's default, less SIGINT (handled below)
+
+STOP_GRACE_S = 30.0  # torchrun's own default wait for ranks to stop before SIGKILL (--shutdown-timeout)
 
 _forwarded: list[bool] = []
 
 
 def _forward_interrupt(signum, frame) -> None:
-    """Pass SIGINT on to the ranks, once (a Ctrl-C in a terminal has reached them already; they ignore a repeat).
-    Before any rank has started, it stops torchrun itself."""
+    """Pass SIGINT on to the ranks, once (a Ctrl-C in a terminal has reached them already; they ignore a repeat),
+    and kill those still running ``STOP_GRACE_S`` later (a rank stuck in a collective whose peer has gone), as
+    torchrun would. Before any rank has started, it stops torchrun itself."""
     if _forwarded:
         return
     _forwarded.append(True)
@@ -46,6 +50,32 @@ def _forward_interrupt(signum, frame) -> None:
             rank.send_signal(signal.SIGINT)
         except psutil.NoSuchProcess:
             pass
+    timer = threading.Timer(STOP_GRACE_S, kill_still_running, args=(ranks,))
+    timer.daemon = True
+    timer.start()
+
+
+def kill_still_running(ranks: list, grace_s: float = STOP_GRACE_S) -> list[int]:
+    """SIGKILL the rank processes (and their children) that have not ended; one line each; returns their pids."""
+    import psutil
+
+    killed = []
+    for rank in ranks:
+        try:
+            if not rank.is_running() or rank.status() == psutil.STATUS_ZOMBIE:
+                continue
+            family = [*rank.children(recursive=True), rank]
+        except psutil.NoSuchProcess:
+            continue
+        print(f"ftprof: rank process {rank.pid} did not stop within {grace_s:.0f} s of Ctrl-C; killed it",
+              file=sys.stderr, flush=True)
+        for proc in family:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        killed.append(rank.pid)
+    return killed
 
 
 class _QuietOnceInterrupted(logging.Filter):
@@ -108,6 +138,8 @@ def run_torchrun(argv: list[str]) -> int:
     except SignalException as exc:  # SIGTERM/SIGHUP/SIGQUIT: torchrun has stopped the ranks
         return 128 + int(exc.sigval)
     except ChildFailedError as exc:
+        if _forwarded:  # Ctrl-C: the ranks recorded it (or were killed, and said so above)
+            return 130
         status, lines = failed_ranks_status(exc)
         for line in lines:
             print(line, file=sys.stderr)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from ftprof.engine.torchrun_entry import exit_status, failed_ranks_status
+from ftprof.engine.torchrun_entry import exit_status, failed_ranks_status, kill_still_running
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,6 +28,19 @@ def test_failed_ranks_status_names_only_ranks_that_were_not_interrupted(tmp_path
     interrupted = ChildFailedError("w", {0: _failure(0, 130, tmp_path), 1: _failure(1, -signal.SIGINT, tmp_path)})
     assert failed_ranks_status(interrupted)[1] == []
     assert exit_status(-signal.SIGKILL) == 137 and exit_status(2) == 2
+
+
+def test_ranks_that_do_not_stop_are_killed_with_one_line_each(capfd):
+    import psutil
+
+    stuck = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, "
+                              "signal.SIG_IGN); time.sleep(60)"])
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done_rank = psutil.Process(done.pid)
+    done.wait()  # a rank that stopped in time is left alone
+    assert kill_still_running([done_rank, psutil.Process(stuck.pid)], grace_s=30) == [stuck.pid]
+    assert stuck.wait(timeout=10) == -signal.SIGKILL
+    assert capfd.readouterr().err == f"ftprof: rank process {stuck.pid} did not stop within 30 s of Ctrl-C; killed it\n"
 
 
 def _wait_for_steps(proc, steps_csv: Path, rows: int, limit_s: float = 120) -> None:
