@@ -34,13 +34,17 @@ def make_console(stderr: bool = False) -> Console:
 # Environment that keeps the libraries ftprof drives quiet (inherited by torchrun workers too).
 _QUIET_ENV = {"TRANSFORMERS_VERBOSITY": "error", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
               "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1", "PYTHONWARNINGS": "ignore",
-              "TORCH_CPP_LOG_LEVEL": "ERROR"}
+              "TORCH_CPP_LOG_LEVEL": "ERROR",
+              # torch.profiler's C++ side (kineto) logs straight to fd 2 ("USDT: ... profiler_start", and on a machine
+              # without a GPU driver "ERROR: ... gpuGetDeviceCount failed with code 35"). Its own level setting,
+              # above its highest level (USDT = 5), silences it in every process (torchrun's ranks inherit it); no
+              # need to redirect fd 2, which would also hide a real failure printed from the same call.
+              "KINETO_LOG_LEVEL": "6"}
 
 
 def silence_third_party() -> None:
     """--quiet: no library banners, progress bars, INFO lines or Python warnings (ftprof still prints its run dir
-    and any failure). Set before the libraries are imported; messages a C library writes straight to the terminal
-    cannot be caught here."""
+    and any failure). Set before the libraries are imported (C++ libraries read their level once)."""
     for key, value in _QUIET_ENV.items():
         os.environ.setdefault(key, value)
     warnings.simplefilter("ignore")

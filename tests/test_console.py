@@ -2,8 +2,10 @@
 one format; CPU runs without GPU-only figures."""
 
 import io
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +76,27 @@ def test_quiet_prints_the_run_dir_and_outcome_only(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     (run_dir,) = (tmp_path / "a" / ("deep-" * 20)).iterdir()
     assert out.stdout.splitlines() == [f"ftprof: run dir {run_dir}", f"ftprof: lora ok, run dir {run_dir}"]
+
+
+PROFILE_ONE_MATMUL = """
+import sys
+if sys.argv[1] == "quiet":
+    from ftprof.console import silence_third_party
+    silence_third_party()
+import torch
+from torch.profiler import profile
+with profile() as prof:
+    torch.ones(4) @ torch.ones(4)
+prof.export_chrome_trace(sys.argv[2])
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter imports torch (about 6 s on the 2-core machine)
+def test_quiet_silences_the_profilers_own_logging(tmp_path):
+    """kineto (torch.profiler's C++ side) writes to fd 2 itself: "gpuGetDeviceCount failed" without a GPU driver."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("KINETO_LOG_LEVEL", None)
+    out = subprocess.run([sys.executable, "-c", PROFILE_ONE_MATMUL, "quiet", str(tmp_path / "t.json")], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and (tmp_path / "t.json").stat().st_size > 0, out.stderr
+    assert out.stderr == ""

@@ -13,7 +13,7 @@ import typing
 from dataclasses import MISSING, fields
 from typing import Any
 
-from ftprof.config import SECTIONS, RunConfig
+from ftprof.config import METHODS, SECTIONS, RunConfig, inapplicable_options
 
 SECTION_TITLES = {"model": "model", "data": "data", "method": "method options (LoRA, bitsandbytes, GPTQ)",
                   "train": "training", "output": "output and device",
@@ -105,6 +105,30 @@ def add_common_arguments(parser: argparse.ArgumentParser, skip: set[str] = froze
         for f in fields(cls):
             if f.name not in POSITIONAL and f.name not in skip:
                 add_field_option(group, f, hints, aliases, hidden=f.name in hidden)
+
+
+METHOD_HELP = {"full": "every weight trained (AdamW state for all of them)",
+               "lora": "LoRA adapters on a frozen base in the run dtype",
+               "qlora": "LoRA adapters on a bitsandbytes 4-bit (NF4) base",
+               "gptq-lora": "LoRA adapters on a GPTQ-quantized base (GPTQModel)"}
+
+
+def add_method_subparsers(parser: argparse.ArgumentParser, command: str, func, required: bool = True,
+                          skip: set[str] = frozenset(),
+                          aliases: dict[str, str] | None = None) -> dict[str, argparse.ArgumentParser]:
+    """One sub-parser per method (train, profile), so that ``ftprof <command> full --help`` lists only the options
+    full accepts. The others still parse (hidden), so that giving one gets the config's own message ("--lora-r is a
+    lora option ..."), exit 2. Returns the sub-parsers by method."""
+    methods = parser.add_subparsers(dest="method", metavar="method", required=required,
+                                    title="fine-tuning method")
+    subs = {}
+    for method in METHODS:
+        sub = methods.add_parser(method, help=METHOD_HELP[method],
+                                 description=f"ftprof {command} {method}: {METHOD_HELP[method]}.")
+        add_common_arguments(sub, skip=skip, aliases=aliases, hidden=inapplicable_options(method))
+        sub.set_defaults(func=func)
+        subs[method] = sub
+    return subs
 
 
 def config_from_args(args: argparse.Namespace, extra_keys: set[str] = frozenset()) -> RunConfig:

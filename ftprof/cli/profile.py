@@ -7,8 +7,8 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-from ftprof.cli.common import add_common_arguments, config_from_args
-from ftprof.config import METHODS, ProfilingConfig
+from ftprof.cli.common import add_common_arguments, add_method_subparsers, config_from_args
+from ftprof.config import ProfilingConfig, inapplicable_options
 from ftprof.errors import ConfigError
 from ftprof.results.run_dir import CONFIG
 
@@ -19,22 +19,35 @@ SHORT_ALIASES = {f.name: "--" + f.name.removeprefix("prof_").replace("_", "-") f
                  if f.name.startswith("prof_") and f.name.removeprefix("prof_") not in TAKEN}
 
 
+DEFAULT_METHOD = "qlora"
+
+
 def profile_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "profile", help="train under torch.profiler on a wait/warmup/active schedule and explain where time went",
         description="Run the same training as `ftprof train` under torch.profiler, export traces, tables, stacks, "
                     "memory timeline and allocator snapshot, and summarize where the time went. "
+                    "METHOD defaults to qlora; `ftprof profile METHOD --help` lists the options of one method. "
                     "--summarize TRACE summarizes an existing trace from any torch.profiler run instead "
                     "(with --baseline, against another profile).")
-    parser.add_argument("method", nargs="?", default="qlora", choices=METHODS,
-                        help="fine-tuning method (default: qlora)")
-    parser.add_argument("--summarize", metavar="TRACE", help="summarize this trace (.json or .json.gz), or every "
-                        "rank's trace in a cycle folder (profile/cycle1), and exit")
-    parser.add_argument("--baseline", metavar="TRACE", help="with --summarize: compare against this profile (a trace, "
-                        "a cycle folder or a summary .json): per-bucket time per step, the difference with its 95%% "
-                        "confidence interval, the buckets that explain it and the kernels that changed")
-    add_common_arguments(parser, skip={"profile"}, aliases=SHORT_ALIASES)
-    parser.set_defaults(func=profile_command)
+    summarize_options = [
+        (("--summarize",), dict(metavar="TRACE", help="summarize this trace (.json or .json.gz), or every rank's "
+                                "trace in a cycle folder (profile/cycle1), and exit")),
+        (("--baseline",), dict(metavar="TRACE", help="with --summarize: compare against this profile (a trace, a "
+                               "cycle folder or a summary .json): per-bucket time per step, the difference with its "
+                               "95%% confidence interval, the buckets that explain it and the kernels that changed"))]
+    for flags, kwargs in summarize_options:
+        parser.add_argument(*flags, default=None, **kwargs)
+    # The method is optional (`ftprof profile --active-steps 2` profiles qlora): without one, this parser takes the
+    # options itself, as the default method's sub-parser would.
+    add_common_arguments(parser, skip={"profile"}, aliases=SHORT_ALIASES,
+                         hidden=inapplicable_options(DEFAULT_METHOD))
+    subs = add_method_subparsers(parser, "profile", profile_command, required=False, skip={"profile"},
+                                 aliases=SHORT_ALIASES)
+    for sub in subs.values():  # `ftprof profile lora --summarize X` parses as before (the method is ignored)
+        for flags, kwargs in summarize_options:
+            sub.add_argument(*flags, default=argparse.SUPPRESS, **{**kwargs, "help": argparse.SUPPRESS})
+    parser.set_defaults(func=profile_command, method=DEFAULT_METHOD)
     return parser
 
 

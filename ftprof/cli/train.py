@@ -4,13 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ftprof.cli.common import add_common_arguments, config_from_args
-from ftprof.config import METHODS, inapplicable_options
-
-METHOD_HELP = {"full": "every weight trained (AdamW state for all of them)",
-               "lora": "LoRA adapters on a frozen base in the run dtype",
-               "qlora": "LoRA adapters on a bitsandbytes 4-bit (NF4) base",
-               "gptq-lora": "LoRA adapters on a GPTQ-quantized base (GPTQModel)"}
+from ftprof.cli.common import add_method_subparsers, config_from_args
 
 
 def train_parser(subparsers) -> argparse.ArgumentParser:
@@ -18,15 +12,7 @@ def train_parser(subparsers) -> argparse.ArgumentParser:
         "train", help="fine-tune a causal LM with one method and record per-step throughput, loss and memory",
         description="Fine-tune a causal LM (built-in preset, local checkpoint or hub id) with one method; writes "
                     "config.json, env.json, steps.csv and result.json to a run directory.")
-    # One sub-parser per method, so that `ftprof train full --help` lists only the options full accepts. The others
-    # still parse (hidden), so that giving one gets the config's own message ("--lora-r is a lora option ...").
-    methods = parser.add_subparsers(dest="method", metavar="method", required=True,
-                                    title="fine-tuning method")
-    for method in METHODS:
-        sub = methods.add_parser(method, help=METHOD_HELP[method],
-                                 description=f"ftprof train {method}: {METHOD_HELP[method]}.")
-        add_common_arguments(sub, hidden=inapplicable_options(method))
-        sub.set_defaults(func=train_command)
+    add_method_subparsers(parser, "train", train_command)
     parser.set_defaults(func=train_command)
     return parser
 

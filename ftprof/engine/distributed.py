@@ -7,6 +7,7 @@ already under torchrun (RANK/WORLD_SIZE set), it joins. CUDA runs use NCCL, CPU 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -30,10 +31,11 @@ def _free_port() -> int:
 
 
 def torchrun_command(cfg: RunConfig, config_file: str) -> list[str]:
-    """torchrun over ``ftprof.engine.worker``: every worker loads the same config file."""
+    """torchrun (in ftprof's wrapper: ``ftprof.engine.torchrun_entry``) over ``ftprof.engine.worker``: every
+    worker loads the same config file."""
     d = cfg.distributed
     endpoint = d.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(d.nproc_per_node),
+    return [sys.executable, "-m", "ftprof.engine.torchrun_entry", "--nproc-per-node", str(d.nproc_per_node),
             "--nnodes", str(d.nnodes), "--node-rank", str(d.node_rank), "--rdzv-backend", d.rdzv_backend,
             "--rdzv-endpoint", endpoint, "-m", "ftprof.engine.worker", str(config_file)]
 
@@ -45,9 +47,40 @@ def waiting_message(cfg: RunConfig) -> str:
 
 
 def launch(cfg: RunConfig, config_file: str) -> int:
-    """Run the same training under torchrun; returns its exit status. Ctrl-C reaches the workers through torchrun."""
+    """Run the same training under torchrun; returns its exit status (130 when interrupted).
+
+    Ctrl-C in a terminal reaches every process of the group: the ranks record the run as interrupted and exit, and
+    torchrun ends with them, so here we wait for it (``subprocess.run`` would kill it a quarter second later and
+    orphan ranks still writing their results). A second Ctrl-C stops everything at once."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    return subprocess.run(torchrun_command(cfg, config_file), env=env).returncode
+    proc = subprocess.Popen(torchrun_command(cfg, config_file), env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        pass
+    try:
+        proc.send_signal(signal.SIGINT)  # in case only this process was interrupted; the ranks ignore a repeat
+        proc.wait()
+    except KeyboardInterrupt:
+        _kill_tree(proc.pid)
+        proc.wait()
+    return 130
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a process and its descendants (all found before any is killed, so that none escapes as an orphan)."""
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+        family = [*parent.children(recursive=True), parent]
+    except psutil.NoSuchProcess:
+        return
+    for proc in family:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def init(device_type: str):

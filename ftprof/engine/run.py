@@ -8,6 +8,7 @@ With profiling on, the same loop runs under a TorchProfiler and each cycle's tra
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -94,10 +95,15 @@ def _launch_and_collect(cfg: RunConfig, quiet: bool | None) -> RunResult:
     code = distributed.launch(cfg, str(run_dir / files.CONFIG))
     path = run_dir / files.RESULT
     if path.is_file():
-        return RunResult.from_dict(read_json(path))
-    status = Status.INTERRUPTED if code in (Status.INTERRUPTED.exit_code, -2) else Status.ERROR
-    return failure_result(cfg, run_dir, status.value, "torchrun", f"torchrun exited with code {code} before rank 0 "
-                          "recorded a result (see the ranks' output above)")
+        result = RunResult.from_dict(read_json(path))
+    else:
+        stopped = (Status.INTERRUPTED.exit_code, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM)
+        status = Status.INTERRUPTED if code in stopped else Status.ERROR  # Ctrl-C or SIGTERM: see torchrun_entry
+        result = failure_result(cfg, run_dir, status.value, "torchrun", f"torchrun exited with code {code} before "
+                                "rank 0 recorded a result (see the ranks' output above)")
+    if result.status == Status.INTERRUPTED.value:  # the ranks stay quiet about it: one line for all of them
+        print(f"ftprof: interrupted (Ctrl-C); run dir {run_dir}", file=sys.stderr, flush=True)
+    return result
 
 
 def train(cfg: RunConfig, *, quiet: bool | None = None, make_profiler_fn=None) -> RunResult:

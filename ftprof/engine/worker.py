@@ -69,21 +69,24 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # bench stopping us (or dying: its parent-death signal) = Ctrl-C
     from ftprof.ranks import under_torchrun
 
-    if under_torchrun():  # a rank: stop when torchrun is gone (killed outright, it cannot stop us itself)
+    is_rank = under_torchrun()
+    if is_rank:  # a rank: stop when torchrun is gone (killed outright, it cannot stop us itself)
         from ftprof.lifetime import die_with_parent
 
         die_with_parent(os.getppid())
+        # Ctrl-C reaches a rank more than once (from the terminal, and passed on by the launcher): the first stops
+        # the run, a repeat must not break the recording of the interrupted result.
+        signal.signal(signal.SIGINT, _interrupt)
     try:
         code = run_config_file(argv[0])
     except FtprofError as exc:
         print(f"ftprof: error: {exc}", file=sys.stderr)
         code = 2
     except KeyboardInterrupt:
-        print("ftprof: interrupted", file=sys.stderr)
+        if not is_rank:  # a rank stays quiet: the process that launched the ranks says it once for all of them
+            print("ftprof: interrupted", file=sys.stderr)
         code = 130
-    from ftprof.engine.distributed import under_torchrun
-
-    if under_torchrun():
+    if is_rank:
         exit_worker(code)
     return code
 

@@ -85,6 +85,42 @@ def test_help_per_method_lists_only_what_it_accepts(method, shown, hidden, capsy
     assert "measurement warm-up" in text and "--learning-rate" in text
 
 
+@pytest.mark.parametrize("method, shown, hidden", [
+    ("full", ["--active-steps"], ["--lora-r", "--quant-type", "--gptq-bits"]),
+    ("qlora", ["--lora-r", "--quant-type"], ["--gptq-bits"]),
+])
+def test_profile_help_per_method_lists_only_what_it_accepts(method, shown, hidden, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["profile", method, "--help"])
+    text = capsys.readouterr().out
+    assert all(s in text for s in shown) and not any(h in text for h in hidden), text
+
+
+def test_profile_method_rejects_another_methods_option(capsys, tmp_path):
+    assert main(["profile", "lora", "--gptq-bits", "4", "--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--gptq-bits" in err and "lora" in err and "\n" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv, method, active", [
+    (["profile", "--active-steps", "2"], "qlora", 2),  # no method: qlora, options straight after `profile`
+    (["profile", "lora", "--active-steps", "3"], "lora", 3),
+    (["profile", "--active-steps", "2", "full", "--max-steps", "5"], "full", 2),
+])
+def test_profile_method_is_optional(argv, method, active):
+    cfg = config_from_args(build_parser().parse_args(argv), extra_keys={"summarize", "baseline"})
+    assert (cfg.method.method, cfg.profiling.prof_active_steps, cfg.profiling.profile) == (method, active, True)
+
+
+def test_profile_summarize_parses_with_or_without_a_method():
+    for argv in (["profile", "--summarize", "t.json", "--baseline", "a.json"],
+                 ["profile", "lora", "--summarize", "t.json", "--baseline", "a.json"]):
+        args = build_parser().parse_args(argv)
+        assert (args.summarize, args.baseline) == ("t.json", "a.json")
+    assert build_parser().parse_args(["profile", "full"]).summarize is None
+
+
 def test_hf_spellings_are_aliases():
     args = build_parser().parse_args(["train", "lora", "--learning-rate", "1e-3", "--per-device-train-batch-size",
                                       "4", "--gradient-accumulation-steps", "2"])

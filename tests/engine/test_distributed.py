@@ -55,7 +55,7 @@ def test_torchrun_command_and_cli_round_trip():
                                       "--rdzv-endpoint", "host:29500", "--parallel", "ddp", "--batch-size", "3"])
     cfg = config_from_args(args)
     cmd = torchrun_command(cfg, "/runs/x/config.json")
-    assert cmd[1:4] == ["-m", "torch.distributed.run", "--nproc-per-node"]
+    assert cmd[1:4] == ["-m", "ftprof.engine.torchrun_entry", "--nproc-per-node"]  # torchrun in our wrapper
     assert "host:29500" in cmd and cmd[cmd.index("--node-rank") + 1] == "1"
     assert cmd[-3:] == ["-m", "ftprof.engine.worker", "/runs/x/config.json"]  # workers load the config file
     # command.sh's spelling of the same config parses back to it
