@@ -425,6 +425,10 @@ class RunConfig:
                 self.distributed.parallel == "fsdp":
             raise ConfigError("--checkpointing auto estimates one process's memory: use it on one GPU or with "
                               "--parallel ddp, or pick a policy for FSDP runs")
+        if self.distributed.fsdp_cpu_offload and self.distributed.world_size == 1:
+            # One process trains without FSDP: the offload would silently not happen.
+            raise ConfigError("--fsdp-cpu-offload applies to FSDP, which ftprof uses with two or more processes "
+                              "(--nproc-per-node 2 or more)")
         if self.model.kernels == "liger" and "lm_head" in (self.method.lora_targets or ()):
             raise ConfigError("--lora-targets lm_head: Liger's fused linear cross entropy computes the loss from "
                               "lm_head's weight directly and would skip its adapter; use --kernels eager")

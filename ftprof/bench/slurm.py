@@ -251,7 +251,7 @@ def sbatch_script(job_name: str, run_dirs: list[Path], shape: tuple[int, int, in
     worker = [sys.executable, "-m", "ftprof.engine.worker"]
     if nodes * nproc > 1:
         launch = ('srun --ntasks-per-node=1 --kill-on-bad-exit=1 ' + quote(sys.executable)
-                  + ' -m torch.distributed.run --nnodes="$SLURM_NNODES" --nproc-per-node=' + str(nproc)
+                  + ' -m ftprof.engine.torchrun_entry --nnodes="$SLURM_NNODES" --nproc-per-node=' + str(nproc)
                   + ' --rdzv-backend=c10d --rdzv-endpoint="$HEAD:$PORT" --rdzv-id="$SLURM_JOB_ID"'
                   + ' -m ftprof.engine.worker "$RUN_DIR/config.json"')
     else:

@@ -73,6 +73,8 @@ def _cases(t):
         (train + ["--lora-targets", "qkv_proj"], "qkv_proj"), (train + ["--seq-len", "4096"], "2048 positions"),
         (train + ["--model", "llama-9b"], "llama-9b"), (train + ["--model", "./no/such/dir"], "no/such/dir"),
         (["train", "full", "--lora-r", "8"], "--lora-r"),
+        (train + ["--fsdp-cpu-offload"], "two or more processes"),  # one process: FSDP (and its offload) is off
+        (train + ["--sdpa-backend", "flashy"], "flashy"),
         # profiler options against the host and the world size
         (train + ["--prof-activities", "cuda"], "cuda"), (train + ["--prof-activities", "tpu"], "tpu"),
         (train + ["--prof-ranks", "3"], "--prof-ranks"), (train + ["--prof-ranks", "x"], "--prof-ranks"),
