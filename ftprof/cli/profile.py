@@ -64,8 +64,9 @@ def _run_config_near(trace: Path) -> dict | None:
     return None
 
 
-def print_open_hints(result) -> None:
-    """Where the traces are and how to open them: the last thing `ftprof profile` prints."""
+def print_open_hints(result, quiet: bool = False) -> None:
+    """Where the traces are and how to open them: the last thing `ftprof profile` prints (under --quiet, only
+    where they are)."""
     from rich.console import Console
 
     from ftprof.profiling.layout import open_hints
@@ -75,7 +76,8 @@ def print_open_hints(result) -> None:
         return
     trace_dir = (Path(result.run_dir) / traces[-1]).parent
     if trace_dir.is_dir():
-        Console().print("\n".join(open_hints(trace_dir)), highlight=False, markup=False, soft_wrap=True)
+        hints = open_hints(trace_dir)
+        Console().print("\n".join(hints[:1] if quiet else hints), highlight=False, markup=False, soft_wrap=True)
 
 
 def _inputs(path_text: str, option: str) -> list[Path]:
@@ -184,5 +186,5 @@ def profile_command(args: argparse.Namespace) -> int:
     from ftprof.results.status import exit_code
 
     result = train(cfg)
-    print_open_hints(result)
+    print_open_hints(result, quiet=bool(cfg.output.quiet))
     return exit_code(result.status)

@@ -137,3 +137,21 @@ def test_readme_main_job_runs(tmp_path):
     assert "ftprof qlora on tiny" in out.stdout and "tokens/s" in out.stdout
     (run,) = tmp_path.iterdir()
     assert {"config.json", "env.json", "steps.csv", "result.json"} <= {p.name for p in run.iterdir()}
+
+
+def test_profile_quiet_prints_where_the_traces_are_but_not_how_to_open_them(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from ftprof.cli.profile import print_open_hints
+
+    cycle = tmp_path / "profile" / "cycle1"
+    cycle.mkdir(parents=True)
+    (cycle / "trace_rank0_cycle1.pt.trace.json.gz").write_bytes(b"")
+    result = SimpleNamespace(run_dir=str(tmp_path),
+                             artifacts={"trace_rank0_cycle1": "profile/cycle1/trace_rank0_cycle1.pt.trace.json.gz"})
+    print_open_hints(result, quiet=True)
+    quiet = capsys.readouterr().out
+    print_open_hints(result)
+    loud = capsys.readouterr().out
+    assert quiet.startswith("traces: ") and str(cycle) in quiet and "Perfetto" not in quiet
+    assert "Perfetto" in loud and "TensorBoard" in loud
