@@ -92,6 +92,7 @@ def to_markdown(s: TraceSummary) -> str:
                   "of window |"]
     lines += ["", f"## Time by stage ({s.stage_source})", "", "| stage | ms |", "| --- | ---: |"]
     lines += [f"| {k.split('/')[-1]} | {_ms(t)} |" for k, t in s.stages_us.items()] or ["| (no ftprof labels) | |"]
+    lines += _idle_markdown(s)
     if s.top_kernels:
         lines += ["", "## Top kernels", "", "| kernel | ms | calls |", "| --- | ---: | ---: |"]
         lines += [f"| `{k['name'][:100]}` | {_ms(k['us'])} | {k['count']} |" for k in s.top_kernels]
@@ -100,6 +101,20 @@ def to_markdown(s: TraceSummary) -> str:
               "| --- | ---: | ---: |"]
     lines += [f"| `{o['name'][:100]}` | {_ms(o[key])} | {o['count']} |" for o in s.top_operators]
     return "\n".join(lines) + "\n"
+
+
+def _idle_markdown(s: TraceSummary) -> list[str]:
+    """Where the GPU waited: each gap charged to the stage whose work ended it (or to a change of stage)."""
+    if not s.idle_by_stage_us:
+        return []
+    lines = ["", "## GPU idle: what the GPU was waiting for", "",
+             "Each gap in the GPU timeline counts for the stage of the work that ended it; a gap between two stages "
+             "counts for the change (a step boundary).", "",
+             "| waiting for | ms | gaps | in gaps >= 1 ms |", "| --- | ---: | ---: | ---: |"]
+    for key, row in s.idle_by_stage_us.items():
+        name = " -> ".join(part.split("/")[-1] for part in key.split(" -> "))
+        lines.append(f"| {name} | {_ms(row['idle_us'])} | {int(row['gaps']):,} | {_ms(row['long_gaps_us'])} |")
+    return lines
 
 
 def write(s: TraceSummary, out_dir: Path, stem: str = "summary") -> dict[str, str]:

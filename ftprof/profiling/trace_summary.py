@@ -92,6 +92,7 @@ class TraceSummary:
     breakdown: dict[str, Any] | None = None  # fine-tuning buckets per active step (buckets.Breakdown as a dict)
     rank: int | None = None
     logits_softmax_us: float = 0.0  # the loss's softmax over the vocabulary (absent under a fused linear loss)
+    idle_by_stage_us: dict[str, dict[str, float]] = field(default_factory=dict)  # GPU gaps by the stage they end in
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -227,32 +228,64 @@ class _Accumulator:
         self.k_kind.append(0 if cat == "kernel" else 1 if host_device else 2)
 
 
-def _gpu_stage_times(acc: _Accumulator) -> Counter:
-    """GPU time per ftprof stage: each kernel counts for the stage whose CPU range contains its launch.
+def _kernel_stages(acc: _Accumulator) -> list[str | None]:
+    """Each GPU activity's ftprof stage: the stage whose CPU range contains its launch (None: launched outside
+    every stage, or no launch found).
 
     Backward kernels are launched from autograd's own thread, so the GPU-side annotation of ftprof/backward misses
     them; matching launches by time (any thread) does not.
     """
-    out: Counter = Counter()
-    if not len(acc.k_start) or not len(acc.launch_corr) or not acc.stage_ranges:
-        return out
+    n = len(acc.k_start)
+    if not n or not len(acc.launch_corr) or not acc.stage_ranges:
+        return [None] * n
     lc, lt = np.frombuffer(acc.launch_corr), np.frombuffer(acc.launch_ts)
     order = np.argsort(lc)
     lc, lt = lc[order], lt[order]
     kc = np.frombuffer(acc.k_corr_all)  # NaN (no correlation) never matches a launch
-    kd = np.frombuffer(acc.k_end) - np.frombuffer(acc.k_start)
     pos = np.clip(np.searchsorted(lc, kc), 0, len(lc) - 1)
     found = lc[pos] == kc
-    launch = lt[pos[found]]
-    dur = kd[found]
     ranges = sorted(acc.stage_ranges)
     starts = np.array([r[0] for r in ranges])
     ends = np.array([r[1] for r in ranges])
+    launch = lt[pos]
     idx = np.searchsorted(starts, launch, side="right") - 1
-    inside = (idx >= 0) & (launch < ends[np.clip(idx, 0, None)])
-    for i, d in zip(idx[inside].tolist(), dur[inside].tolist(), strict=True):
-        out[ranges[i][2]] += d
+    inside = found & (idx >= 0) & (launch < ends[np.clip(idx, 0, None)])
+    return [ranges[i][2] if ok else None for i, ok in zip(idx.tolist(), inside.tolist(), strict=True)]
+
+
+def _gpu_stage_times(acc: _Accumulator, stages: list[str | None]) -> Counter:
+    """GPU time per ftprof stage (``stages``: each activity's stage, from ``_kernel_stages``)."""
+    out: Counter = Counter()
+    for stage, start, end in zip(stages, acc.k_start, acc.k_end, strict=True):
+        if stage is not None:
+            out[stage] += end - start
     return out
+
+
+OUTSIDE_STAGES = "outside"  # work launched outside ftprof's stage ranges
+
+
+def idle_by_stage(acc: _Accumulator, stages: list[str | None]) -> dict[str, dict[str, float]]:
+    """Where the GPU waited. Each gap in the GPU timeline (no activity on any stream) is charged to the stage of the
+    work that ended it, i.e. what the GPU was waiting for the host to launch; a gap between work of two stages is
+    charged to the transition ("ftprof/optimizer_step -> ftprof/forward": a step boundary). Per key: the idle time,
+    the number of gaps, and the time in gaps of 1 ms or more (host work or a sync rather than launch latency)."""
+    order = np.argsort(np.frombuffer(acc.k_start), kind="stable")
+    out: dict[str, dict[str, float]] = {}
+    covered, before = None, None
+    for i in order.tolist():
+        start, end, stage = acc.k_start[i], acc.k_end[i], stages[i] or OUTSIDE_STAGES
+        if covered is not None and start > covered:
+            gap = start - covered
+            key = stage if before == stage else f"{before} -> {stage}"
+            row = out.setdefault(key, {"idle_us": 0.0, "gaps": 0, "long_gaps_us": 0.0})
+            row["idle_us"] += gap
+            row["gaps"] += 1
+            row["long_gaps_us"] += gap if gap >= 1000.0 else 0.0
+        if covered is None or end >= covered:
+            before = stage  # the work the GPU finishes last, so far
+        covered = end if covered is None else max(covered, end)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["idle_us"]))
 
 
 def _self_times(acc: _Accumulator) -> Counter:
@@ -343,7 +376,8 @@ def summarize(path: str | Path, run_config: dict | None = None) -> TraceSummary:
         for name, t in self_t.items():
             cats[categorize(name)] += t
         times = self_t
-    gpu_stages = _gpu_stage_times(acc) if gpu else Counter()
+    kernel_stages = _kernel_stages(acc) if gpu else []
+    gpu_stages = _gpu_stage_times(acc, kernel_stages) if gpu else Counter()
     stages = gpu_stages or acc.cpu_stage
     gemm_us, fp32_us = _gemm_split(acc, gpu, times)
     summary = TraceSummary(
@@ -356,7 +390,8 @@ def summarize(path: str | Path, run_config: dict | None = None) -> TraceSummary:
                        for n, t in (times if not gpu else acc.op_time).most_common(15)],
         host_device_copies={k: {"count": acc.copies[k], "us": acc.copy_us[k], "bytes": acc.copy_bytes[k]}
                             for k in acc.copies},
-        fp32_gemm_us=fp32_us, gemm_us=gemm_us, verdict="", diagnoses=[], metadata=meta)
+        fp32_gemm_us=fp32_us, gemm_us=gemm_us, verdict="", diagnoses=[], metadata=meta,
+        idle_by_stage_us=idle_by_stage(acc, kernel_stages) if gpu else {})
     summary.logits_softmax_us = sum(t for n, t in acc.kernel_time.items() if any(k in n for k in LOGITS_KERNELS))
     summary.breakdown = breakdown_dict(buckets.from_trace(acc, meta, ftmeta, run_config, categorize))
     info = meta.get("distributedInfo")
@@ -390,6 +425,19 @@ def _gemm_split(acc: _Accumulator, gpu: bool, times: Counter) -> tuple[float, fl
     return gemm, fp32
 
 
+def _idle_where(s: TraceSummary) -> str:
+    """'; most of it before backward kernels (...)': where the largest share of the idle time falls."""
+    if not s.idle_by_stage_us:
+        return ""
+    total = sum(row["idle_us"] for row in s.idle_by_stage_us.values()) or 1.0
+    stage, row = next(iter(s.idle_by_stage_us.items()))
+    where = f"at {stage}" if " -> " in stage else f"in {stage}"
+    long_share = row["long_gaps_us"] / row["idle_us"] if row["idle_us"] else 0.0
+    kind = ("mostly gaps of 1 ms or more: host work or a sync" if long_share >= 0.5
+            else "mostly short gaps: launch overhead")
+    return f"; {100 * row['idle_us'] / total:.0f}% of it {where}, {int(row['gaps'])} gaps, {kind}"
+
+
 def _verdict(s: TraceSummary) -> str:
     if s.device_kind == "cpu":
         return "CPU run: all compute on the host"
@@ -418,8 +466,9 @@ def diagnose(s: TraceSummary, dtype: str | None = None, checkpointing: bool | No
     if s.idle_share is not None and s.idle_share > 0.1:
         out.append(Diagnosis("gpu_idle", "warning" if s.idle_share > 0.3 else "info",
                              f"the GPU is idle {100 * s.idle_share:.1f}% of the recorded window: launch overhead, "
-                             "host work or synchronisation between kernels",
-                             {"idle_us": s.window_us - s.busy_us, "window_us": s.window_us}))
+                             f"host work or synchronisation between kernels{_idle_where(s)}",
+                             {"idle_us": s.window_us - s.busy_us, "window_us": s.window_us,
+                              "by_stage": s.idle_by_stage_us}))
     copies = s.host_device_copies
     n_copies = sum(v["count"] for v in copies.values())
     if n_copies:

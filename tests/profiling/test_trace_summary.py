@@ -88,6 +88,35 @@ def test_committed_real_gpu_trace():
     assert s.top_kernels and s.top_kernels[0]["us"] >= s.top_kernels[-1]["us"]
 
 
+def test_idle_is_charged_to_what_the_gpu_waited_for(tmp_path):
+    # Two gaps: 100 us before the norm kernel (launched outside ftprof's ranges, after the unlaunched silu), and
+    # 1.5 ms before a forward kernel of the next step, after backward work: a step boundary, a long gap.
+    events = json.loads(gzip.open(gpu_trace(tmp_path / "a.json.gz"), "rt").read())["traceEvents"]
+    events += [{"ph": "X", "cat": "user_annotation", "name": "ftprof/forward", "ts": 2000, "dur": 600, "pid": 1,
+                "tid": 1}, _launch(9, 2100), _kernel("nvjet_hsh_256x128_64x4_2x1_v_bz_coopB_TNT", 2600, 100,
+                                                     correlation=9)]
+    events += [_launch(8, 20, tid=2), _kernel("nvjet_hsh_256x128_64x4_2x1_v_bz_coopB_TNT", 1000, 100, correlation=8)]
+    s = summarize(_write(tmp_path / "b.json.gz", events))
+    assert s.idle_by_stage_us == {
+        "ftprof/backward -> ftprof/forward": {"idle_us": 1500.0, "gaps": 1, "long_gaps_us": 1500.0},
+        "outside -> ftprof/backward": {"idle_us": 100.0, "gaps": 1, "long_gaps_us": 0.0},
+        "outside": {"idle_us": 100.0, "gaps": 1, "long_gaps_us": 0.0}}
+    assert sum(r["idle_us"] for r in s.idle_by_stage_us.values()) == pytest.approx(s.window_us - s.busy_us)
+    idle = {d.code: d for d in s.diagnoses}["gpu_idle"]
+    assert "88% of it at ftprof/backward -> ftprof/forward, 1 gaps, mostly gaps of 1 ms or more" in idle.message
+    from ftprof.profiling.summary_output import to_markdown
+
+    assert "| backward -> forward | 1.50 | 1 | 1.50 |" in to_markdown(s)
+
+
+def test_idle_by_stage_of_a_real_gpu_trace_adds_up():
+    s = summarize(Path(__file__).parent.parent / "fixtures" / "tiny_gpu_trace.pt.trace.json.gz")
+    idle = s.idle_by_stage_us
+    assert sum(r["idle_us"] for r in idle.values()) == pytest.approx(s.window_us - s.busy_us, rel=1e-5)
+    assert any(" -> " in key for key in idle) and "ftprof/backward" in idle  # step and stage changes, and inside
+    assert all(r["long_gaps_us"] <= r["idle_us"] for r in idle.values())
+
+
 def test_fp32_gemm_found_through_operator_dtypes(tmp_path):
     # With record_shapes the launching operator's dtype decides, whatever the kernel is called.
     events = [
