@@ -49,6 +49,9 @@ def test_qlora_profile_on_gpu_has_kernels_snapshot_and_timeline(tmp_path):
     stages = summary["stages_us"]
     assert set(stages) == {"ftprof/forward", "ftprof/backward", "ftprof/optimizer_step"}
     assert stages["ftprof/backward"] > stages["ftprof/forward"]
+    idle = summary["idle_by_stage_us"]  # what the GPU waited for: adds up to the idle gaps
+    assert sum(r["idle_us"] for r in idle.values()) == pytest.approx(summary["window_us"] - summary["busy_us"],
+                                                                    rel=1e-4)
     snap = pickle.loads((run_dir / "profile" / "memory_snapshot_rank0_cycle1.pickle").read_bytes())
     assert snap["segments"] and snap["device_traces"]
     assert (run_dir / "profile" / "memory_timeline_rank0_cycle1.html").stat().st_size > 1000 or \
