@@ -64,6 +64,9 @@ class ModelConfig:
         "selective (matmul and attention outputs saved, the cheap ops between them recomputed); auto (the fastest "
         "of these whose estimated peak fits the device's memory with a margin; result.json says which and why) "
         "(default none)", choices=CHECKPOINTING)
+    checkpoint_layers: Optional[int] = option(
+        None, "with --checkpointing full or selective: checkpoint only the first N decoder layers; the others keep "
+        "their activations (faster, more memory). Default: all. auto picks N itself when selective does not fit")
     gradient_checkpointing: Optional[bool] = option(None, "the HF spelling: --gradient-checkpointing = "
                                                     "--checkpointing full, --no-gradient-checkpointing = none")
     kernels: str = option("eager", "eager (PyTorch/transformers ops), or liger: Liger-Kernel's fused RMSNorm, "
@@ -93,6 +96,12 @@ class ModelConfig:
             self.checkpointing = given or implied
         self.checkpointing = self.checkpointing or "none"
         self.gradient_checkpointing = None if self.checkpointing == "auto" else self.checkpointing != "none"
+        if self.checkpoint_layers is not None:
+            _require(self.checkpoint_layers >= 1, f"--checkpoint-layers must be at least 1, got "
+                     f"{self.checkpoint_layers} (--checkpointing none checkpoints no layer)")
+            _require(self.checkpointing in ("full", "selective"), "--checkpoint-layers applies to --checkpointing "
+                     f"full or selective, not {self.checkpointing}" + (" (auto picks the count itself)"
+                                                                       if self.checkpointing == "auto" else ""))
 
 
 DATA_FORMATS = ("auto", "text", "instruction", "chat")

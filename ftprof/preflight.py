@@ -62,6 +62,10 @@ def preflight(cfg: RunConfig) -> Preflight:
         raise ConfigError("--optimizer paged_adamw_8bit needs a CUDA device (paged memory is CUDA unified memory)")
     if cfg.model.attn_implementation == "flash_attention_2" and device.type != "cuda":
         raise ConfigError("--attn-implementation flash_attention_2 needs a CUDA device")
+    layers = getattr(source.config, "num_hidden_layers", None)
+    if cfg.model.checkpoint_layers is not None and layers and cfg.model.checkpoint_layers > layers:
+        raise ConfigError(f"--checkpoint-layers {cfg.model.checkpoint_layers}: '{cfg.model.model}' has {layers} "
+                          "decoder layers")
     if cfg.model.sdpa_backend != "auto":
         from ftprof.models.attention import check_backend
 

@@ -43,6 +43,7 @@ class Built:
     flops: FlopCounts
     device_name: str
     checkpointing: str  # the policy that runs (auto resolved)
+    checkpointed_layers: int | None  # how many decoder layers it applies to (None: all)
     auto_choice: AutoChoice | None  # what --checkpointing auto estimated and chose
     compiled: CompileOutcome | None  # --compile's outcome
     sdpa_backend_used: str | None  # the attention kernel SDPA picks for this model's training shape (CUDA)
@@ -75,7 +76,7 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
         if hasattr(model, "config"):
             model.config.use_cache = False
         model.train()  # HF models start in eval mode, where gradient checkpointing silently does nothing
-        policy, auto, selective = checkpointing.resolve_policy(model, autocast, pre, cfg.train.optimizer)
+        policy, layers, auto, selective = checkpointing.resolve_policy(model, autocast, pre, cfg.train.optimizer)
         if auto is not None:
             log(f"--checkpointing auto: {auto.reason}")
         model = wrap_model(model, pre, dist, dtype, defer)
@@ -92,7 +93,8 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
     used = (attention.probe(pre.source.config, cfg.data.batch_size, cfg.data.seq_len, pre.device, dtype)
             if cfg.model.attn_implementation == "sdpa" else None)
     return Built(tokenizer, batches, model, params, optimizer, autocast, counts,
-                 count_flops(model, counts, pre, policy), device_name, policy, auto, compiled, used, selective)
+                 count_flops(model, counts, pre, policy, layers), device_name, policy, layers, auto, compiled, used,
+                 selective)
 
 
 def load_tokenizer(pre: Preflight, log: Callable[[str], None]):
@@ -153,12 +155,16 @@ def precision(model, pre: Preflight, dtype: torch.dtype, uses_lora: bool) -> Cal
     return lambda: torch.autocast(device_type, dtype=dtype)
 
 
-def count_flops(model, counts: metrics.ParamCounts, pre: Preflight, policy: str) -> FlopCounts:
-    """Model FLOPs per token, and what checkpointing recomputes: the layers' forward under full checkpointing;
-    under selective the matmuls and attention are saved, so only elementwise work (no counted FLOPs) reruns."""
+def count_flops(model, counts: metrics.ParamCounts, pre: Preflight, policy: str,
+                checkpointed: int | None = None) -> FlopCounts:
+    """Model FLOPs per token, and what checkpointing recomputes: the layers' forward under full checkpointing (the
+    checkpointed layers' share of it when only some are); under selective the matmuls and attention are saved, so
+    only elementwise work (no counted FLOPs) reruns."""
     layers, attn_dim = metrics.attention_dims(pre.source.config)
     seq = pre.config.data.seq_len
     recompute = 0.0
     if policy == "full":
         recompute = metrics.recompute_flops_per_token(metrics.recomputed_params(model), layers, attn_dim, seq)
+        if checkpointed is not None and layers:
+            recompute *= checkpointed / layers  # identical layers: each recomputes the same share
     return FlopCounts(metrics.flops_per_token(counts, layers, attn_dim, seq), recompute)

@@ -4,10 +4,15 @@
 - ``selective``: per layer too, but the outputs of matmuls and attention are saved during the forward (torch's
   selective activation checkpointing, op by op, as torchtitan does); only the cheap ops between them (norms,
   activations, rotary, residual adds) are recomputed.
-- ``auto``: the fastest of none > selective > full whose estimated peak fits the memory this process can have,
-  with a margin. The estimate is the memory model the run records: exact static parts (weights, gradients,
-  optimizer state) plus activations per token measured for each policy on a short probe sequence (what autograd
-  saves, and what selective checkpointing caches), plus the loss backward's logits gradients.
+- ``--checkpoint-layers N`` (with full or selective): only the first N decoder layers are checkpointed; the others
+  keep their activations. Recomputation, and its cost, scale with N.
+- ``auto``: the first of none > selective > full on the N fewest layers > full on every layer whose estimated
+  peak fits the memory this process can have, with a margin. The estimate is the memory model the run records:
+  exact static parts (weights, gradients, optimizer state) plus activations per token measured for each policy on
+  a short probe sequence (what autograd saves, and what selective checkpointing caches), plus the loss backward's
+  logits gradients. Checkpointing N of L layers is estimated between the two: full's activations plus (L - N) / L
+  of what checkpointing saves. Selective comes first because it recomputes no matmul; when it does not fit,
+  checkpointing only as many layers as needed recomputes less than checkpointing all of them.
 """
 
 from __future__ import annotations
@@ -97,8 +102,9 @@ def _output_bytes(op, args) -> int:
     return rows * b.shape[-1] * a.element_size()
 
 
-def apply_policy(model, policy: str, selective: SelectivePolicy | None = None) -> None:
-    """Set ``model``'s checkpointing to ``policy`` (none, full or selective), on HF models and PEFT wrappers."""
+def apply_policy(model, policy: str, selective: SelectivePolicy | None = None, layers: int | None = None) -> None:
+    """Set ``model``'s checkpointing to ``policy`` (none, full or selective), on HF models and PEFT wrappers; with
+    ``layers``, on the first ``layers`` decoder layers only."""
     enabled = getattr(model, "is_activation_checkpointing", None) or getattr(model, "is_gradient_checkpointing",
                                                                             False)
     if policy == "none":
@@ -118,6 +124,9 @@ def apply_policy(model, policy: str, selective: SelectivePolicy | None = None) -
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if layers is not None:
+        for block in metrics.decoder_layers(model)[layers:]:
+            block.gradient_checkpointing = False  # the flag transformers' layer wrapper reads at each call
 
 
 @dataclass
@@ -126,6 +135,7 @@ class AutoChoice:
 
     policy: str
     reason: str
+    layers: int | None = None  # under full: how many decoder layers are checkpointed (None: all)
     estimated_peak: dict[str, int] = field(default_factory=dict)  # bytes, per policy
     activations_per_token: dict[str, float] = field(default_factory=dict)
     static_bytes: int = 0
@@ -136,20 +146,43 @@ class AutoChoice:
         return asdict(self)
 
 
-def choose(estimated_peak: dict[str, int], available: int) -> tuple[str, int, str]:
-    """(policy, margin, reason): the fastest policy whose estimate fits ``available`` less the margin; full when
-    none fits (the least memory there is: the run may still fail, and the reason says so)."""
+def choose(estimated_peak: dict[str, int], available: int, layer_count: int = 0) -> tuple[str, int | None, int, str]:
+    """(policy, checkpointed layers or None for all, margin, reason): the first of none, selective, full on the
+    fewest of ``layer_count`` layers, full on all, whose estimate fits ``available`` less the margin; full when none
+    fits (the least memory there is: the run may still fail, and the reason says so)."""
     margin = max(int(MARGIN_FRACTION * available), MARGIN_MIN)
     budget = available - margin
-    for policy in SPEED_ORDER:
+    gib = metrics.GIB
+    fits = (f"fits {budget / gib:.1f} GiB ({available / gib:.1f} GiB available less a {margin / gib:.1f} GiB "
+            "margin)")
+    for policy in ("none", "selective"):
         if estimated_peak[policy] <= budget:
-            gib = metrics.GIB
-            return policy, margin, (f"{policy}: estimated peak {estimated_peak[policy] / gib:.1f} GiB fits "
-                                    f"{budget / gib:.1f} GiB ({available / gib:.1f} GiB available less a "
-                                    f"{margin / gib:.1f} GiB margin)"
-                                    + ("" if policy == "none" else "; faster policies did not"))
-    return "full", margin, (f"full: no policy's estimate fits {budget / metrics.GIB:.1f} GiB; full needs the "
-                            "least memory")
+            return policy, None, margin, (f"{policy}: estimated peak {estimated_peak[policy] / gib:.1f} GiB {fits}"
+                                          + ("" if policy == "none" else "; no checkpointing did not"))
+    layers = fewest_layers(estimated_peak["none"], estimated_peak["full"], layer_count, budget)
+    if layers is not None:
+        peak = partial_peak(estimated_peak["none"], estimated_peak["full"], layer_count, layers)
+        return "full", layers, margin, (f"full on {layers} of {layer_count} layers: estimated peak "
+                                        f"{peak / gib:.1f} GiB {fits}; none and selective did not")
+    if estimated_peak["full"] <= budget:
+        return "full", None, margin, (f"full: estimated peak {estimated_peak['full'] / gib:.1f} GiB {fits}; "
+                                      "faster policies did not")
+    return "full", None, margin, (f"full: no policy's estimate fits {budget / gib:.1f} GiB; full needs the "
+                                  "least memory")
+
+
+def partial_peak(none: int, full: int, layer_count: int, layers: int) -> int:
+    """Estimated peak with ``layers`` of ``layer_count`` layers checkpointed: full's, plus what each layer left
+    unchecked keeps beyond its checkpointed input (an equal share of none - full)."""
+    return int(full + (none - full) * (layer_count - layers) / layer_count)
+
+
+def fewest_layers(none: int, full: int, layer_count: int, budget: int) -> int | None:
+    """The fewest checkpointed layers (1 .. layer_count - 1) whose estimate fits ``budget``; None if none does."""
+    for layers in range(1, layer_count):
+        if partial_peak(none, full, layer_count, layers) <= budget:
+            return layers
+    return None
 
 
 def static_bytes(model, optimizer_name: str) -> int:
@@ -201,19 +234,21 @@ def choose_auto(model, autocast, pre, optimizer_name: str) -> AutoChoice:
     logits = metrics.logits_gradient_bytes(tokens_per_micro, vocab)
     estimates = {p: int(static + per_token[p] * tokens_per_micro + logits) for p in SPEED_ORDER}
     available = available_memory(pre.device)
-    policy, margin, reason = choose(estimates, available)
-    return AutoChoice(policy, reason, estimates, per_token, static, available, margin)
+    policy, layers, margin, reason = choose(estimates, available, len(metrics.decoder_layers(model)))
+    return AutoChoice(policy, reason, layers, estimates, per_token, static, available, margin)
 
 
-def resolve_policy(model, autocast, pre, optimizer_name: str) -> tuple[str, AutoChoice | None,
+def resolve_policy(model, autocast, pre, optimizer_name: str) -> tuple[str, int | None, AutoChoice | None,
                                                                        SelectivePolicy | None]:
-    """Apply the configured policy (choosing it first under auto). Returns (policy, the auto choice or None, the
-    selective policy object, whose counter sizes what selective checkpointing caches, or None)."""
+    """Apply the configured policy (choosing it first under auto). Returns (policy, how many layers are
+    checkpointed or None for all, the auto choice or None, the selective policy object, whose counter sizes what
+    selective checkpointing caches, or None)."""
     policy = pre.config.model.checkpointing
+    layers = pre.config.model.checkpoint_layers
     choice = None
     if policy == "auto":
         choice = choose_auto(model, autocast, pre, optimizer_name)
-        policy = choice.policy
+        policy, layers = choice.policy, choice.layers
     selective = SelectivePolicy(pre.config.method.lora_r or 0) if policy == "selective" else None
-    apply_policy(model, policy, selective)
-    return policy, choice, selective
+    apply_policy(model, policy, selective, layers)
+    return policy, layers, choice, selective

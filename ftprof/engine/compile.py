@@ -61,11 +61,16 @@ def _scope(checkpointing: str) -> str:
 
 
 def compile_targets(model, checkpointing: str) -> list[torch.nn.Module]:
-    """The modules to compile: each decoder block, or under full checkpointing each block's children."""
-    blocks = metrics.decoder_layers(model)
-    if checkpointing != "full":
-        return blocks
-    return [child for block in blocks for child in (list(block.children()) or [block])]
+    """The modules to compile: each decoder block, or, for a block that full checkpointing applies to (all of
+    them, or the first --checkpoint-layers), its children."""
+    targets: list[torch.nn.Module] = []
+    for block in metrics.decoder_layers(model):
+        children = list(block.children())
+        if checkpointing == "full" and getattr(block, "gradient_checkpointing", False) and children:
+            targets += children
+        else:
+            targets.append(block)
+    return targets
 
 
 def compile_blocks(model, checkpointing: str = "none") -> int:

@@ -36,6 +36,7 @@ def make_profiler(trainer, built, log):
 
     meta = {"method": cfg.method.method, "model": cfg.model.model, "dtype": cfg.model.dtype,
             "checkpointing": built.checkpointing != "none", "checkpointing_policy": built.checkpointing,
+            "checkpointed_layers": built.checkpointed_layers,
             "kernels": cfg.model.kernels, "compile": cfg.model.compile, "active_steps": cfg.profiling.prof_active_steps,
             "seq_len": cfg.data.seq_len, "batch_size": cfg.data.batch_size,
             "flops_per_token": built.flops.per_token, "recompute_flops_per_token": built.flops.recompute_per_token}

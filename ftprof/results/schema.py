@@ -94,6 +94,7 @@ class RunResult:
     setup_time_s: Optional[float] = None
     # fast paths: what ran (config.json says what was asked)
     checkpointing_policy: Optional[str] = None  # none | full | selective (--checkpointing auto resolved)
+    checkpointed_layers: Optional[int] = None  # decoder layers the policy applies to (None: all of them)
     checkpointing_auto: dict[str, Any] = field(default_factory=dict)  # auto's estimates, budget and reason
     kernels_applied: list[str] = field(default_factory=list)  # --kernels liger: which fused kernels were patched in
     compile: dict[str, Any] = field(default_factory=dict)  # --compile: blocks, compiled, fallback

@@ -7,7 +7,7 @@ import pytest
 
 import ftprof
 from ftprof.cli.main import main
-from ftprof.engine.checkpointing import choose
+from ftprof.engine.checkpointing import choose, partial_peak
 from tests.conftest import tiny_config
 
 GIB = 1 << 30
@@ -50,9 +50,57 @@ def test_auto_records_its_choice_and_estimates(tmp_path):
                                                  (5 * GIB, "full")])
 def test_auto_picks_the_fastest_policy_that_fits(available, expected):
     estimates = {"none": 60 * GIB, "selective": 30 * GIB, "full": 15 * GIB}
-    policy, margin, reason = choose(estimates, available)
-    assert policy == expected and margin >= GIB
+    policy, layers, margin, reason = choose(estimates, available)
+    assert policy == expected and layers is None and margin >= GIB
     assert estimates[policy] <= available - margin or "no policy" in reason
+
+
+@pytest.mark.parametrize("available, expected", [(30 * GIB, ("full", 24)), (20 * GIB, ("full", 30)),
+                                                 (17 * GIB, ("full", None)), (40 * GIB, ("selective", None))])
+def test_auto_checkpoints_the_fewest_layers_that_fit_when_selective_does_not(available, expected):
+    # 32 layers; each unchecked layer keeps (60 - 15) / 32 GiB more than checkpointed. At 30 GiB available the
+    # budget is 27.6 GiB (an 8% margin): 24 checkpointed layers estimate 15 + 45 * 8 / 32 = 26.25 GiB, 23 would
+    # need 27.7.
+    estimates = {"none": 60 * GIB, "selective": 30 * GIB, "full": 15 * GIB}
+    policy, layers, margin, reason = choose(estimates, available, layer_count=32)
+    assert (policy, layers) == expected, reason
+    if layers is not None:
+        assert f"full on {layers} of 32 layers" in reason
+        assert partial_peak(estimates["none"], estimates["full"], 32, layers) <= available - margin
+        assert partial_peak(estimates["none"], estimates["full"], 32, layers - 1) > available - margin
+
+
+def test_partial_checkpointing_sits_between_full_and_none(policy_runs, tmp_path):
+    """The tiny preset's first of its two layers checkpointed: the same numbers, half full's recomputation, and
+    saved activations between full's and none's."""
+    run = ftprof.train(tiny_config(tmp_path, "lora", checkpointing="full", checkpoint_layers=1, max_steps=3,
+                                   seq_len=64, lr=3e-3))
+    assert run.status == "ok", run.error_message
+    assert run.checkpointing_policy == "full" and run.checkpointed_layers == 1
+    assert (run.loss_first, run.loss_last) == pytest.approx((policy_runs["none"].loss_first,
+                                                             policy_runs["none"].loss_last), rel=1e-5)
+    assert run.recompute_flops_per_token == pytest.approx(policy_runs["full"].recompute_flops_per_token / 2)
+    saved = {p: r.memory_breakdown["activations_saved"] for p, r in policy_runs.items()}
+    assert saved["full"] < run.memory_breakdown["activations_saved"] < saved["none"], saved
+
+
+def test_compile_under_partial_checkpointing_compiles_checkpointed_blocks_by_children():
+    from transformers import AutoModelForCausalLM
+
+    from ftprof.engine.checkpointing import apply_policy
+    from ftprof.engine.compile import compile_targets
+    from ftprof.metrics import decoder_layers
+    from ftprof.models.presets import preset_config
+
+    model = AutoModelForCausalLM.from_config(preset_config("tiny"))
+    model.train()
+    apply_policy(model, "full", layers=1)
+    first, second = decoder_layers(model)
+    assert first.gradient_checkpointing and not second.gradient_checkpointing
+    targets = compile_targets(model, "full")
+    assert second in targets and first not in targets and all(c in targets for c in first.children())
+    apply_policy(model, "none")
+    assert compile_targets(model, "none") == [first, second]
 
 
 @pytest.mark.slow
@@ -90,6 +138,10 @@ def test_compile_under_full_checkpointing_keeps_the_checkpoint(tmp_path, policy_
     (["--sdpa-backend", "fast"], "invalid choice"),
     (["--kernels", "liger", "--lora-targets", "q_proj,lm_head"], "--lora-targets lm_head"),
     (["--no-gradient-checkpointing", "--checkpointing", "full"], "contradicts --checkpointing full"),
+    (["--checkpoint-layers", "1"], "applies to --checkpointing full or selective, not none"),
+    (["--checkpointing", "auto", "--checkpoint-layers", "1"], "auto picks the count itself"),
+    (["--checkpointing", "full", "--checkpoint-layers", "3"], "has 2 decoder layers"),
+    (["--checkpointing", "full", "--checkpoint-layers", "0"], "at least 1"),
     (["--checkpointing", "sometimes"], "invalid choice"),
     (["--checkpointing", "auto", "--nproc-per-node", "2"], "--checkpointing auto estimates one process"),
 ])
