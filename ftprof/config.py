@@ -292,6 +292,10 @@ class OutputConfig:
     output_dir: str = option("runs", "parent directory of run directories")
     run_name: Optional[str] = option(None, "run directory name (default: <method>-<model>-<timestamp>)")
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    memory_limit_gib: Optional[float] = option(
+        None, "cap what PyTorch may allocate on the GPU at this many GiB (torch's per-process memory fraction): "
+        "the run fails for memory as on a smaller card (which would also hold the CUDA context, ~0.5 GiB), and "
+        "--checkpointing auto plans for the cap; CUDA only", metavar="GIB")
     memory_logging: str = option("torch", "memory sources to record: torch (allocator stats), nvml (device "
                                  "sampler), all, none; aliases: huggingface=torch, nvidia=nvml",
                                  choices=MEMORY_LOGGING + tuple(MEMORY_LOGGING_ALIASES))
@@ -307,6 +311,9 @@ class OutputConfig:
         self.report_to = normalize_report_to(self.report_to)
         self.memory_logging = MEMORY_LOGGING_ALIASES.get(self.memory_logging, self.memory_logging)
         _one_of("--memory-logging", self.memory_logging, MEMORY_LOGGING)
+        if self.memory_limit_gib is not None:
+            _require(math.isfinite(self.memory_limit_gib) and self.memory_limit_gib > 0,
+                     f"--memory-limit-gib must be a positive number of GiB, got {self.memory_limit_gib}")
         dev = self.device
         ok = dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())
         _require(ok, f"--device: '{dev}' is not auto, cpu, cuda or cuda:N")

@@ -62,6 +62,7 @@ def preflight(cfg: RunConfig) -> Preflight:
         raise ConfigError("--optimizer paged_adamw_8bit needs a CUDA device (paged memory is CUDA unified memory)")
     if cfg.model.attn_implementation == "flash_attention_2" and device.type != "cuda":
         raise ConfigError("--attn-implementation flash_attention_2 needs a CUDA device")
+    _check_memory_limit(cfg.output.memory_limit_gib, device)
     layers = getattr(source.config, "num_hidden_layers", None)
     if cfg.model.checkpoint_layers is not None and layers and cfg.model.checkpoint_layers > layers:
         raise ConfigError(f"--checkpoint-layers {cfg.model.checkpoint_layers}: '{cfg.model.model}' has {layers} "
@@ -117,6 +118,18 @@ def _check_tokenizer(source: ModelSource, dataset: str) -> None:
     if not any((Path(source.name) / name).is_file() for name in TOKENIZER_FILES):
         raise ConfigError(f"--dataset '{dataset}' needs a tokenizer, and --model '{source.name}' has no tokenizer "
                           f"files (tokenizer.json or tokenizer_config.json); use --dataset synthetic or save one")
+
+
+def _check_memory_limit(gib: float | None, device) -> None:
+    if gib is None:
+        return
+    if device.type != "cuda":
+        raise ConfigError("--memory-limit-gib caps GPU memory: it needs a CUDA device")
+    import torch
+
+    total = torch.cuda.get_device_properties(device).total_memory / (1 << 30)
+    if gib > total:
+        raise ConfigError(f"--memory-limit-gib {gib:g} is above the device's {total:.1f} GiB")
 
 
 def _check_distributed(cfg: RunConfig, device, dtype: str) -> None:

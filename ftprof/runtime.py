@@ -117,3 +117,21 @@ def torch_dtype(name: str):
 
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
             "uint8": torch.uint8}[name]
+
+
+@contextlib.contextmanager
+def memory_cap(device, gib: float | None):
+    """``--memory-limit-gib``: for the duration of a run, the caching allocator refuses to hold more than ``gib``
+    on ``device`` (an allocation beyond it raises torch's out-of-memory error, as on a card that size); the
+    previous fraction comes back after."""
+    if gib is None or device.type != "cuda":
+        yield
+        return
+    import torch
+
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * (1 << 30) / total), device)
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)

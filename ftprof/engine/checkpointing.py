@@ -213,12 +213,13 @@ def measure_activations(model, autocast, vocab: int, device: torch.device, token
     return per_token
 
 
-def available_memory(device: torch.device) -> int:
-    """Bytes this process can use for training now: free device memory plus what torch already holds (CUDA), or
-    available host memory (CPU)."""
+def available_memory(device: torch.device, cap_gib: float | None = None) -> int:
+    """Bytes this process can use for training now: free device memory plus what torch already holds (CUDA; at
+    most ``cap_gib``, --memory-limit-gib), or available host memory (CPU)."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return free + torch.cuda.memory_reserved(device)
+        usable = free + torch.cuda.memory_reserved(device)
+        return usable if cap_gib is None else min(usable, int(cap_gib * (1 << 30)))
     import psutil
 
     return psutil.virtual_memory().available + psutil.Process().memory_info().rss
@@ -233,7 +234,7 @@ def choose_auto(model, autocast, pre, optimizer_name: str) -> AutoChoice:
     static = static_bytes(model, optimizer_name)
     logits = metrics.logits_gradient_bytes(tokens_per_micro, vocab)
     estimates = {p: int(static + per_token[p] * tokens_per_micro + logits) for p in SPEED_ORDER}
-    available = available_memory(pre.device)
+    available = available_memory(pre.device, cfg.output.memory_limit_gib)
     policy, layers, margin, reason = choose(estimates, available, len(metrics.decoder_layers(model)))
     return AutoChoice(policy, reason, layers, estimates, per_token, static, available, margin)
 

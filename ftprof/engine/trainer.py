@@ -35,7 +35,7 @@ from ftprof.results.env import collect_env
 from ftprof.results.run_dir import RunDirWriter, default_run_name, make_run_dir
 from ftprof.results.schema import RunResult, StepRecord
 from ftprof.results.status import Status
-from ftprof.runtime import allocator_setting
+from ftprof.runtime import allocator_setting, memory_cap
 
 
 def now_iso() -> str:
@@ -104,6 +104,7 @@ class Trainer:
         status, error = Status.OK, None
         try:
             with contextlib.ExitStack() as trackers:
+                trackers.enter_context(memory_cap(self.device, self.cfg.output.memory_limit_gib))
                 trackers.enter_context(self.nvml)
                 trackers.enter_context(self.memory)
                 self.kernels_applied = trackers.enter_context(

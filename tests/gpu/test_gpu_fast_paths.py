@@ -80,3 +80,15 @@ def test_fast_path_lora_gradients_match_eager(tmp_path, name):
     diff = torch.sqrt(sum(((fast[k] - g) ** 2).sum() for k, g in eager.items()))
     norm = torch.sqrt(sum((g ** 2).sum() for g in eager.values()))
     assert float(diff / norm) < 2e-2, float(diff / norm)
+
+
+@pytest.mark.parametrize("cap_gib", [6.0, 9.0])
+def test_auto_plans_for_a_memory_cap_and_stays_under_it(tmp_path, cap_gib):
+    """--memory-limit-gib: auto chooses for the cap (a smaller card), and the run's peak stays below it."""
+    cfg = fast_config(tmp_path, "lora", checkpointing="auto", memory_limit_gib=cap_gib, batch_size=4, seq_len=1024,
+                      max_steps=4, warmup_steps=1)
+    result = ftprof.train(cfg)
+    assert result.status == "ok", result.error_message
+    auto = result.checkpointing_auto
+    assert auto["available_bytes"] <= cap_gib * (1 << 30)
+    assert result.torch_peak_reserved <= cap_gib * (1 << 30), (result.torch_peak_reserved, auto["reason"])
