@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ftprof import metrics
+from ftprof.models import kernels
 from ftprof.profiling.memory import SavedActivations
 
 SPEED_ORDER = ("none", "selective", "full")  # fastest first: less recomputation
@@ -225,6 +226,13 @@ def available_memory(device: torch.device, cap_gib: float | None = None) -> int:
     return psutil.virtual_memory().available + psutil.Process().memory_info().rss
 
 
+def loss_transient_bytes(kernel_set: str, tokens: int, vocab: int) -> int:
+    """The loss backward's fp32 logits gradients, or nothing when the kernel set fuses the loss (Liger's fused
+    linear cross entropy works in chunks: counting them anyway made auto's estimate 8.7 GiB too high on an H200,
+    llama-8b 4 x 2048, where they would be 7.8 GiB)."""
+    return 0 if kernels.fuses_loss(kernel_set) else metrics.logits_gradient_bytes(tokens, vocab)
+
+
 def choose_auto(model, autocast, pre, optimizer_name: str) -> AutoChoice:
     cfg = pre.config
     tokens_per_micro = cfg.data.batch_size * cfg.data.seq_len
@@ -232,7 +240,7 @@ def choose_auto(model, autocast, pre, optimizer_name: str) -> AutoChoice:
     probe = min(PROBE_TOKENS, cfg.data.seq_len)
     per_token = measure_activations(model, autocast, vocab, pre.device, probe, cfg.method.lora_r or 0)
     static = static_bytes(model, optimizer_name)
-    logits = metrics.logits_gradient_bytes(tokens_per_micro, vocab)
+    logits = loss_transient_bytes(cfg.model.kernels, tokens_per_micro, vocab)
     estimates = {p: int(static + per_token[p] * tokens_per_micro + logits) for p in SPEED_ORDER}
     available = available_memory(pre.device, cfg.output.memory_limit_gib)
     policy, layers, margin, reason = choose(estimates, available, len(metrics.decoder_layers(model)))

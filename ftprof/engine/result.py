@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from ftprof import metrics
 from ftprof.engine.build import Built
 from ftprof.engine.trackers import FirstStepMemory, NvmlTracker, StepLog
+from ftprof.models.kernels import FUSED_LOSS
 from ftprof.preflight import Preflight
 from ftprof.profiling.memory import MemoryTracker, host_peak_rss
 from ftprof.results import run_dir as files
@@ -120,7 +121,9 @@ def _memory(res: RunResult, rec: Recorded, steps: list[dict]) -> None:
         training_peak = metrics.training_peak({s.stage: s.peak_allocated for s in memory.stages},
                                               (s["mem_peak_allocated"] for s in steps))
     vocab = getattr(rec.pre.source.config, "vocab_size", None)
-    logits = metrics.logits_gradient_bytes(cfg.data.batch_size * cfg.data.seq_len, vocab) if vocab else None
+    fused = FUSED_LOSS in rec.kernels_applied  # Liger's fused loss never holds the logits' gradients
+    logits = metrics.logits_gradient_bytes(cfg.data.batch_size * cfg.data.seq_len, vocab) \
+        if vocab and not fused else None
     res.memory_breakdown = metrics.memory_breakdown(rec.first.static, rec.first.saved_activations, training_peak,
                                                     logits)
 

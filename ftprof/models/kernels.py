@@ -41,6 +41,12 @@ FUSED_LOSS = "fused_linear_cross_entropy"
 BLOCK_KERNELS = ("rms_norm", "swiglu", "rope")
 
 
+def fuses_loss(kernels: str) -> bool:
+    """Whether the kernel set computes the loss without materializing the logits: Liger's fused linear cross
+    entropy, applied with or without --compile (``patched``)."""
+    return kernels == "liger"
+
+
 @contextlib.contextmanager
 def patched(kernels: str, model_type: str | None, compiled_blocks: bool = False):
     """Apply the kernel set to transformers' modeling module for the duration of a run; yields the names of the
