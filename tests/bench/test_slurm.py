@@ -136,6 +136,22 @@ def test_a_sweep_runs_as_slurm_jobs_and_a_rerun_submits_nothing(tmp_path, slurm_
     assert "submit" not in seen and [p.action for p in again.planned] == ["skip", "skip"]
 
 
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_two_process_experiment_runs_under_slurm_through_torchrun(tmp_path, slurm_cluster):
+    """srun starts ftprof's torchrun wrapper, which starts two gloo ranks on the node: one result per rank, and
+    rank 0's result for the experiment."""
+    sweep = _sweep(tmp_path, f"base: {{{TINY}, max_steps: 3, nproc_per_node: 2, parallel: ddp}}\n"
+                             "matrix: {method: [lora]}\nlauncher: {type: slurm, time: 5, poll_s: 1}\n")
+    done = run_sweep(sweep, tmp_path / "out", on_event=_events()[1])
+    assert [o.status for o in done.outcomes] == ["ok"], done.outcomes
+    run_dir = next(p for p in (tmp_path / "out").iterdir() if (p / "slurm_task.json").exists())
+    assert (run_dir / "result_rank0.json").exists() and (run_dir / "result_rank1.json").exists()
+    scripts = list((tmp_path / "out" / ".slurm").glob("*.sbatch"))
+    assert scripts and all("-m ftprof.engine.torchrun_entry" in f.read_text() for f in scripts)
+    assert json.loads((run_dir / "result.json").read_text())["world_size"] == 2
+
+
 LONG = f"base: {{{TINY}, max_steps: 1000000}}\nmatrix: {{method: [full]}}\n"
 
 
