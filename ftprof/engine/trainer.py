@@ -133,6 +133,12 @@ class Trainer:
         res = assemble(recorded, status, exc)
         if self.dist.enabled and status is Status.OK:
             res = self.aggregate_ranks(res)
+        elif self.dist.enabled:
+            # No collective after a failure (a rank that is gone would hang it): say how many ranks ran, and that
+            # the figures are this rank's alone.
+            res.world_size, res.parallel = self.dist.world_size, self.cfg.distributed.parallel
+            res.notes.append(f"figures are rank {self.dist.rank}'s: the ranks' figures are combined only when "
+                             "the run finishes")
         return res
 
     def aggregate_ranks(self, res: RunResult) -> RunResult:

@@ -70,3 +70,5 @@ def test_ctrl_c_of_a_two_process_launch_is_one_line_and_recorded(tmp_path):
     assert err.strip().splitlines() == [f"ftprof: interrupted (Ctrl-C); run dir {run}"], err
     for name in ("result.json", "result_rank0.json", "result_rank1.json"):
         assert json.loads((run / name).read_text())["status"] == "interrupted", name
+    result = json.loads((run / "result.json").read_text())
+    assert result["world_size"] == 2 and any("rank 0's" in n for n in result["notes"])  # not "cpu x1"
