@@ -161,3 +161,39 @@ def test_run_peak_is_the_max_over_steps_and_stages():
     stages = {"load": 50, "first_forward": 7, "steady_state": 8}
     assert metrics.training_peak(stages, [9, 3]) == 9  # loading excluded
     assert metrics.training_peak(stages, []) == 8
+
+
+def _recompute_measured(model, seq=64):
+    from ftprof.engine.checkpointing import apply_policy
+
+    model.train()
+    apply_policy(model, "none")
+    plain = _measured_flops_per_token(model, seq)
+    apply_policy(model, "full")
+    return _measured_flops_per_token(model, seq) - plain
+
+
+def test_recompute_count_matches_flop_counter_for_full_finetuning():
+    model = _tiny("eager")
+    layers, dim = metrics.attention_dims(model.config)
+    predicted = metrics.recompute_flops_per_token(metrics.recomputed_params(model), layers, dim, 64)
+    assert _recompute_measured(model) == pytest.approx(predicted, rel=1e-6)
+
+
+def test_recompute_count_matches_flop_counter_for_lora():
+    """Under checkpointing PEFT turns on the embeddings' output gradient, so layer 0's q, k and v (and their LoRA
+    A) compute input gradients they skip otherwise: FLOPs the 4N convention counts as model FLOPs already. The rest
+    of the difference is the recomputation, exactly as counted."""
+    from peft import LoraConfig, get_peft_model
+
+    model = _tiny("eager")
+    model.requires_grad_(False)
+    model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                  "gate_proj", "up_proj", "down_proj"]))
+    layers, dim = metrics.attention_dims(model.config)
+    predicted = metrics.recompute_flops_per_token(metrics.recomputed_params(model), layers, dim, 64)
+    attn = model.base_model.model.model.layers[0].self_attn
+    layer0_input_grads = sum(2 * p.numel() for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
+                             for name, p in proj.named_parameters()
+                             if name.endswith("base_layer.weight") or "lora_A" in name)
+    assert _recompute_measured(model) == pytest.approx(predicted + layer0_input_grads, rel=1e-6)
