@@ -21,6 +21,8 @@ FAST_PATHS = {
     "compile+liger": {"compile": True, "kernels": "liger"},  # Liger's fused loss outside compiled blocks
     "compile+selective": {"compile": True, "checkpointing": "selective"},
     "compile+full": {"compile": True, "checkpointing": "full"},  # the blocks' children compiled
+    "partial": {"checkpointing": "full", "checkpoint_layers": 8},  # 8 of llama-1b's 16 layers
+    "compile+partial": {"compile": True, "checkpointing": "full", "checkpoint_layers": 8},
     "cudnn": {"sdpa_backend": "cudnn"},
     "compile+cudnn": {"compile": True, "sdpa_backend": "cudnn"},
 }
