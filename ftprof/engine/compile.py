@@ -33,7 +33,7 @@ class CompileOutcome:
     compiled: bool = False
     compile_time_s: float | None = None  # the warm-up forward + backward, compilation included
     fallback: str | None = None  # why the run went eager, if it did
-    scope: str = "block"  # what was compiled: "block", or "block children" under full checkpointing
+    scope: str = "block"  # what was compiled: "block", or "block children" of the blocks full checkpointing covers
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -56,10 +56,6 @@ def eager_rounding(enabled: bool):
         yield
 
 
-def _scope(checkpointing: str) -> str:
-    return "block children" if checkpointing == "full" else "block"
-
-
 def compile_targets(model, checkpointing: str) -> list[torch.nn.Module]:
     """The modules to compile: each decoder block, or, for a block that full checkpointing applies to (all of
     them, or the first --checkpoint-layers), its children."""
@@ -73,23 +69,25 @@ def compile_targets(model, checkpointing: str) -> list[torch.nn.Module]:
     return targets
 
 
-def compile_blocks(model, checkpointing: str = "none") -> int:
-    """Compile the blocks (or their children); returns the number of blocks."""
-    for module in compile_targets(model, checkpointing):
-        module.compile()
-    return len(metrics.decoder_layers(model))
-
-
-def uncompile_blocks(model, checkpointing: str = "none") -> None:
-    for module in compile_targets(model, checkpointing):
-        module._compiled_call_impl = None  # what Module.compile() set: calls go to the eager forward again
+def _scope(blocks: list[torch.nn.Module], targets: list[torch.nn.Module]) -> str:
+    """What was compiled: "block", "block children", or both ("block children in 8 of 16 blocks")."""
+    whole = {id(t) for t in targets}
+    by_children = sum(1 for block in blocks if id(block) not in whole)
+    if by_children == 0:
+        return "block"
+    if by_children == len(blocks):
+        return "block children"
+    return f"block children in {by_children} of {len(blocks)} blocks"
 
 
 def warm_up(model, params, batch: dict, autocast: Callable, log: Callable[[str], None],
             checkpointing: str = "none") -> CompileOutcome:
     """Compile the blocks by running one forward and backward; on failure, run eager. Gradients are cleared.
     ``checkpointing`` is the policy in force (none, selective or full): it decides what is compiled."""
-    outcome = CompileOutcome(blocks=compile_blocks(model, checkpointing), scope=_scope(checkpointing))
+    blocks, targets = metrics.decoder_layers(model), compile_targets(model, checkpointing)
+    for module in targets:
+        module.compile()
+    outcome = CompileOutcome(blocks=len(blocks), scope=_scope(blocks, targets))
     start = time.perf_counter()
     try:
         with autocast():
@@ -100,7 +98,8 @@ def warm_up(model, params, batch: dict, autocast: Callable, log: Callable[[str],
         outcome.compiled = True
         outcome.compile_time_s = time.perf_counter() - start
     except Exception as exc:  # noqa: BLE001 - any compiler failure means: run eager, and say so
-        uncompile_blocks(model, checkpointing)
+        for module in targets:
+            module._compiled_call_impl = None  # what Module.compile() set: calls go to the eager forward again
         torch._dynamo.reset()
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
         outcome.fallback = f"{type(exc).__name__}: {first}"

@@ -88,7 +88,7 @@ def test_compile_under_partial_checkpointing_compiles_checkpointed_blocks_by_chi
     from transformers import AutoModelForCausalLM
 
     from ftprof.engine.checkpointing import apply_policy
-    from ftprof.engine.compile import compile_targets
+    from ftprof.engine.compile import _scope, compile_targets
     from ftprof.metrics import decoder_layers
     from ftprof.models.presets import preset_config
 
@@ -99,6 +99,7 @@ def test_compile_under_partial_checkpointing_compiles_checkpointed_blocks_by_chi
     assert first.gradient_checkpointing and not second.gradient_checkpointing
     targets = compile_targets(model, "full")
     assert second in targets and first not in targets and all(c in targets for c in first.children())
+    assert _scope([first, second], targets) == "block children in 1 of 2 blocks"  # recorded as compile.scope
     apply_policy(model, "none")
     assert compile_targets(model, "none") == [first, second]
 
