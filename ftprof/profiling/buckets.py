@@ -443,7 +443,7 @@ def _gpu(acc, ops: OpTable, steps: list, shapes: bool, categorize):
     k_end = np.frombuffer(acc.k_end, dtype=np.float64)
     k_name = np.frombuffer(acc.k_name, dtype=np.uint32).astype(np.int64)
     op_idx = _lookup(ops.ext, np.frombuffer(acc.k_ext, dtype=np.float64))
-    when = _launch_times(acc, np.frombuffer(acc.k_corr_all, dtype=np.float64))
+    when = launch_times(acc, np.frombuffer(acc.k_corr_all, dtype=np.float64))
     np.copyto(when, k_start, where=np.isnan(when))  # no launch in the trace: the kernel's own start
     steps = _steps_or_all(steps, float(when.min()), float(when.max()))
     step = step_index(when, steps)
@@ -533,7 +533,7 @@ def _lookup(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     return np.where(found, order[pos], -1)
 
 
-def _launch_times(acc, k_corr: np.ndarray) -> np.ndarray:
+def launch_times(acc, k_corr: np.ndarray) -> np.ndarray:
     """CPU launch time of each kernel (by correlation id); NaN where the launch is not in the trace."""
     lc = np.frombuffer(acc.launch_corr, dtype=np.float64)
     lt = np.frombuffer(acc.launch_ts, dtype=np.float64)

@@ -228,63 +228,69 @@ class _Accumulator:
         self.k_kind.append(0 if cat == "kernel" else 1 if host_device else 2)
 
 
-def _kernel_stages(acc: _Accumulator) -> list[str | None]:
-    """Each GPU activity's ftprof stage: the stage whose CPU range contains its launch (None: launched outside
-    every stage, or no launch found).
+def _kernel_stages(acc: _Accumulator) -> tuple[np.ndarray, list[str]]:
+    """Each GPU activity's ftprof stage, as an index into the returned stage names (-1: launched outside every
+    stage, or its launch is not in the trace): the stage whose CPU range contains its launch.
 
     Backward kernels are launched from autograd's own thread, so the GPU-side annotation of ftprof/backward misses
     them; matching launches by time (any thread) does not.
     """
     n = len(acc.k_start)
-    if not n or not len(acc.launch_corr) or not acc.stage_ranges:
-        return [None] * n
-    lc, lt = np.frombuffer(acc.launch_corr), np.frombuffer(acc.launch_ts)
-    order = np.argsort(lc)
-    lc, lt = lc[order], lt[order]
-    kc = np.frombuffer(acc.k_corr_all)  # NaN (no correlation) never matches a launch
-    pos = np.clip(np.searchsorted(lc, kc), 0, len(lc) - 1)
-    found = lc[pos] == kc
+    if not n or not acc.stage_ranges:
+        return np.full(n, -1, dtype=np.int64), []
     ranges = sorted(acc.stage_ranges)
-    starts = np.array([r[0] for r in ranges])
-    ends = np.array([r[1] for r in ranges])
-    launch = lt[pos]
-    idx = np.searchsorted(starts, launch, side="right") - 1
-    inside = found & (idx >= 0) & (launch < ends[np.clip(idx, 0, None)])
-    return [ranges[i][2] if ok else None for i, ok in zip(idx.tolist(), inside.tolist(), strict=True)]
+    names = sorted({name for _, _, name in ranges})
+    range_stage = np.array([names.index(name) for _, _, name in ranges])
+    when = buckets.launch_times(acc, np.frombuffer(acc.k_corr_all, dtype=np.float64))  # NaN: no launch
+    idx = buckets.step_index(when, [(start, end) for start, end, _ in ranges])
+    return np.where(idx >= 0, range_stage[np.clip(idx, 0, None)], -1), names
 
 
-def _gpu_stage_times(acc: _Accumulator, stages: list[str | None]) -> Counter:
-    """GPU time per ftprof stage (``stages``: each activity's stage, from ``_kernel_stages``)."""
-    out: Counter = Counter()
-    for stage, start, end in zip(stages, acc.k_start, acc.k_end, strict=True):
-        if stage is not None:
-            out[stage] += end - start
-    return out
+def _gpu_stage_times(acc: _Accumulator, stages: np.ndarray, names: list[str]) -> Counter:
+    """GPU time per ftprof stage (``stages``, ``names``: from ``_kernel_stages``)."""
+    busy = np.frombuffer(acc.k_end) - np.frombuffer(acc.k_start)
+    inside = stages >= 0
+    per_stage = np.bincount(stages[inside], weights=busy[inside], minlength=len(names))
+    return Counter({name: float(t) for name, t in zip(names, per_stage, strict=True) if t > 0})
 
 
 OUTSIDE_STAGES = "outside"  # work launched outside ftprof's stage ranges
 
 
-def idle_by_stage(acc: _Accumulator, stages: list[str | None]) -> dict[str, dict[str, float]]:
+def idle_by_stage(acc: _Accumulator, stages: np.ndarray, names: list[str]) -> dict[str, dict[str, float]]:
     """Where the GPU waited. Each gap in the GPU timeline (no activity on any stream) is charged to the stage of the
     work that ended it, i.e. what the GPU was waiting for the host to launch; a gap between work of two stages is
     charged to the transition ("ftprof/optimizer_step -> ftprof/forward": a step boundary). Per key: the idle time,
-    the number of gaps, and the time in gaps of 1 ms or more (host work or a sync rather than launch latency)."""
+    the number of gaps, and the time in gaps of 1 ms or more (host work or a sync rather than launch latency).
+    Vectorized: a large trace has millions of kernels."""
     order = np.argsort(np.frombuffer(acc.k_start), kind="stable")
+    end = np.frombuffer(acc.k_end)[order]
+    covered = np.maximum.accumulate(end)  # the GPU is busy until covered[i] after the first i + 1 activities
+    reaches = end[1:] >= covered[:-1]  # activity i + 1 is (so far) the last the GPU finishes
+    del end
+    gap = np.frombuffer(acc.k_start)[order[1:]]
+    gap -= covered[:-1]
+    del covered
+    waited = np.flatnonzero(gap > 0)  # gap i: between the first i + 1 activities and activity i + 1
+    gap = gap[waited]
+    # Before gap i the GPU was finishing the latest activity <= i whose end reached the running maximum.
+    reached = np.flatnonzero(np.concatenate(([True], reaches)))
+    del reaches
+    before = stages[order[reached[np.searchsorted(reached, waited, side="right") - 1]]]
+    del reached
+    # One code per (stage before, stage after) pair (-1, outside, shifted to 0); summed per code, not per gap.
+    width = len(names) + 1
+    code = (before + 1) * width + stages[order[waited + 1]] + 1
+    del before, waited, order
+    codes, which = np.unique(code, return_inverse=True)
+    idle = np.bincount(which, weights=gap, minlength=len(codes))
+    count = np.bincount(which, minlength=len(codes))
+    long = np.bincount(which, weights=np.where(gap >= 1000.0, gap, 0.0), minlength=len(codes))
+    labels = [OUTSIDE_STAGES, *names]
     out: dict[str, dict[str, float]] = {}
-    covered, before = None, None
-    for i in order.tolist():
-        start, end, stage = acc.k_start[i], acc.k_end[i], stages[i] or OUTSIDE_STAGES
-        if covered is not None and start > covered:
-            gap = start - covered
-            key = stage if before == stage else f"{before} -> {stage}"
-            row = out.setdefault(key, {"idle_us": 0.0, "gaps": 0, "long_gaps_us": 0.0})
-            row["idle_us"] += gap
-            row["gaps"] += 1
-            row["long_gaps_us"] += gap if gap >= 1000.0 else 0.0
-        if covered is None or end >= covered:
-            before = stage  # the work the GPU finishes last, so far
-        covered = end if covered is None else max(covered, end)
+    for c, t, k, lg in zip(codes.tolist(), idle.tolist(), count.tolist(), long.tolist(), strict=True):
+        b, a = divmod(c, width)
+        out[labels[a] if b == a else f"{labels[b]} -> {labels[a]}"] = {"idle_us": t, "gaps": k, "long_gaps_us": lg}
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["idle_us"]))
 
 
@@ -376,8 +382,8 @@ def summarize(path: str | Path, run_config: dict | None = None) -> TraceSummary:
         for name, t in self_t.items():
             cats[categorize(name)] += t
         times = self_t
-    kernel_stages = _kernel_stages(acc) if gpu else []
-    gpu_stages = _gpu_stage_times(acc, kernel_stages) if gpu else Counter()
+    kernel_stages, stage_names = _kernel_stages(acc) if gpu else (np.empty(0, dtype=np.int64), [])
+    gpu_stages = _gpu_stage_times(acc, kernel_stages, stage_names) if gpu else Counter()
     stages = gpu_stages or acc.cpu_stage
     gemm_us, fp32_us = _gemm_split(acc, gpu, times)
     summary = TraceSummary(
@@ -391,7 +397,7 @@ def summarize(path: str | Path, run_config: dict | None = None) -> TraceSummary:
         host_device_copies={k: {"count": acc.copies[k], "us": acc.copy_us[k], "bytes": acc.copy_bytes[k]}
                             for k in acc.copies},
         fp32_gemm_us=fp32_us, gemm_us=gemm_us, verdict="", diagnoses=[], metadata=meta,
-        idle_by_stage_us=idle_by_stage(acc, kernel_stages) if gpu else {})
+        idle_by_stage_us=idle_by_stage(acc, kernel_stages, stage_names) if gpu else {})
     summary.logits_softmax_us = sum(t for n, t in acc.kernel_time.items() if any(k in n for k in LOGITS_KERNELS))
     summary.breakdown = breakdown_dict(buckets.from_trace(acc, meta, ftmeta, run_config, categorize))
     info = meta.get("distributedInfo")
