@@ -90,7 +90,7 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
                                policy)
     counts = metrics.count_params(model)
     device_name = torch.cuda.get_device_name(pre.device) if pre.device.type == "cuda" else "cpu"
-    used = (attention.probe(pre.source.config, cfg.data.batch_size, cfg.data.seq_len, pre.device, dtype)
+    used = (attention.probe(pre.source.config, cfg.data.seq_len, pre.device, dtype)
             if cfg.model.attn_implementation == "sdpa" else None)
     return Built(tokenizer, batches, model, params, optimizer, autocast, counts,
                  count_flops(model, counts, pre, policy, layers), device_name, policy, layers, auto, compiled, used,

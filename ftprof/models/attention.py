@@ -56,10 +56,11 @@ def preferred(name: str):
         torch._C._set_sdp_priority_order(before)
 
 
-def probe(model_config, batch_size: int, seq_len: int, device, dtype) -> str | None:
+def probe(model_config, seq_len: int, device, dtype) -> str | None:
     """The backend SDPA picks for this model's causal training attention (no mask, grouped KV heads as
     transformers passes them), or None when it cannot be asked (not CUDA, or an architecture without these
-    fields). Small tensors of the real head shape: the choice depends on head size, dtype, heads and masking."""
+    fields). One sequence of the run's length and the real head shape (the choice depends on head size, sequence
+    length, dtype, heads and masking, not on the batch), so the probe stays small whatever the batch."""
     heads = getattr(model_config, "num_attention_heads", None)
     hidden = getattr(model_config, "hidden_size", None)
     if device.type != "cuda" or not heads or not hidden:
@@ -68,8 +69,8 @@ def probe(model_config, batch_size: int, seq_len: int, device, dtype) -> str | N
 
     kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
     head_dim = getattr(model_config, "head_dim", None) or hidden // heads
-    q = torch.empty(batch_size, heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
-    kv = torch.empty(batch_size, kv_heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
+    q = torch.empty(1, heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
+    kv = torch.empty(1, kv_heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
     try:
         choice = torch._fused_sdp_choice(q, kv, kv, None, 0.0, True, enable_gqa=kv_heads != heads)
     except (RuntimeError, TypeError):

@@ -38,7 +38,7 @@ def test_order_comes_back_after_a_failure():
 
 def test_probe_answers_only_on_cuda():
     config = preset_config("tiny")
-    assert attention.probe(config, 2, 64, torch.device("cpu"), torch.float32) is None
+    assert attention.probe(config, 64, torch.device("cpu"), torch.float32) is None
 
 
 @pytest.mark.parametrize("device, impl, fragment", [("cpu", "sdpa", "needs a CUDA device"),
