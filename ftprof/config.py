@@ -32,6 +32,8 @@ MEMORY_LOGGING = ("none", "torch", "nvml", "all")
 CHECKPOINTING = ("none", "full", "selective", "auto")
 KERNELS = ("eager", "liger")
 SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn")  # models/attention.py says what each means
+# torch.compile's modes, by torch's names; engine/compile.py says what each does to a decoder block.
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 
 
@@ -73,6 +75,10 @@ class ModelConfig:
                           "SwiGLU, RoPE and fused linear cross entropy (Llama and Mistral; CUDA)", choices=KERNELS)
     compile: bool = option(False, "torch.compile each decoder block (not the whole model); a block that does not "
                            "compile runs eager, with a note; compile time is reported apart from step time")
+    compile_mode: str = option("default", "with --compile: torch.compile's mode. max-autotune-no-cudagraphs "
+                               "benchmarks Triton GEMM templates (with fused epilogues) against cuBLAS for each "
+                               "matmul shape (slower to compile); reduce-overhead and max-autotune also replay "
+                               "each block as a CUDA graph", choices=COMPILE_MODES)
     attn_implementation: str = option("sdpa", "attention kernel passed to transformers",
                                       choices=("sdpa", "eager", "flash_attention_2"))
     sdpa_backend: str = option("auto", "the kernel behind --attn-implementation sdpa: auto (PyTorch's own "
@@ -84,6 +90,9 @@ class ModelConfig:
         _one_of("--dtype", self.dtype, DTYPES)
         _one_of("--kernels", self.kernels, KERNELS)
         _one_of("--sdpa-backend", self.sdpa_backend, SDPA_BACKENDS)
+        _one_of("--compile-mode", self.compile_mode, COMPILE_MODES)
+        _require(self.compile or self.compile_mode == "default",
+                 f"--compile-mode {self.compile_mode} needs --compile")
         if self.checkpointing is not None:
             _one_of("--checkpointing", self.checkpointing, CHECKPOINTING)
         # One policy, two spellings: gradient_checkpointing is kept as the derived yes/no (None while auto decides).

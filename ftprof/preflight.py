@@ -63,6 +63,9 @@ def preflight(cfg: RunConfig) -> Preflight:
     if cfg.model.attn_implementation == "flash_attention_2" and device.type != "cuda":
         raise ConfigError("--attn-implementation flash_attention_2 needs a CUDA device")
     _check_memory_limit(cfg.output.memory_limit_gib, device)
+    if cfg.model.compile_mode in ("reduce-overhead", "max-autotune") and device.type != "cuda":
+        raise ConfigError(f"--compile-mode {cfg.model.compile_mode} replays blocks as CUDA graphs: it needs a CUDA "
+                          "device (max-autotune-no-cudagraphs works on CPU)")
     layers = getattr(source.config, "num_hidden_layers", None)
     if cfg.model.checkpoint_layers is not None and layers and cfg.model.checkpoint_layers > layers:
         raise ConfigError(f"--checkpoint-layers {cfg.model.checkpoint_layers}: '{cfg.model.model}' has {layers} "

@@ -8,6 +8,11 @@ inside the compiled graph, where the partitioner, not torch's checkpoint, decide
 checkpoint outside, recomputing compiled code. Selective checkpointing keeps the compiled block: its policy is
 traced with it, and op by op it could not see inside compiled children.
 
+``--compile-mode`` is torch.compile's mode, applied to each block: max-autotune-no-cudagraphs lets inductor
+benchmark its Triton GEMM templates (which can fuse the elementwise work around a matmul, such as adding LoRA's
+output to the base projection's) against cuBLAS for every matmul shape; reduce-overhead and max-autotune replay
+each compiled block as a CUDA graph (the loop then marks each micro-batch as a new step for torch's CUDA graph trees).
+
 Compilation happens at the first forward. ``warm_up`` runs that first forward and backward on a batch of the
 run's shape before the loop, times it as the compile time (reported apart from step time), and when it fails
 (an op the compiler cannot handle in a quantized layer, a missing C++ compiler on CPU) puts every block back to
@@ -34,6 +39,12 @@ class CompileOutcome:
     compile_time_s: float | None = None  # the warm-up forward + backward, compilation included
     fallback: str | None = None  # why the run went eager, if it did
     scope: str = "block"  # what was compiled: "block", or "block children" of the blocks full checkpointing covers
+    mode: str = "default"  # torch.compile's mode (--compile-mode)
+
+    @property
+    def cudagraphs(self) -> bool:
+        """Whether compiled blocks replay as CUDA graphs (torch's CUDA graph trees then need step marks)."""
+        return self.compiled and self.mode in ("reduce-overhead", "max-autotune")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -81,13 +92,14 @@ def _scope(blocks: list[torch.nn.Module], targets: list[torch.nn.Module]) -> str
 
 
 def warm_up(model, params, batch: dict, autocast: Callable, log: Callable[[str], None],
-            checkpointing: str = "none") -> CompileOutcome:
+            checkpointing: str = "none", mode: str = "default") -> CompileOutcome:
     """Compile the blocks by running one forward and backward; on failure, run eager. Gradients are cleared.
-    ``checkpointing`` is the policy in force (none, selective or full): it decides what is compiled."""
+    ``checkpointing`` is the policy in force (none, selective or full): it decides what is compiled; ``mode`` is
+    torch.compile's."""
     blocks, targets = metrics.decoder_layers(model), compile_targets(model, checkpointing)
     for module in targets:
-        module.compile()
-    outcome = CompileOutcome(blocks=len(blocks), scope=_scope(blocks, targets))
+        module.compile(mode=None if mode == "default" else mode)
+    outcome = CompileOutcome(blocks=len(blocks), scope=_scope(blocks, targets), mode=mode)
     start = time.perf_counter()
     try:
         with autocast():

@@ -55,6 +55,10 @@ def train_step(cfg: RunConfig, built: Built, device: torch.device, memory: Memor
         tokens, real = tokens + n, real + r
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         measured = is_first and micro == 0
+        if built.compiled is not None and built.compiled.cudagraphs:
+            # CUDA graph trees reuse their output buffers once a new step begins; each micro-batch's forward and
+            # backward are done with the previous one's outputs (only the detached loss is kept).
+            torch.compiler.cudagraph_mark_step_begin()
         meter = first.forward_meter(built.model, measured, built.selective)
         with _stage(memory, "first_forward", measured), record_function("ftprof/forward"), built.autocast(), meter:
             loss = built.model(**batch).loss

@@ -37,7 +37,7 @@ MEMORY_SOURCES = (("nvml_process_used_peak", "NVML process peak"), ("torch_peak_
 _GPU_OPTIONS = {"nproc_per_node", "nnodes"}
 # Labels read method first, then the options people sweep most; any other varying option follows.
 _LABEL_ORDER = ("method", "model", "batch_size", "seq_len", "grad_accum", "checkpointing", "kernels", "compile",
-                "sdpa_backend", "world_size")
+                "compile_mode", "sdpa_backend", "world_size")
 # Categorical options whose switches read best in a fixed order (from the baseline choice to the alternatives).
 _ORDERS = {"checkpointing": CHECKPOINTING, "kernels": KERNELS, "method": METHODS}
 
@@ -132,6 +132,8 @@ def _short(name: str, value: object) -> str:
         return f"s{value}"
     if name == "sdpa_backend":
         return f"attn-{value}"
+    if name == "compile_mode":
+        return f"compile-{value}"
     if name == "grad_accum":
         return f"ga{value}"
     if isinstance(value, bool) or str(value) in ("True", "False"):

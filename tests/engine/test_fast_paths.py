@@ -105,10 +105,12 @@ def test_compile_under_partial_checkpointing_compiles_checkpointed_blocks_by_chi
 
 
 @pytest.mark.slow
-def test_compile_matches_eager_on_cpu(tmp_path):
+@pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs"])
+def test_compile_matches_eager_on_cpu(tmp_path, mode):
     eager = ftprof.train(tiny_config(tmp_path / "e", "lora", max_steps=3))
-    compiled = ftprof.train(tiny_config(tmp_path / "c", "lora", max_steps=3, compile=True))
+    compiled = ftprof.train(tiny_config(tmp_path / "c", "lora", max_steps=3, compile=True, compile_mode=mode))
     assert compiled.status == "ok" and compiled.compile["blocks"] == 2
+    assert compiled.compile["mode"] == mode
     if compiled.compile["compiled"]:
         assert compiled.compile_time_s > 0
         assert compiled.loss_last == pytest.approx(eager.loss_last, rel=1e-3)
@@ -147,6 +149,9 @@ def test_compile_under_full_checkpointing_keeps_the_checkpoint(tmp_path, policy_
     (["--checkpointing", "full", "--checkpoint-layers", "3"], "has 2 decoder layers"),
     (["--checkpointing", "full", "--checkpoint-layers", "0"], "at least 1"),
     (["--checkpointing", "sometimes"], "invalid choice"),
+    (["--compile-mode", "max-autotune-no-cudagraphs"], "--compile-mode max-autotune-no-cudagraphs needs --compile"),
+    (["--compile", "--compile-mode", "reduce-overhead"], "needs a CUDA device"),
+    (["--compile", "--compile-mode", "fastest"], "invalid choice"),
     (["--checkpointing", "auto", "--nproc-per-node", "2"], "--checkpointing auto estimates one process"),
 ])
 def test_fast_path_bad_input_is_one_line(tmp_path, capsys, argv, fragment):

@@ -25,6 +25,8 @@ FAST_PATHS = {
     "compile+partial": {"compile": True, "checkpointing": "full", "checkpoint_layers": 8},
     "cudnn": {"sdpa_backend": "cudnn"},
     "compile+cudnn": {"compile": True, "sdpa_backend": "cudnn"},
+    "compile-autotune": {"compile": True, "compile_mode": "max-autotune-no-cudagraphs"},
+    "compile-cudagraphs": {"compile": True, "compile_mode": "reduce-overhead"},
 }
 
 
@@ -57,6 +59,7 @@ def test_fast_path_loss_matches_eager(tmp_path, eager_runs, method, name):
     assert result.status == "ok", result.error_message
     if "compile" in name:
         assert result.compile["compiled"], result.compile
+        assert result.compile["mode"] == FAST_PATHS[name].get("compile_mode", "default")
     if "cudnn" in name:  # SDPA really runs cuDNN's attention for this shape (not a silent fallback)
         assert result.sdpa_backend_used == "cudnn", (result.sdpa_backend_used, result.notes)
     a, b = _losses(eager), _losses(result)
