@@ -15,7 +15,7 @@ from ftprof.data import make_batches
 from ftprof.engine import checkpointing, distributed
 from ftprof.engine.checkpointing import AutoChoice, SelectivePolicy
 from ftprof.engine.compile import CompileOutcome, warm_up
-from ftprof.models import attention
+from ftprof.models import attention, kernels
 from ftprof.models.materialize import materialize_sharded
 from ftprof.models.methods import LoadContext, get_strategy
 from ftprof.models.tokenizer import load_tokenizer as tokenizer_for
@@ -87,7 +87,7 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
         with memory.stage("compile"):
             first = next(make_batches(cfg.data, tokenizer, vocab, cfg.train.seed + dist.rank))  # stream untouched
             compiled = warm_up(model, params, {k: v.to(pre.device) for k, v in first.items()}, autocast, log,
-                               policy, cfg.model.compile_mode)
+                               policy, cfg.model.compile_mode, kernels.fuses_loss(cfg.model.kernels))
     counts = metrics.count_params(model)
     device_name = torch.cuda.get_device_name(pre.device) if pre.device.type == "cuda" else "cpu"
     used = (attention.probe(pre.source.config, cfg.data.seq_len, pre.device, dtype)

@@ -4,6 +4,7 @@ one-line errors for what cannot run here. The GPU numerics against eager are in 
 import json
 
 import pytest
+import torch
 
 import ftprof
 from ftprof.cli.main import main
@@ -113,10 +114,30 @@ def test_compile_matches_eager_on_cpu(tmp_path, mode):
     assert compiled.compile["mode"] == mode
     if compiled.compile["compiled"]:
         assert compiled.compile_time_s > 0
+        assert compiled.compile["loss"]  # transformers' loss (upcast + cross entropy) is compiled with the blocks
         assert compiled.loss_last == pytest.approx(eager.loss_last, rel=1e-3)
     else:  # no working C++ toolchain for inductor here: the run fell back to eager and said why
         assert compiled.compile["fallback"] and any("--compile" in n for n in compiled.notes)
         assert compiled.loss_last == pytest.approx(eager.loss_last, rel=1e-6)
+
+
+def test_a_failed_compile_puts_blocks_and_loss_back_to_eager(tmp_path):
+    """warm_up's fallback: whatever fails in the first forward, every compiled block and the loss run eager again."""
+    import contextlib
+
+    from ftprof.engine.compile import causal_lm, compile_targets, warm_up
+    from tests.conftest import build_run
+
+    pre, built = build_run(tiny_config(tmp_path, "lora"))
+    eager_loss = causal_lm(built.model).loss_function
+    vocab = causal_lm(built.model).config.vocab_size
+    bad = {"input_ids": torch.full((1, 8), vocab + 5), "labels": torch.zeros((1, 8), dtype=torch.long)}
+    notes = []
+    outcome = warm_up(built.model, built.params, bad, contextlib.nullcontext, notes.append)
+    assert not outcome.compiled and not outcome.loss and outcome.fallback, outcome
+    assert notes and notes[0].startswith("--compile: decoder blocks did not compile")
+    assert all(m._compiled_call_impl is None for m in compile_targets(built.model, "none"))
+    assert causal_lm(built.model).loss_function is eager_loss
 
 
 @pytest.mark.slow

@@ -60,6 +60,7 @@ def test_fast_path_loss_matches_eager(tmp_path, eager_runs, method, name):
     if "compile" in name:
         assert result.compile["compiled"], result.compile
         assert result.compile["mode"] == FAST_PATHS[name].get("compile_mode", "default")
+        assert result.compile["loss"] == ("liger" not in name)  # Liger's fused loss is not compiled over
     if "cudnn" in name:  # SDPA really runs cuDNN's attention for this shape (not a silent fallback)
         assert result.sdpa_backend_used == "cudnn", (result.sdpa_backend_used, result.notes)
     a, b = _losses(eager), _losses(result)
