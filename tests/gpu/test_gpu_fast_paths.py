@@ -88,13 +88,17 @@ def test_fast_path_lora_gradients_match_eager(tmp_path, name):
     assert float(diff / norm) < 2e-2, float(diff / norm)
 
 
-@pytest.mark.parametrize("cap_gib", [6.0, 9.0])
-def test_auto_plans_for_a_memory_cap_and_stays_under_it(tmp_path, cap_gib):
+# auto's estimates for this run (llama-1b LoRA, bf16, 4 x 1024): none 14.8, selective 11.8, full 8.6 GiB. Under
+# 12 GiB (10.8 after the margin) it checkpoints some layers; under 14 GiB (12.6) selective fits. (Under 6 or 9 GiB no
+# policy fits: auto then runs full and says so, and the run may run out of memory, as it did on an H200.)
+@pytest.mark.parametrize("cap_gib, expected", [(12.0, "full on "), (14.0, "selective: ")])
+def test_auto_plans_for_a_memory_cap_and_stays_under_it(tmp_path, cap_gib, expected):
     """--memory-limit-gib: auto chooses for the cap (a smaller card), and the run's peak stays below it."""
     cfg = fast_config(tmp_path, "lora", checkpointing="auto", memory_limit_gib=cap_gib, batch_size=4, seq_len=1024,
                       max_steps=4, warmup_steps=1)
     result = ftprof.train(cfg)
-    assert result.status == "ok", result.error_message
     auto = result.checkpointing_auto
+    assert result.status == "ok", (result.error_message, auto.get("reason"))
+    assert auto["reason"].startswith(expected), auto["reason"]
     assert auto["available_bytes"] <= cap_gib * (1 << 30)
     assert result.torch_peak_reserved <= cap_gib * (1 << 30), (result.torch_peak_reserved, auto["reason"])
