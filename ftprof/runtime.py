@@ -67,6 +67,7 @@ def quiet_import():
         with contextlib.redirect_stdout(sink):
             yield
     finally:
+        _release_import_frames()
         for key, old in before.items():
             new = os.environ.get(key)
             if new != old:
@@ -75,6 +76,27 @@ def quiet_import():
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = old
+
+
+def _release_import_frames() -> None:
+    """Drop the tracebacks of the import errors gptqmodel keeps as module globals (``gguf_cpp``'s
+    ``_LLAMA_CPP_IMPORT_ERROR`` and the like; the errors and their messages stay).
+
+    A traceback holds the frames it passed through, and they hold their callers: every frame on the stack when
+    gptqmodel was first imported, locals included. peft imports gptqmodel's layers lazily inside get_peft_model,
+    so the first model a process built stayed alive after ``ftprof.train()`` returned (on an H200, 2.3 GiB of a
+    later run's memory cap was a previous run's llama-1b)."""
+    import sys
+
+    for name, module in list(sys.modules.items()):
+        if module is None or name.partition(".")[0] != "gptqmodel":
+            continue
+        for value in list(vars(module).values()):
+            seen: set[int] = set()
+            while isinstance(value, BaseException) and id(value) not in seen:
+                seen.add(id(value))
+                value.__traceback__ = None
+                value = value.__cause__ or value.__context__
 
 
 def import_peft():

@@ -95,10 +95,10 @@ def test_fast_path_lora_gradients_match_eager(tmp_path, name):
 def test_auto_plans_for_a_memory_cap_and_stays_under_it(tmp_path, cap_gib, expected):
     """--memory-limit-gib: auto chooses for the cap (a smaller card), and the run's peak stays below it.
 
-    Each run is its own process, as the CLI and bench run it: in this process the models of earlier tests stay
-    on the GPU (with gptqmodel installed, peft's get_peft_model leaves frames that hold the model alive), which
-    under a cap is memory the run cannot have (2.3 GiB on an H200: the 14 GiB case ran out of memory in-process
-    and fitted, at 12.85 GiB reserved, in a fresh one)."""
+    Each run is its own process, as the CLI and bench run it: a cap is on what the whole process holds, and a
+    pytest process holds what earlier tests left (on an H200 an earlier test's llama-1b, 2.3 GiB, made the 14 GiB
+    case run out of memory in-process; it fitted, at 12.85 GiB reserved, in a fresh one. That leak is fixed:
+    ftprof.runtime drops the tracebacks of gptqmodel's stored import errors)."""
     import json
     import subprocess
     import sys
