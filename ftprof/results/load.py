@@ -99,6 +99,16 @@ def read_result(run_dir: Path, name: str = RESULT) -> dict[str, Any] | None:
     return data
 
 
+@functools.cache
+def option_defaults() -> dict[str, Any]:
+    """Every run option's default, as a run row holds it. A run from before an option existed gets the default, so
+    that it still matches today's runs of the same configuration as a repeat or a baseline (a row without
+    compile_mode would otherwise never match one with compile_mode=default)."""
+    from ftprof.config import RunConfig
+
+    return {k: ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v for k, v in RunConfig().to_flat().items()}
+
+
 def run_row(run_dir: Path) -> dict[str, Any]:
     """One run as a flat dict. Raises ValueError naming the file and the problem."""
     config = read_result(run_dir, CONFIG)
@@ -108,6 +118,8 @@ def run_row(run_dir: Path) -> dict[str, Any]:
     for section in SECTIONS:
         for key, value in (config.get(section) or {}).items():
             row[key] = ",".join(map(str, value)) if isinstance(value, list) else value
+    for key, value in option_defaults().items():  # options newer than the run: it ran with what is now the default
+        row.setdefault(key, value)
     row["run_name"] = run_dir.name  # the directory, even if copied or renamed since the run
     row.update(slurm_columns(run_dir))
     result = read_result(run_dir)

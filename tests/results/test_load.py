@@ -42,3 +42,21 @@ def test_read_result_is_none_when_absent_and_typed_when_present(tmp_path):
     assert read_result(d) is None
     (d / "result.json").write_text(json.dumps({"status": "oom_host", "steps_completed": 3, "mfu": None}))
     assert read_result(d)["steps_completed"] == 3
+
+
+def test_a_run_from_before_an_option_existed_reads_as_its_default(tmp_path):
+    """config.json written before --compile-mode existed: the row holds the default, so the run is a repeat of
+    today's run of the same configuration (and matches it as a baseline)."""
+    from ftprof.report.tables import config_key
+
+    new = {"schema_version": 1, "model": {"model": "tiny", "compile_mode": "default"}, "method": {"method": "lora"}}
+    _run(tmp_path, "old", {"status": "ok", "tokens_per_s": 10.0})
+    _run(tmp_path, "new", {"status": "ok", "tokens_per_s": 11.0}, new)
+    _run(tmp_path, "other", {"status": "ok", "tokens_per_s": 12.0},
+         {**new, "model": {"model": "tiny", "compile_mode": "reduce-overhead"}})
+    rows = {r["run_name"]: r for r in read_runs([tmp_path]).rows}
+    assert rows["old"]["compile_mode"] == "default" and rows["old"]["sdpa_backend"] == "auto"
+    import pandas as pd
+
+    keys = config_key(pd.DataFrame([rows["old"], rows["new"], rows["other"]]))
+    assert keys.iloc[0] == keys.iloc[1] != keys.iloc[2]
