@@ -87,9 +87,13 @@ def compile_targets(model, checkpointing: str) -> list[torch.nn.Module]:
 
 
 def causal_lm(model) -> torch.nn.Module | None:
-    """The transformers model that computes the loss (under PEFT, DDP or FSDP wrappers), or None."""
+    """The transformers model that computes the loss (under PEFT, DDP or FSDP wrappers), or None. Found by class:
+    PEFT's wrappers forward unknown attributes to the model inside, so ``hasattr(peft_model, "loss_function")`` is
+    true, and setting it there would change nothing the model reads."""
+    from transformers import PreTrainedModel
+
     for module in model.modules():
-        if hasattr(module, "loss_function") and hasattr(module, "get_output_embeddings"):
+        if isinstance(module, PreTrainedModel) and module.get_output_embeddings() is not None:
             return module
     return None
 

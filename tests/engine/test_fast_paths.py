@@ -140,6 +140,22 @@ def test_a_failed_compile_puts_blocks_and_loss_back_to_eager(tmp_path):
     assert causal_lm(built.model).loss_function is eager_loss
 
 
+def test_compile_compiles_the_loss_the_model_calls(tmp_path):
+    """Under PEFT the loss is set on the transformers model itself (the one whose forward reads it), not on PEFT's
+    wrapper, which forwards attribute reads but keeps what is set on it."""
+    from transformers import PreTrainedModel
+
+    from ftprof.engine.compile import causal_lm
+    from tests.conftest import build_run
+
+    pre, built = build_run(tiny_config(tmp_path, "lora", compile=True, max_steps=1))
+    lm = causal_lm(built.model)
+    assert isinstance(lm, PreTrainedModel) and type(lm).__name__ == "LlamaForCausalLM"
+    if built.compiled.compiled:  # else no C++ compiler here: the fallback test covers the way back
+        assert built.compiled.loss
+        assert hasattr(lm.loss_function, "_torchdynamo_orig_callable")  # what torch.compile returns
+
+
 @pytest.mark.slow
 def test_compile_under_full_checkpointing_keeps_the_checkpoint(tmp_path, policy_runs):
     """Under full checkpointing the blocks' children are compiled, so torch's checkpoint stays outside compiled code:
