@@ -16,7 +16,8 @@ each compiled block as a CUDA graph (the loop then marks each micro-batch as a n
 The loss is compiled too, unless a kernel set computes it (Liger's fused linear cross entropy): transformers'
 causal-LM loss upcasts the whole logits tensor to fp32 and runs cross entropy over it, memory-bound passes over
 4 GiB for llama-8b at 4 x 2048 (5.4% of the step on an H200, eager). Compiled, the upcast, log-softmax and their
-backward are fused: +1.7% tokens/s for llama-8b QLoRA on an H200, the same peak memory, the same loss to 4 digits.
+backward are fused (not yet measured on a GPU). It is set on the transformers model itself, which reads it on
+every forward.
 
 Compilation happens at the first forward. ``warm_up`` runs that first forward and backward on a batch of the
 run's shape before the loop, times it as the compile time (reported apart from step time), and when it fails
