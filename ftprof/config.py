@@ -75,6 +75,9 @@ class ModelConfig:
                           "SwiGLU, RoPE and fused linear cross entropy (Llama and Mistral; CUDA)", choices=KERNELS)
     compile: bool = option(False, "torch.compile each decoder block (not the whole model); a block that does not "
                            "compile runs eager, with a note; compile time is reported apart from step time")
+    compile_loss: bool = option(True, "with --compile: compile transformers' loss too (the fp32 upcast of the "
+                                "logits and cross entropy, forward and backward); not when --kernels liger computes "
+                                "the loss")
     compile_mode: str = option("default", "with --compile: torch.compile's mode. max-autotune-no-cudagraphs "
                                "benchmarks Triton GEMM templates (with fused epilogues) against cuBLAS for each "
                                "matmul shape (slower to compile); reduce-overhead and max-autotune also replay "

@@ -87,7 +87,8 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
         with memory.stage("compile"):
             first = next(make_batches(cfg.data, tokenizer, vocab, cfg.train.seed + dist.rank))  # stream untouched
             compiled = warm_up(model, params, {k: v.to(pre.device) for k, v in first.items()}, autocast, log,
-                               policy, cfg.model.compile_mode, kernels.fuses_loss(cfg.model.kernels))
+                               policy, cfg.model.compile_mode,
+                               compile_loss=cfg.model.compile_loss and not kernels.fuses_loss(cfg.model.kernels))
     counts = metrics.count_params(model)
     device_name = torch.cuda.get_device_name(pre.device) if pre.device.type == "cuda" else "cpu"
     used = (attention.probe(pre.source.config, cfg.data.seq_len, pre.device, dtype)

@@ -13,11 +13,11 @@ benchmark its Triton GEMM templates (which can fuse the elementwise work around 
 output to the base projection's) against cuBLAS for every matmul shape; reduce-overhead and max-autotune replay
 each compiled block as a CUDA graph (the loop then marks each micro-batch as a new step for torch's CUDA graph trees).
 
-The loss is compiled too, unless a kernel set computes it (Liger's fused linear cross entropy): transformers'
-causal-LM loss upcasts the whole logits tensor to fp32 and runs cross entropy over it, memory-bound passes over
-4 GiB for llama-8b at 4 x 2048 (5.4% of the step on an H200, eager). Compiled, the upcast, log-softmax and their
-backward are fused (not yet measured on a GPU). It is set on the transformers model itself, which reads it on
-every forward.
+The loss is compiled too (``--compile-loss``, on by default), unless a kernel set computes it (Liger's fused
+linear cross entropy): transformers' causal-LM loss upcasts the whole logits tensor to fp32 and runs cross entropy
+over it, memory-bound passes over 4 GiB for llama-8b at 4 x 2048 (5.4% of the step on an H200, eager). Compiled,
+the upcast, log-softmax and their backward are fused (not yet measured on a GPU). It is set on the transformers
+model itself, which reads it on every forward.
 
 Compilation happens at the first forward. ``warm_up`` runs that first forward and backward on a batch of the
 run's shape before the loop, times it as the compile time (reported apart from step time), and when it fails
@@ -46,7 +46,7 @@ class CompileOutcome:
     fallback: str | None = None  # why the run went eager, if it did
     scope: str = "block"  # what was compiled: "block", or "block children" of the blocks full checkpointing covers
     mode: str = "default"  # torch.compile's mode (--compile-mode)
-    loss: bool = False  # whether the causal-LM loss was compiled too (not when a kernel set fuses it)
+    loss: bool = False  # whether the causal-LM loss was compiled too (--compile-loss; not when a kernel set fuses it)
 
     @property
     def cudagraphs(self) -> bool:
@@ -111,14 +111,14 @@ def _scope(blocks: list[torch.nn.Module], targets: list[torch.nn.Module]) -> str
 
 
 def warm_up(model, params, batch: dict, autocast: Callable, log: Callable[[str], None],
-            checkpointing: str = "none", mode: str = "default", fused_loss: bool = False) -> CompileOutcome:
-    """Compile the blocks (and the loss, unless ``fused_loss``: a kernel set computes it) by running one forward
-    and backward; on failure, run eager. Gradients are cleared. ``checkpointing`` is the policy in force (none,
+            checkpointing: str = "none", mode: str = "default", compile_loss: bool = True) -> CompileOutcome:
+    """Compile the blocks (and, with ``compile_loss``, transformers' loss) by running one forward and backward; on
+    failure, run eager. Gradients are cleared. ``checkpointing`` is the policy in force (none,
     selective or full): it decides what is compiled; ``mode`` is torch.compile's."""
     blocks, targets = metrics.decoder_layers(model), compile_targets(model, checkpointing)
     for module in targets:
         module.compile(mode=None if mode == "default" else mode)
-    lm = None if fused_loss else causal_lm(model)
+    lm = causal_lm(model) if compile_loss else None
     eager_loss = lm.loss_function if lm is not None else None
     if lm is not None:
         lm.loss_function = torch.compile(eager_loss)  # transformers reads it on each forward

@@ -148,12 +148,15 @@ def test_compile_compiles_the_loss_the_model_calls(tmp_path):
     from ftprof.engine.compile import causal_lm
     from tests.conftest import build_run
 
-    pre, built = build_run(tiny_config(tmp_path, "lora", compile=True, max_steps=1))
+    pre, built = build_run(tiny_config(tmp_path / "on", "lora", compile=True, max_steps=1))
     lm = causal_lm(built.model)
     assert isinstance(lm, PreTrainedModel) and type(lm).__name__ == "LlamaForCausalLM"
     if built.compiled.compiled:  # else no C++ compiler here: the fallback test covers the way back
         assert built.compiled.loss
         assert hasattr(lm.loss_function, "_torchdynamo_orig_callable")  # what torch.compile returns
+    pre, built = build_run(tiny_config(tmp_path / "off", "lora", compile=True, compile_loss=False, max_steps=1))
+    assert not built.compiled.loss  # --no-compile-loss: the blocks alone, to measure what the loss's compile buys
+    assert not hasattr(causal_lm(built.model).loss_function, "_torchdynamo_orig_callable")
 
 
 @pytest.mark.slow
