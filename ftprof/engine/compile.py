@@ -110,26 +110,48 @@ def _scope(blocks: list[torch.nn.Module], targets: list[torch.nn.Module]) -> str
     return f"block children in {by_children} of {len(blocks)} blocks"
 
 
+def _first_line(exc: Exception) -> str:
+    first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}"
+
+
+def _forward_backward(model, batch: dict, autocast: Callable) -> None:
+    with autocast():
+        loss = model(**batch).loss
+    loss.backward()
+    if batch["input_ids"].is_cuda:
+        torch.cuda.synchronize()  # sync point: compile time includes the kernels it launched
+
+
 def warm_up(model, params, batch: dict, autocast: Callable, log: Callable[[str], None],
             checkpointing: str = "none", mode: str = "default", compile_loss: bool = True) -> CompileOutcome:
-    """Compile the blocks (and, with ``compile_loss``, transformers' loss) by running one forward and backward; on
-    failure, run eager. Gradients are cleared. ``checkpointing`` is the policy in force (none,
-    selective or full): it decides what is compiled; ``mode`` is torch.compile's."""
+    """Compile the blocks (and, with ``compile_loss``, transformers' loss) by running one forward and backward.
+    When that fails with the loss compiled, the loss goes back to eager and the blocks are tried alone; when the
+    blocks fail, the run is eager. Each fallback is one line through ``log``. Gradients are cleared.
+    ``checkpointing`` is the policy in force (none, selective or full): it decides what is compiled; ``mode`` is
+    torch.compile's."""
     blocks, targets = metrics.decoder_layers(model), compile_targets(model, checkpointing)
     for module in targets:
         module.compile(mode=None if mode == "default" else mode)
     lm = causal_lm(model) if compile_loss else None
     eager_loss = lm.loss_function if lm is not None else None
     if lm is not None:
-        lm.loss_function = torch.compile(eager_loss)  # transformers reads it on each forward
+        # fullgraph: a loss that breaks the graph (a user's loss with a host sync, say) gains little compiled; it
+        # fails here instead and runs eager, and the blocks stay compiled.
+        lm.loss_function = torch.compile(eager_loss, fullgraph=True)  # transformers reads it on each forward
     outcome = CompileOutcome(blocks=len(blocks), scope=_scope(blocks, targets), mode=mode, loss=lm is not None)
     start = time.perf_counter()
     try:
-        with autocast():
-            loss = model(**batch).loss
-        loss.backward()
-        if batch["input_ids"].is_cuda:
-            torch.cuda.synchronize()  # sync point: compile time includes the kernels it launched
+        try:
+            _forward_backward(model, batch, autocast)
+        except Exception as exc:  # noqa: BLE001 - any compiler failure: try the blocks without the loss
+            if lm is None:
+                raise
+            lm.loss_function, outcome.loss = eager_loss, False
+            for p in params:
+                p.grad = None
+            _forward_backward(model, batch, autocast)
+            log(f"--compile: the loss did not compile ({_first_line(exc)}); it runs eager, the blocks compiled")
         outcome.compiled = True
         outcome.compile_time_s = time.perf_counter() - start
     except Exception as exc:  # noqa: BLE001 - any compiler failure means: run eager, and say so
@@ -139,8 +161,7 @@ def warm_up(model, params, batch: dict, autocast: Callable, log: Callable[[str],
             lm.loss_function = eager_loss
         outcome.loss = False
         torch._dynamo.reset()
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-        outcome.fallback = f"{type(exc).__name__}: {first}"
+        outcome.fallback = _first_line(exc)
         log(f"--compile: decoder blocks did not compile ({outcome.fallback}); running eager")
     for p in params:
         p.grad = None

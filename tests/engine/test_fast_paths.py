@@ -140,6 +140,34 @@ def test_a_failed_compile_puts_blocks_and_loss_back_to_eager(tmp_path):
     assert causal_lm(built.model).loss_function is eager_loss
 
 
+def test_a_loss_that_does_not_compile_runs_eager_and_the_blocks_stay_compiled(tmp_path):
+    import contextlib
+
+    from ftprof.engine.compile import causal_lm, compile_targets, warm_up
+    from tests.conftest import build_run
+
+    pre, built = build_run(tiny_config(tmp_path, "lora"))
+    lm = causal_lm(built.model)
+    eager = lm.loss_function
+
+    def loss_with_a_graph_break(*args, **kwargs):
+        torch._dynamo.graph_break()  # what a host sync in a user's loss does to the compiled graph
+        return eager(*args, **kwargs)
+
+    lm.loss_function = loss_with_a_graph_break
+    batch = next(built.batches)
+    notes = []
+    outcome = warm_up(built.model, built.params, batch, contextlib.nullcontext, notes.append)
+    assert lm.loss_function is loss_with_a_graph_break and not outcome.loss
+    if not outcome.compiled:  # no C++ compiler for inductor here: everything went back to eager, and said so
+        assert outcome.fallback and notes[-1].startswith("--compile: decoder blocks did not compile"), notes
+        return
+    assert outcome.fallback is None
+    assert notes == [notes[0]] and notes[0].startswith("--compile: the loss did not compile"), notes
+    assert all(m._compiled_call_impl is not None for m in compile_targets(built.model, "none"))
+    assert all(p.grad is None for p in built.params)
+
+
 def test_compile_compiles_the_loss_the_model_calls(tmp_path):
     """Under PEFT the loss is set on the transformers model itself (the one whose forward reads it), not on PEFT's
     wrapper, which forwards attribute reads but keeps what is set on it."""
