@@ -35,3 +35,20 @@ def preexec_die_with(parent_pid: int):
     if not sys.platform.startswith("linux"):
         return None
     return lambda: die_with_parent(parent_pid)
+
+
+def kill_tree(process) -> None:
+    """SIGKILL a process (a pid or a ``psutil.Process``) and its descendants, all found before any is killed, so
+    that none escapes as an orphan. A process already gone is skipped."""
+    import psutil
+
+    try:
+        parent = process if isinstance(process, psutil.Process) else psutil.Process(process)
+        family = [*parent.children(recursive=True), parent]
+    except psutil.NoSuchProcess:
+        return
+    for proc in family:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass

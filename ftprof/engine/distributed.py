@@ -17,6 +17,7 @@ from torch import nn
 
 from ftprof import metrics
 from ftprof.config import RunConfig
+from ftprof.lifetime import kill_tree
 from ftprof.ranks import env_info, under_torchrun
 
 
@@ -62,25 +63,9 @@ def launch(cfg: RunConfig, config_file: str) -> int:
         proc.send_signal(signal.SIGINT)  # in case only this process was interrupted; the ranks ignore a repeat
         proc.wait()
     except KeyboardInterrupt:
-        _kill_tree(proc.pid)
+        kill_tree(proc.pid)
         proc.wait()
     return 130
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL a process and its descendants (all found before any is killed, so that none escapes as an orphan)."""
-    import psutil
-
-    try:
-        parent = psutil.Process(pid)
-        family = [*parent.children(recursive=True), parent]
-    except psutil.NoSuchProcess:
-        return
-    for proc in family:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def init(device_type: str):

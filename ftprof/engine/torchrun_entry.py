@@ -59,21 +59,18 @@ def kill_still_running(ranks: list, grace_s: float = STOP_GRACE_S) -> list[int]:
     """SIGKILL the rank processes (and their children) that have not ended; one line each; returns their pids."""
     import psutil
 
+    from ftprof.lifetime import kill_tree
+
     killed = []
     for rank in ranks:
         try:
             if not rank.is_running() or rank.status() == psutil.STATUS_ZOMBIE:
                 continue
-            family = [*rank.children(recursive=True), rank]
         except psutil.NoSuchProcess:
             continue
         print(f"ftprof: rank process {rank.pid} did not stop within {grace_s:.0f} s of Ctrl-C; killed it",
               file=sys.stderr, flush=True)
-        for proc in family:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
+        kill_tree(rank)
         killed.append(rank.pid)
     return killed
 
