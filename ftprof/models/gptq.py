@@ -120,8 +120,7 @@ def _quantize(build_model, tokenizer, label: str, target: Path, method: MethodCo
 def run_quantizer(src: Path, out: Path, spec: dict, log_path: Path) -> None:
     """Run ``python -m ftprof.models.gptq_quantize``; its output goes to ``log_path``. A failure raises with the
     child's last line (the log itself goes away with the work folder)."""
-    ensure_workers()  # the child inherits the environment
-    with open(log_path, "w") as fh:
+    with open(log_path, "w") as fh:  # the child sets GPTQModel's worker count itself (gptq_quantize.quantize)
         proc = subprocess.run([sys.executable, "-m", "ftprof.models.gptq_quantize", str(src), str(out),
                                json.dumps(spec)], stdout=fh, stderr=subprocess.STDOUT,
                               preexec_fn=preexec_die_with(os.getpid()), check=False)
