@@ -144,8 +144,8 @@ def torch_dtype(name: str):
 @contextlib.contextmanager
 def memory_cap(device, gib: float | None):
     """``--memory-limit-gib``: for the duration of a run, the caching allocator refuses to hold more than ``gib``
-    on ``device`` (an allocation beyond it raises torch's out-of-memory error, as on a card that size); the
-    previous fraction comes back after."""
+    on ``device`` (an allocation beyond it raises torch's out-of-memory error, as on a card that size); after
+    the run the fraction is 1.0 again (no cap)."""
     if gib is None or device.type != "cuda":
         yield
         return
