@@ -178,8 +178,9 @@ def template_fields(template: str) -> list[str]:
 # Method options by the methods they apply to: (methods, option names). MethodConfig rejects the others; the CLI
 # leaves them out of a method's --help.
 METHOD_OPTION_GROUPS = {
-    "lora": (LORA_METHODS, ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")),
-    "bitsandbytes": (("qlora",), ("quant_type", "double_quant", "compute_dtype", "quant_storage")),
+    "lora": (LORA_METHODS, ("lora_r", "lora_alpha", "lora_dropout", "lora_targets", "lora_addmm")),
+    "bitsandbytes": (("qlora",), ("quant_type", "double_quant", "compute_dtype", "quant_storage",
+                                   "keep_dequantized")),
     "quantized-base": (("qlora", "gptq-lora"), ("kbit_prepare",)),
     "GPTQ": (("gptq-lora",), ("gptq_bits", "gptq_group_size", "gptq_backend", "gptq_calibration_samples",
                              "gptq_quantizer")),
@@ -200,6 +201,9 @@ class MethodConfig:
     lora_targets: Optional[tuple[str, ...]] = option(
         None, "comma-separated module names to adapt, or all-linear (default: the seven projections)",
         metavar="NAMES")
+    lora_addmm: Optional[bool] = option(
+        None, "add each adapter's output inside its second matmul (one addmm, the scale on the rank side) instead "
+        "of PEFT's separate scaled add over the whole output (default on)")
     quant_type: Optional[str] = option(None, "bitsandbytes 4-bit type (qlora; default nf4)", choices=("nf4", "fp4"))
     double_quant: Optional[bool] = option(None, "quantize the quantization constants too (qlora; default on)")
     compute_dtype: Optional[str] = option(None, "dtype of the 4-bit matmuls (qlora; default: the run dtype)",
@@ -207,6 +211,9 @@ class MethodConfig:
     quant_storage: Optional[str] = option(None, "storage dtype of packed 4-bit weights (qlora; default: the run "
                                           "dtype, so FSDP can shard them beside the other parameters)",
                                           choices=("uint8",) + DTYPES[1:])
+    keep_dequantized: Optional[bool] = option(
+        None, "under full checkpointing, a layer's recomputation keeps its dequantized 16-bit weights for its "
+        "backward (one layer's at a time) instead of bitsandbytes dequantizing them again (qlora; default on)")
     kbit_prepare: Optional[bool] = option(None, "apply PEFT's prepare_model_for_kbit_training (the textbook recipe: "
                                           "upcasts lm_head, embeddings and norms to fp32; slower, for comparison; "
                                           "qlora/gptq-lora; default off)")
@@ -261,14 +268,16 @@ class MethodConfig:
             r = self.lora_r or 16
             values.update(lora_r=r, lora_alpha=self.lora_alpha if self.lora_alpha is not None else 2.0 * r,
                           lora_dropout=self.lora_dropout or 0.0,
-                          lora_targets=self.lora_targets or DEFAULT_LORA_TARGETS)
+                          lora_targets=self.lora_targets or DEFAULT_LORA_TARGETS,
+                          lora_addmm=self.lora_addmm is not False)
         if self.method in ("qlora", "gptq-lora"):
             values.update(kbit_prepare=bool(self.kbit_prepare))
         if self.method == "qlora":
             values.update(quant_type=self.quant_type or "nf4",
                           double_quant=True if self.double_quant is None else self.double_quant,
                           compute_dtype=self.compute_dtype or run_dtype,
-                          quant_storage=self.quant_storage or run_dtype)
+                          quant_storage=self.quant_storage or run_dtype,
+                          keep_dequantized=self.keep_dequantized is not False)
         if self.method == "gptq-lora":
             values.update(gptq_bits=self.gptq_bits or 4, gptq_group_size=self.gptq_group_size or 128,
                           gptq_backend=self.gptq_backend or "gptq_torch",

@@ -15,7 +15,7 @@ from ftprof.data import make_batches
 from ftprof.engine import checkpointing, distributed
 from ftprof.engine.checkpointing import AutoChoice, SelectivePolicy
 from ftprof.engine.compile import CompileOutcome, warm_up
-from ftprof.models import attention, kernels
+from ftprof.models import attention, dequant, kernels
 from ftprof.models.materialize import materialize_sharded
 from ftprof.models.methods import LoadContext, get_strategy
 from ftprof.models.tokenizer import load_tokenizer as tokenizer_for
@@ -48,6 +48,7 @@ class Built:
     compiled: CompileOutcome | None  # --compile's outcome
     sdpa_backend_used: str | None  # the attention kernel SDPA picks for this model's training shape (CUDA)
     selective: SelectivePolicy | None  # counts what selective checkpointing caches (activations it saves)
+    kept_dequantized: int  # QLoRA linears whose recomputation keeps the dequantized weight for backward
 
 
 def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[str], None]) -> Built:
@@ -79,6 +80,7 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
         policy, layers, auto, selective = checkpointing.resolve_policy(model, autocast, pre, cfg.train.optimizer)
         if auto is not None:
             log(f"--checkpointing auto: {auto.reason}")
+        kept = keep_dequantized(model, cfg, policy, layers)
         model = wrap_model(model, pre, dist, dtype, defer)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = make_optimizer(params, pre)
@@ -95,7 +97,16 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
             if cfg.model.attn_implementation == "sdpa" else None)
     return Built(tokenizer, batches, model, params, optimizer, autocast, counts,
                  count_flops(model, counts, pre, policy, layers), device_name, policy, layers, auto, compiled, used,
-                 selective)
+                 selective, kept)
+
+
+def keep_dequantized(model, cfg, policy: str, layers: int | None) -> int:
+    """Under full checkpointing, the checkpointed layers' 4-bit linears keep the weights their recomputation
+    dequantizes for backward (models/dequant.py). Returns how many linears do."""
+    if cfg.method.method != "qlora" or policy != "full" or not cfg.method.keep_dequantized:
+        return 0
+    blocks = metrics.decoder_layers(model)
+    return dequant.keep_dequantized(blocks[:layers] if layers is not None else blocks)
 
 
 def load_tokenizer(pre: Preflight, log: Callable[[str], None]):

@@ -24,8 +24,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ftprof import metrics
-from ftprof.models import kernels
+from ftprof.models import dequant, kernels
 from ftprof.profiling.memory import SavedActivations
+from ftprof.runtime import torch_dtype
 
 SPEED_ORDER = ("none", "selective", "full")  # fastest first: less recomputation
 PROBE_TOKENS = 256  # activations scale linearly with tokens under SDPA/flash attention: a short probe suffices
@@ -142,15 +143,18 @@ class AutoChoice:
     static_bytes: int = 0
     available_bytes: int = 0
     margin_bytes: int = 0
+    kept_weight_bytes: int = 0  # QLoRA under full: the recomputed layer's dequantized weights (in the full estimate)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def choose(estimated_peak: dict[str, int], available: int, layer_count: int = 0) -> tuple[str, int | None, int, str]:
+def choose(estimated_peak: dict[str, int], available: int, layer_count: int = 0,
+           recompute_extra: int = 0) -> tuple[str, int | None, int, str]:
     """(policy, checkpointed layers or None for all, margin, reason): the first of none, selective, full on the
     fewest of ``layer_count`` layers, full on all, whose estimate fits ``available`` less the margin; full when none
-    fits (the least memory there is: the run may still fail, and the reason says so)."""
+    fits (the least memory there is: the run may still fail, and the reason says so). ``recompute_extra``: what
+    any full checkpointing adds once, however many layers it covers (already in the full estimate)."""
     margin = max(int(MARGIN_FRACTION * available), MARGIN_MIN)
     budget = available - margin
     gib = metrics.GIB
@@ -160,9 +164,10 @@ def choose(estimated_peak: dict[str, int], available: int, layer_count: int = 0)
         if estimated_peak[policy] <= budget:
             return policy, None, margin, (f"{policy}: estimated peak {estimated_peak[policy] / gib:.1f} GiB {fits}"
                                           + ("" if policy == "none" else "; no checkpointing did not"))
-    layers = fewest_layers(estimated_peak["none"], estimated_peak["full"], layer_count, budget)
+    none, full = estimated_peak["none"], estimated_peak["full"] - recompute_extra
+    layers = fewest_layers(none, full, layer_count, budget - recompute_extra)
     if layers is not None:
-        peak = partial_peak(estimated_peak["none"], estimated_peak["full"], layer_count, layers)
+        peak = partial_peak(none, full, layer_count, layers) + recompute_extra
         return "full", layers, margin, (f"full on {layers} of {layer_count} layers: estimated peak "
                                         f"{peak / gib:.1f} GiB {fits}; none and selective did not")
     if estimated_peak["full"] <= budget:
@@ -242,9 +247,20 @@ def choose_auto(model, autocast, pre, optimizer_name: str) -> AutoChoice:
     static = static_bytes(model, optimizer_name)
     logits = loss_transient_bytes(cfg.model.kernels, tokens_per_micro, vocab)
     estimates = {p: int(static + per_token[p] * tokens_per_micro + logits) for p in SPEED_ORDER}
+    kept = kept_weight_bytes(model, pre)
+    estimates["full"] += kept
     available = available_memory(pre.device, cfg.output.memory_limit_gib)
-    policy, layers, margin, reason = choose(estimates, available, len(metrics.decoder_layers(model)))
-    return AutoChoice(policy, reason, layers, estimates, per_token, static, available, margin)
+    policy, layers, margin, reason = choose(estimates, available, len(metrics.decoder_layers(model)), kept)
+    return AutoChoice(policy, reason, layers, estimates, per_token, static, available, margin, kept)
+
+
+def kept_weight_bytes(model, pre) -> int:
+    """What QLoRA's recomputation keeps for backward under full checkpointing: one layer's dequantized weights
+    (models/dequant.py), or nothing."""
+    m = pre.config.method
+    if m.method != "qlora" or not m.keep_dequantized:
+        return 0
+    return dequant.largest_layer_bytes(metrics.decoder_layers(model), torch_dtype(m.compute_dtype or pre.dtype))
 
 
 def resolve_policy(model, autocast, pre, optimizer_name: str) -> tuple[str, int | None, AutoChoice | None,

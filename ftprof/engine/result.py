@@ -79,6 +79,7 @@ def _throughput(res: RunResult, rec: Recorded, steps: list[dict]) -> None:
         res.peak_flops = metrics.peak_flops(rec.built.device_name) if rec.pre.device.type == "cuda" else None
         res.checkpointing_policy = rec.built.checkpointing
         res.checkpointed_layers = rec.built.checkpointed_layers
+        res.kept_dequantized = rec.built.kept_dequantized or None
         res.kernels_applied = list(rec.kernels_applied)
         if rec.built.auto_choice is not None:
             res.checkpointing_auto = rec.built.auto_choice.to_dict()

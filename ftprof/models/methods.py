@@ -21,6 +21,7 @@ from torch import nn
 
 from ftprof import ranks
 from ftprof.config import RunConfig
+from ftprof.models import lora_addmm
 from ftprof.models.materialize import build_random_model
 from ftprof.models.source import ModelSource
 from ftprof.runtime import import_peft, quiet_import, torch_dtype
@@ -95,11 +96,14 @@ class LoRA:
         try:
             # get_peft_model imports gptqmodel lazily (to dispatch GPTQ layers): guard the environment again.
             with quiet_import():
-                return peft.get_peft_model(model, lora_cfg)
+                model = peft.get_peft_model(model, lora_cfg)
         except ValueError as exc:
             from ftprof.errors import ConfigError
 
             raise ConfigError(f"--lora-targets: {str(exc).splitlines()[0]}") from None
+        if m.lora_addmm:
+            lora_addmm.fuse_adapters(model)
+        return model
 
 
 class QLoRA(LoRA):

@@ -96,6 +96,7 @@ class RunResult:
     checkpointing_policy: Optional[str] = None  # none | full | selective (--checkpointing auto resolved)
     checkpointed_layers: Optional[int] = None  # decoder layers the policy applies to (None: all of them)
     checkpointing_auto: dict[str, Any] = field(default_factory=dict)  # auto's estimates, budget and reason
+    kept_dequantized: Optional[int] = None  # QLoRA under full: 4-bit linears whose recomputed weight backward reuses
     kernels_applied: list[str] = field(default_factory=list)  # --kernels liger: which fused kernels were patched in
     compile: dict[str, Any] = field(default_factory=dict)  # --compile: blocks, compiled, fallback
     sdpa_backend_used: Optional[str] = None  # the attention kernel SDPA picks for the training shape (CUDA only)

@@ -11,7 +11,11 @@ from tests.conftest import build_run, run_one_step
 
 pytestmark = pytest.mark.gpu
 
+# The reference is PEFT's own adapter forward (--no-lora-addmm); every fast path below runs with ftprof's defaults,
+# the fused adapter add (--lora-addmm) included, and QLoRA's kept dequantized weights under full checkpointing.
+REFERENCE = {"lora_addmm": False}
 FAST_PATHS = {
+    "addmm": {},  # ftprof's defaults alone
     "liger": {"kernels": "liger"},
     "compile": {"compile": True},
     "selective": {"checkpointing": "selective"},
@@ -40,7 +44,7 @@ def fast_config(tmp_path, method="lora", **flat) -> RunConfig:
 @pytest.fixture(scope="module")
 def eager_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("eager")
-    return {m: ftprof.train(fast_config(out, m)) for m in ("lora", "qlora")}
+    return {m: ftprof.train(fast_config(out, m, **REFERENCE)) for m in ("lora", "qlora")}
 
 
 def _losses(result) -> list[float]:
@@ -76,9 +80,10 @@ def _lora_grads(cfg) -> dict[str, torch.Tensor]:
     return {n: p.grad.float().clone() for n, p in built.model.named_parameters() if p.requires_grad}
 
 
-@pytest.mark.parametrize("name", ["liger", "compile", "selective", "compile+liger", "compile+full", "cudnn"])
+@pytest.mark.parametrize("name", ["addmm", "liger", "compile", "selective", "compile+liger", "compile+full",
+                                  "cudnn"])
 def test_fast_path_lora_gradients_match_eager(tmp_path, name):
-    eager = _lora_grads(fast_config(tmp_path / "e"))
+    eager = _lora_grads(fast_config(tmp_path / "e", **REFERENCE))
     fast = _lora_grads(fast_config(tmp_path / "f", **FAST_PATHS[name]))
     assert eager.keys() == fast.keys() and eager
     # One batch's LoRA gradients as one vector: relative error of the whole (a single near-zero tensor, such as a

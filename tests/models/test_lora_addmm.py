@@ -1,0 +1,68 @@
+"""The adapter output added inside its B matmul (models/lora_addmm.py): PEFT's numbers, one addmm per adapted
+linear and no full-size add, PEFT's own forward wherever the fused form does not apply."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tests.conftest import build_run, tiny_config
+
+
+class CountOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func.overloadpacket.__name__))
+        return func(*args, **(kwargs or {}))
+
+
+def _loss_and_grads(tmp_path, method: str, fused: bool, **flat):
+    pre, built = build_run(tiny_config(tmp_path, method, lora_addmm=fused, seq_len=16, lora_alpha=8.0, **flat))
+    batch = next(built.batches)
+    with built.autocast(), CountOps() as counter:
+        loss = built.model(**batch).loss
+    loss.backward()
+    grads = {n: p.grad for n, p in built.model.named_parameters() if p.requires_grad}
+    return built, loss.detach(), grads, counter.ops
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_fused_adapters_compute_what_peft_computes(tmp_path, method):
+    built, loss, grads, ops = _loss_and_grads(tmp_path / "fused", method, True)
+    _, peft_loss, peft_grads, peft_ops = _loss_and_grads(tmp_path / "peft", method, False)
+    adapted = sum(1 for n, _ in built.model.named_modules() if n.endswith(".lora_A"))
+    assert adapted > 0
+    assert ops.count("addmm") == peft_ops.count("addmm") + adapted  # one per adapted linear
+    assert ops.count("add") <= peft_ops.count("add") - adapted  # PEFT's full-size adds are gone
+    torch.testing.assert_close(loss, peft_loss, rtol=1e-5, atol=1e-6)
+    assert grads.keys() == peft_grads.keys()
+    for name, g in grads.items():
+        torch.testing.assert_close(g, peft_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_disabled_adapters_run_peft_forward(tmp_path):
+    pre, built = build_run(tiny_config(tmp_path, "lora", seq_len=16))
+    batch, model = next(built.batches), built.model
+    lora_b = [m for n, m in model.named_modules() if n.endswith("lora_B.default")]
+    with torch.no_grad():
+        for m in lora_b:
+            torch.nn.init.normal_(m.weight)  # PEFT starts B at zero: make the adapters change the output
+        adapted = model(**batch).logits
+        with model.disable_adapter():
+            disabled = model(**batch).logits
+        for m in lora_b:
+            m.weight.zero_()
+        base = model(**batch).logits
+    assert not torch.allclose(adapted, base)
+    torch.testing.assert_close(disabled, base)
+
+
+def test_the_option_resolves_on_for_lora_methods_only():
+    from ftprof.config import RunConfig
+    from ftprof.errors import ConfigError
+
+    assert RunConfig.from_flat({"method": "lora"}).method.resolved("float32").lora_addmm is True
+    with pytest.raises(ConfigError, match="--lora-addmm is a lora option"):
+        RunConfig.from_flat({"method": "full", "lora_addmm": False})
