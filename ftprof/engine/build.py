@@ -80,7 +80,7 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
         policy, layers, auto, selective = checkpointing.resolve_policy(model, autocast, pre, cfg.train.optimizer)
         if auto is not None:
             log(f"--checkpointing auto: {auto.reason}")
-        kept = keep_dequantized(model, cfg, policy, layers)
+        kept, torch_dequant = route_dequantization(model, cfg, policy, layers, torch_ops=cfg.model.compile)
         model = wrap_model(model, pre, dist, dtype, defer)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = make_optimizer(params, pre)
@@ -91,6 +91,9 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
             compiled = warm_up(model, params, {k: v.to(pre.device) for k, v in first.items()}, autocast, log,
                                policy, cfg.model.compile_mode,
                                compile_loss=cfg.model.compile_loss and not kernels.fuses_loss(cfg.model.kernels))
+            compiled.dequant = torch_dequant if compiled.compiled else 0
+            if torch_dequant and not compiled.compiled:  # torch-op dequantization pays only inside compiled code
+                route_dequantization(model, cfg, policy, layers, torch_ops=False)
     counts = metrics.count_params(model)
     device_name = torch.cuda.get_device_name(pre.device) if pre.device.type == "cuda" else "cpu"
     used = (attention.probe(pre.source.config, cfg.data.seq_len, pre.device, dtype)
@@ -100,13 +103,17 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
                  selective, kept)
 
 
-def keep_dequantized(model, cfg, policy: str, layers: int | None) -> int:
-    """Under full checkpointing, the checkpointed layers' 4-bit linears keep the weights their recomputation
-    dequantizes for backward (models/dequant.py). Returns how many linears do."""
-    if cfg.method.method != "qlora" or policy != "full" or not cfg.method.keep_dequantized:
-        return 0
+def route_dequantization(model, cfg, policy: str, layers: int | None, torch_ops: bool) -> tuple[int, int]:
+    """QLoRA: under full checkpointing the checkpointed layers' 4-bit linears keep the weights their recomputation
+    dequantizes for backward (--keep-dequantized); with ``torch_ops`` and --compile-dequant, torch ops dequantize
+    (models/dequant.py). Returns (linears that keep, linears that dequantize with torch ops)."""
+    if cfg.method.method != "qlora":
+        return 0, 0
     blocks = metrics.decoder_layers(model)
-    return dequant.keep_dequantized(blocks[:layers] if layers is not None else blocks)
+    kept = 0
+    if policy == "full" and cfg.method.keep_dequantized:
+        kept = len(blocks) if layers is None else layers
+    return dequant.route(blocks, kept, torch_ops and cfg.model.compile_dequant)
 
 
 def load_tokenizer(pre: Preflight, log: Callable[[str], None]):

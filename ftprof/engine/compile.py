@@ -47,6 +47,7 @@ class CompileOutcome:
     scope: str = "block"  # what was compiled: "block", or "block children" of the blocks full checkpointing covers
     mode: str = "default"  # torch.compile's mode (--compile-mode)
     loss: bool = False  # whether the causal-LM loss was compiled too (--compile-loss; not when a kernel set fuses it)
+    dequant: int = 0  # QLoRA: 4-bit linears dequantized by torch ops in the compiled code (--compile-dequant)
 
     @property
     def cudagraphs(self) -> bool:

@@ -1,17 +1,26 @@
-"""QLoRA's 4-bit base weights under activation checkpointing: dequantize once per recomputation, not twice.
+"""How QLoRA's frozen 4-bit base weights are dequantized for their matmuls, forward and backward.
 
-bitsandbytes' 4-bit matmul saves only the packed weight for backward and dequantizes it again there, which is
-right without checkpointing (keeping every layer's 16-bit weight until backward would hold the whole model in 16
-bits again). Under full checkpointing a layer's forward runs twice, and its weights are dequantized three times
-per step: forward, recomputation, backward. A checkpointed layer's linears here compute ``x @ dequantize(W).T``
-with plain autograd, so the weight dequantized by the recomputation is the one backward uses: two
-dequantizations, at the cost of one layer's 16-bit weights held from its recomputation through its backward (the
-first forward's saved tensors are dropped by the checkpoint, as every activation is). GPTQ-LoRA's torch kernel
-already works this way under checkpointing.
+bitsandbytes' 4-bit matmul saves only the packed weight for backward and dequantizes it again there. Two changes,
+each a run option, routed here per linear:
+
+- **Kept under full checkpointing** (``--keep-dequantized``). Without checkpointing, dequantizing again in backward
+  is right: keeping every layer's 16-bit weight until backward would hold the whole model in 16 bits again. Under
+  full checkpointing a layer's forward runs twice, and its weights are dequantized three times per step: forward,
+  recomputation, backward. A checkpointed layer's linears here compute ``x @ dequantize(W).T`` with plain
+  autograd, so the weight the recomputation dequantized is the one backward uses (the first forward's saved
+  tensors are dropped by the checkpoint, as every activation is): one layer's 16-bit weights held from its
+  recomputation through its backward. GPTQ-LoRA's torch kernel already works this way under checkpointing.
+- **Dequantized by torch ops under --compile** (``--compile-dequant``). bitsandbytes' dequantization is an opaque
+  op to the compiler; written as torch ops (unpack the two 4-bit codes of each byte, look them up in the 16-value
+  table, scale by the block's absmax, itself dequantized from 8 bits under double quantization), inductor makes
+  one kernel of it inside the compiled block. The arithmetic is bitsandbytes' own (fp32 product, then one
+  rounding to the compute dtype): the same bits. Eager, those ops would be several kernels: this route is only
+  taken for compiled blocks, and undone if they fall back to eager.
 """
 
 from __future__ import annotations
 
+import sys
 import types
 
 import torch
@@ -19,35 +28,80 @@ from torch import nn
 
 
 def is_4bit_linear(module: nn.Module) -> bool:
-    import sys
-
     bnb = sys.modules.get("bitsandbytes")  # a model without 4-bit layers never imports it
     return bnb is not None and isinstance(module, bnb.nn.Linear4bit)
 
 
-def _keep_forward(self, x: torch.Tensor) -> torch.Tensor:
-    """Linear4bit.forward for a frozen base weight, with the dequantized weight saved for backward by autograd."""
-    import bitsandbytes as bnb
-    from bitsandbytes.nn.modules import fix_4bit_weight_quant_state_from_module
-
-    fix_4bit_weight_quant_state_from_module(self)  # FSDP2 all-gathers the packed weight without its quant state
-    weight = bnb.functional.dequantize_4bit(self.weight, self.weight.quant_state)
-    dtype = self.compute_dtype or x.dtype
-    bias = None if self.bias is None else self.bias.to(dtype)
-    return nn.functional.linear(x.to(dtype), weight.to(dtype), bias).to(x.dtype)
-
-
-def keep_dequantized(blocks: list[nn.Module]) -> int:
-    """Route the frozen 4-bit linears of ``blocks`` (the checkpointed decoder layers) through ``_keep_forward``.
-    Returns how many. A linear whose weight or bias trains is left to bitsandbytes."""
-    count = 0
-    for block in blocks:
+def route(blocks: list[nn.Module], kept: int, torch_ops: bool) -> tuple[int, int]:
+    """Set how each frozen 4-bit linear of ``blocks`` (the decoder layers, in order) dequantizes: the first
+    ``kept`` blocks keep the weight for backward; with ``torch_ops``, torch ops dequantize instead of
+    bitsandbytes. A linear left with neither runs bitsandbytes' own forward. Linears whose weight or bias trains
+    are left alone. Returns (linears that keep, linears that dequantize with torch ops)."""
+    keeping = dequantizing = 0
+    for index, block in enumerate(blocks):
         for module in block.modules():
             if not is_4bit_linear(module) or any(p.requires_grad for p in module.parameters(recurse=False)):
                 continue
-            module.forward = types.MethodType(_keep_forward, module)
-            count += 1
-    return count
+            keep = index < kept
+            module.__dict__.pop("forward", None)  # back to Linear4bit.forward before choosing again
+            if keep or torch_ops:
+                module.forward = types.MethodType(_forward(keep, torch_ops), module)
+            keeping += keep
+            dequantizing += torch_ops and module.bias is None
+    return keeping, dequantizing
+
+
+def _forward(keep: bool, torch_ops: bool):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = self.compute_dtype or x.dtype
+        if keep:  # plain autograd saves the dequantized weight for the input gradient
+            bias = None if self.bias is None else self.bias.to(dtype)
+            weight = dequantize(self, torch_ops).to(dtype)
+            return nn.functional.linear(x.to(dtype), weight, bias).to(x.dtype)
+        if self.bias is not None:  # (decoder linears of the supported models have none)
+            return type(self).forward(self, x)
+        return _DequantizeAgain.apply(x.to(dtype), self).to(x.dtype)
+
+    return forward
+
+
+class _DequantizeAgain(torch.autograd.Function):
+    """``x @ dequantize(W).T`` saving nothing weight-sized: backward dequantizes again (torch ops)."""
+
+    @staticmethod
+    def forward(ctx, x, module):
+        ctx.module = module
+        return nn.functional.linear(x, dequantize(module, True).to(x.dtype))
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return grad_out @ dequantize(ctx.module, True).to(grad_out.dtype), None
+
+
+def dequantize(module: nn.Module, torch_ops: bool) -> torch.Tensor:
+    """The 4-bit linear's weight, (out_features, in_features), in its quantization dtype."""
+    import bitsandbytes as bnb
+    from bitsandbytes.nn.modules import fix_4bit_weight_quant_state_from_module
+
+    fix_4bit_weight_quant_state_from_module(module)  # FSDP2 all-gathers the packed weight without its quant state
+    state = module.weight.quant_state
+    if not torch_ops or state.shape.numel() % state.blocksize:
+        return bnb.functional.dequantize_4bit(module.weight, state)
+    return torch_dequantize(module.weight, state)
+
+
+def torch_dequantize(packed: torch.Tensor, state) -> torch.Tensor:
+    """bitsandbytes' blockwise 4-bit dequantization as torch ops (a whole number of blocks)."""
+    data = packed.reshape(-1).view(torch.uint8)
+    codes = torch.stack((data >> 4, data & 0xF), dim=-1).reshape(-1)  # the high nibble is the first value
+    values = state.code[codes.long()]  # the 16-value table (nf4 or fp4), fp32
+    absmax = state.absmax
+    if state.nested:  # the absmax values are themselves 8-bit codes, scaled per block of state2.blocksize
+        inner = state.state2
+        group = torch.arange(absmax.numel(), device=data.device) // inner.blocksize
+        absmax = inner.code[absmax.long()] * inner.absmax[group] + state.offset
+    scaled = values.view(-1, state.blocksize) * absmax.float().view(-1, 1)
+    return scaled.reshape(state.shape).to(state.dtype)
 
 
 def largest_layer_bytes(blocks: list[nn.Module], dtype: torch.dtype) -> int:

@@ -11,11 +11,12 @@ from tests.conftest import build_run, run_one_step
 
 pytestmark = pytest.mark.gpu
 
-# The reference is PEFT's own adapter forward (--no-lora-addmm); every fast path below runs with ftprof's defaults,
-# the fused adapter add (--lora-addmm) included, and QLoRA's kept dequantized weights under full checkpointing.
-REFERENCE = {"lora_addmm": False}
+# The reference: eager, PEFT's own adapter forward, bitsandbytes' own 4-bit matmul. The fast paths run with
+# ftprof's defaults besides what they name: QLoRA keeps dequantized weights under full checkpointing, and compiled
+# QLoRA blocks dequantize with torch ops.
+REFERENCE = {"lora_addmm": False, "keep_dequantized": False}
 FAST_PATHS = {
-    "addmm": {},  # ftprof's defaults alone
+    "addmm": {"lora_addmm": True},
     "liger": {"kernels": "liger"},
     "compile": {"compile": True},
     "selective": {"checkpointing": "selective"},
@@ -44,7 +45,11 @@ def fast_config(tmp_path, method="lora", **flat) -> RunConfig:
 @pytest.fixture(scope="module")
 def eager_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("eager")
-    return {m: ftprof.train(fast_config(out, m, **REFERENCE)) for m in ("lora", "qlora")}
+    return {m: ftprof.train(fast_config(out, m, **_reference(m))) for m in ("lora", "qlora")}
+
+
+def _reference(method: str) -> dict:
+    return REFERENCE if method == "qlora" else {"lora_addmm": False}
 
 
 def _losses(result) -> list[float]:
@@ -65,6 +70,7 @@ def test_fast_path_loss_matches_eager(tmp_path, eager_runs, method, name):
         assert result.compile["compiled"], result.compile
         assert result.compile["mode"] == FAST_PATHS[name].get("compile_mode", "default")
         assert result.compile["loss"] == ("liger" not in name)  # Liger's fused loss is not compiled over
+        assert (result.compile["dequant"] > 0) == (method == "qlora"), result.compile  # torch-op dequantization
     if "cudnn" in name:  # SDPA really runs cuDNN's attention for this shape (not a silent fallback)
         assert result.sdpa_backend_used == "cudnn", (result.sdpa_backend_used, result.notes)
     a, b = _losses(eager), _losses(result)
@@ -83,7 +89,7 @@ def _lora_grads(cfg) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("name", ["addmm", "liger", "compile", "selective", "compile+liger", "compile+full",
                                   "cudnn"])
 def test_fast_path_lora_gradients_match_eager(tmp_path, name):
-    eager = _lora_grads(fast_config(tmp_path / "e", **REFERENCE))
+    eager = _lora_grads(fast_config(tmp_path / "e", **_reference("lora")))
     fast = _lora_grads(fast_config(tmp_path / "f", **FAST_PATHS[name]))
     assert eager.keys() == fast.keys() and eager
     # One batch's LoRA gradients as one vector: relative error of the whole (a single near-zero tensor, such as a

@@ -1,6 +1,7 @@
-"""QLoRA under full checkpointing: the recomputation's dequantized weights serve backward (models/dequant.py).
-Same numbers as bitsandbytes' own matmul, one dequantization fewer per linear in backward, only where the layer is
-checkpointed, and auto's full estimate holds the kept layer."""
+"""How QLoRA's 4-bit weights are dequantized (models/dequant.py). Under full checkpointing the recomputation's
+dequantized weights serve backward: the same numbers as bitsandbytes' own matmul, one dequantization fewer per
+linear in backward, only where the layer is checkpointed, and auto's full estimate holds the kept layer. Under
+--compile torch ops dequantize: bitsandbytes' exact bits, and the compiled run trains as the eager one."""
 
 import pytest
 import torch
@@ -85,3 +86,53 @@ def test_the_option_is_qlora_only():
     with pytest.raises(ConfigError, match="--keep-dequantized is a bitsandbytes option"):
         RunConfig.from_flat({"method": "lora", "keep_dequantized": False})
     assert RunConfig.from_flat({"method": "qlora"}).method.resolved("float32").keep_dequantized is True
+
+
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+@pytest.mark.parametrize("nested", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_torch_ops_dequantize_to_bitsandbytes_bits(quant_type, nested, dtype):
+    import bitsandbytes.functional as bf
+
+    torch.manual_seed(0)
+    weight = (torch.randn(96, 640) * torch.logspace(-3, 1, 640)).to(dtype)  # blocks of very different scales
+    packed, state = bf.quantize_4bit(weight, blocksize=64, compress_statistics=nested, quant_type=quant_type,
+                                     quant_storage=torch.bfloat16)
+    assert state.nested == nested
+    ours = dequant.torch_dequantize(packed, state)
+    theirs = bf.dequantize_4bit(packed, state)
+    assert ours.dtype == theirs.dtype == dtype and ours.shape == theirs.shape == weight.shape
+    assert torch.equal(ours, theirs)
+
+
+def test_compiled_qlora_dequantizes_with_torch_ops_and_trains_as_eager(tmp_path):
+    flat = dict(checkpointing="none", max_steps=3, seq_len=32)
+    eager = ftprof.train(tiny_config(tmp_path / "eager", "qlora", **flat))
+    compiled = ftprof.train(tiny_config(tmp_path / "compiled", "qlora", compile=True, **flat))
+    bnb_compiled = ftprof.train(tiny_config(tmp_path / "bnb", "qlora", compile=True, compile_dequant=False, **flat))
+    linears = 7 * 2  # the tiny preset: seven projections in each of two layers
+    assert compiled.status == bnb_compiled.status == "ok" and compiled.compile["compiled"]
+    assert compiled.compile["dequant"] == linears and bnb_compiled.compile["dequant"] == 0
+    assert compiled.loss_last == pytest.approx(eager.loss_last, rel=1e-4)
+    assert compiled.loss_last == pytest.approx(bnb_compiled.loss_last, rel=1e-4)
+
+
+def test_torch_ops_backward_dequantizes_without_keeping(tmp_path):
+    """Not checkpointed and not kept: the torch-op route saves the packed weight only, like bitsandbytes."""
+    pre, built = build_run(tiny_config(tmp_path, "qlora", seq_len=24))  # 96 tokens: no activation has a weight's shape
+    blocks = metrics.decoder_layers(built.model)
+    kept, torch_ops = dequant.route(blocks, kept=0, torch_ops=True)
+    assert (kept, torch_ops) == (0, 14)
+    batch = next(built.batches)
+    weight_shapes = {tuple(m.weight.quant_state.shape) for m in built.model.modules() if dequant.is_4bit_linear(m)}
+    saved: list[tuple] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+        loss = built.model(**batch).loss
+    assert saved and not weight_shapes & set(saved)  # no dequantized weight waits for backward
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in built.model.named_parameters() if p.requires_grad}
+    built.model.zero_grad(set_to_none=True)
+    assert dequant.route(blocks, kept=0, torch_ops=False) == (0, 0)  # bitsandbytes' own forward again
+    built.model(**batch).loss.backward()
+    for name, g in grads.items():
+        torch.testing.assert_close(g, dict(built.model.named_parameters())[name].grad, rtol=1e-5, atol=1e-6)

@@ -59,10 +59,10 @@ def test_disabled_adapters_run_peft_forward(tmp_path):
     torch.testing.assert_close(disabled, base)
 
 
-def test_the_option_resolves_on_for_lora_methods_only():
+def test_the_option_is_off_by_default_and_for_lora_methods_only():
     from ftprof.config import RunConfig
     from ftprof.errors import ConfigError
 
-    assert RunConfig.from_flat({"method": "lora"}).method.resolved("float32").lora_addmm is True
+    assert RunConfig.from_flat({"method": "lora"}).method.resolved("float32").lora_addmm is False
     with pytest.raises(ConfigError, match="--lora-addmm is a lora option"):
         RunConfig.from_flat({"method": "full", "lora_addmm": False})
