@@ -99,14 +99,24 @@ def read_result(run_dir: Path, name: str = RESULT) -> dict[str, Any] | None:
     return data
 
 
-@functools.cache
-def option_defaults() -> dict[str, Any]:
-    """Every run option's default, as a run row holds it. A run from before an option existed gets the default, so
-    that it still matches today's runs of the same configuration as a repeat or a baseline (a row without
-    compile_mode would otherwise never match one with compile_mode=default)."""
-    from ftprof.config import RunConfig
+# QLoRA options whose default changed what runs when they came: a QLoRA run from before them ran the old way.
+QLORA_BEFORE_OPTION = {"compile_dequant": False, "keep_dequantized": False}
 
-    return {k: ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v for k, v in RunConfig().to_flat().items()}
+
+@functools.cache
+def option_defaults(method: str = "qlora") -> dict[str, Any]:
+    """Every run option's default for ``method``, as a run row holds it (method options resolved as a run records
+    them). A run from before an option existed gets the default, so that it still matches today's runs of the same
+    configuration as a repeat or a baseline (a row without compile_mode would otherwise never match one with
+    compile_mode=default), or, for a QLoRA option that changed what runs, what it ran with."""
+    import dataclasses
+
+    from ftprof.config import METHODS, RunConfig
+
+    cfg = RunConfig.from_flat({"method": method if method in METHODS else "qlora"})
+    flat = cfg.to_flat() | dataclasses.asdict(cfg.method.resolved("bfloat16"))
+    flat = {k: ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v for k, v in flat.items()}
+    return flat | (QLORA_BEFORE_OPTION if method == "qlora" else {})
 
 
 def run_row(run_dir: Path) -> dict[str, Any]:
@@ -118,7 +128,8 @@ def run_row(run_dir: Path) -> dict[str, Any]:
     for section in SECTIONS:
         for key, value in (config.get(section) or {}).items():
             row[key] = ",".join(map(str, value)) if isinstance(value, list) else value
-    for key, value in option_defaults().items():  # options newer than the run: it ran with what is now the default
+    # options newer than the run: it ran with what is now the default
+    for key, value in option_defaults(str(row.get("method", "qlora"))).items():
         row.setdefault(key, value)
     row["run_name"] = run_dir.name  # the directory, even if copied or renamed since the run
     row.update(slurm_columns(run_dir))

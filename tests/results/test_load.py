@@ -60,3 +60,17 @@ def test_a_run_from_before_an_option_existed_reads_as_its_default(tmp_path):
 
     keys = config_key(pd.DataFrame([rows["old"], rows["new"], rows["other"]]))
     assert keys.iloc[0] == keys.iloc[1] != keys.iloc[2]
+
+
+def test_an_older_run_reads_as_what_it_ran_for_options_that_changed_the_run(tmp_path):
+    """Method options resolve per method (a LoRA run from before --lora-addmm matches today's LoRA run, which
+    records it off), and a QLoRA run from before --compile-dequant and --keep-dequantized ran bitsandbytes' way."""
+    from ftprof.config import RunConfig
+
+    _run(tmp_path, "old-lora", {"status": "ok"}, {"schema_version": 1, "method": {"method": "lora"}})
+    _run(tmp_path, "old-qlora", {"status": "ok"}, {"schema_version": 1, "method": {"method": "qlora"}})
+    rows = {r["run_name"]: r for r in read_runs([tmp_path]).rows}
+    today = RunConfig.from_flat({"method": "lora"}).method.resolved("bfloat16")
+    assert rows["old-lora"]["lora_addmm"] is today.lora_addmm is False
+    assert rows["old-lora"]["compile_dequant"] is True  # a model option; QLoRA's alone changes with it
+    assert rows["old-qlora"]["compile_dequant"] is False and rows["old-qlora"]["keep_dequantized"] is False
