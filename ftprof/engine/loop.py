@@ -13,8 +13,8 @@ import torch
 from torch.profiler import record_function
 
 from ftprof.config import RunConfig
-from ftprof.data import count_tokens
 from ftprof.engine.build import Built
+from ftprof.engine.feed import BatchFeed
 from ftprof.engine.trackers import FirstStepMemory, StepLog
 from ftprof.profiling.memory import MemoryTracker
 from ftprof.results.schema import StepRecord
@@ -22,11 +22,14 @@ from ftprof.results.schema import StepRecord
 
 def run_steps(cfg: RunConfig, built: Built, device: torch.device, memory: MemoryTracker, log: StepLog,
               first: FirstStepMemory, profiler, on_step: Callable[[StepRecord], None]) -> None:
+    feed = BatchFeed(built.batches, device)
     for index in range(1, cfg.train.max_steps + 1):
         phase = profiler.phase(index)
         started = log.begin(index)
-        loss, tokens, real = train_step(cfg, built, device, memory, first, index == 1)
+        loss, tokens, real = train_step(cfg, built, device, memory, first, index == 1, feed)
         optimizer_step(cfg, built, memory, first, index == 1)
+        if cfg.data.prefetch and index < cfg.train.max_steps:
+            feed.prefetch()  # host work while the step's kernels run, before the timer's sync
         seconds = log.timer.stop()
         mem = memory.current()
         record = StepRecord(step=index, loss=float(loss), step_time_s=seconds, tokens=tokens, real_tokens=real,
@@ -44,16 +47,15 @@ def _stage(memory: MemoryTracker, name: str, on: bool):
 
 
 def train_step(cfg: RunConfig, built: Built, device: torch.device, memory: MemoryTracker, first: FirstStepMemory,
-               is_first: bool) -> tuple[torch.Tensor, int, int]:
+               is_first: bool, feed: BatchFeed | None = None) -> tuple[torch.Tensor, int, int]:
     """Forward and backward over grad_accum micro-batches. Returns (mean loss tensor, tokens, real tokens)."""
+    feed = feed or BatchFeed(built.batches, device)
     accum = cfg.train.grad_accum
     loss_sum = torch.zeros((), device=device)
     tokens = real = 0
     for micro in range(accum):
-        batch = next(built.batches)
-        n, r = count_tokens(batch)
+        batch, n, r = feed.take()
         tokens, real = tokens + n, real + r
-        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         measured = is_first and micro == 0
         if built.compiled is not None and built.compiled.cudagraphs:
             # CUDA graph trees reuse their output buffers once a new step begins; each micro-batch's forward and

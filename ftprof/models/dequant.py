@@ -15,7 +15,10 @@ each a run option, routed here per linear:
   table, scale by the block's absmax, itself dequantized from 8 bits under double quantization), inductor makes
   one kernel of it inside the compiled block. The arithmetic is bitsandbytes' own (fp32 product, then one
   rounding to the compute dtype): the same bits. Eager, those ops would be several kernels: this route is only
-  taken for compiled blocks, and undone if they fall back to eager.
+  taken for compiled blocks, and undone if they fall back to eager. Measured on an H200 (llama-8b QLoRA, 4 x
+  2048): without checkpointing the compiler's partitioner saves each dequantized weight for backward rather than
+  redo the fused kernel (+13 GiB, +0.8% tokens/s, what keeping every layer's weights would do); under full
+  checkpointing it ran 4.4% slower. Off by default, kept as a measured option.
 """
 
 from __future__ import annotations

@@ -12,8 +12,7 @@ from tests.conftest import build_run, run_one_step
 pytestmark = pytest.mark.gpu
 
 # The reference: eager, PEFT's own adapter forward, bitsandbytes' own 4-bit matmul. The fast paths run with
-# ftprof's defaults besides what they name: QLoRA keeps dequantized weights under full checkpointing, and compiled
-# QLoRA blocks dequantize with torch ops.
+# ftprof's defaults besides what they name (QLoRA keeps dequantized weights under full checkpointing).
 REFERENCE = {"lora_addmm": False, "keep_dequantized": False}
 FAST_PATHS = {
     "addmm": {"lora_addmm": True},
@@ -32,6 +31,7 @@ FAST_PATHS = {
     "compile+cudnn": {"compile": True, "sdpa_backend": "cudnn"},
     "compile-autotune": {"compile": True, "compile_mode": "max-autotune-no-cudagraphs"},
     "compile-cudagraphs": {"compile": True, "compile_mode": "reduce-overhead"},
+    "compile-dequant": {"compile": True, "compile_dequant": True},
 }
 
 
@@ -70,7 +70,8 @@ def test_fast_path_loss_matches_eager(tmp_path, eager_runs, method, name):
         assert result.compile["compiled"], result.compile
         assert result.compile["mode"] == FAST_PATHS[name].get("compile_mode", "default")
         assert result.compile["loss"] == ("liger" not in name)  # Liger's fused loss is not compiled over
-        assert (result.compile["dequant"] > 0) == (method == "qlora"), result.compile  # torch-op dequantization
+        dequantizing = "dequant" in name and method == "qlora"  # torch-op dequantization, asked for
+        assert (result.compile["dequant"] > 0) == dequantizing, result.compile
     if "cudnn" in name:  # SDPA really runs cuDNN's attention for this shape (not a silent fallback)
         assert result.sdpa_backend_used == "cudnn", (result.sdpa_backend_used, result.notes)
     a, b = _losses(eager), _losses(result)

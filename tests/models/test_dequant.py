@@ -108,8 +108,8 @@ def test_torch_ops_dequantize_to_bitsandbytes_bits(quant_type, nested, dtype):
 def test_compiled_qlora_dequantizes_with_torch_ops_and_trains_as_eager(tmp_path):
     flat = dict(checkpointing="none", max_steps=3, seq_len=32)
     eager = ftprof.train(tiny_config(tmp_path / "eager", "qlora", **flat))
-    compiled = ftprof.train(tiny_config(tmp_path / "compiled", "qlora", compile=True, **flat))
-    bnb_compiled = ftprof.train(tiny_config(tmp_path / "bnb", "qlora", compile=True, compile_dequant=False, **flat))
+    compiled = ftprof.train(tiny_config(tmp_path / "compiled", "qlora", compile=True, compile_dequant=True, **flat))
+    bnb_compiled = ftprof.train(tiny_config(tmp_path / "bnb", "qlora", compile=True, **flat))  # the default
     linears = 7 * 2  # the tiny preset: seven projections in each of two layers
     assert compiled.status == bnb_compiled.status == "ok" and compiled.compile["compiled"]
     assert compiled.compile["dequant"] == linears and bnb_compiled.compile["dequant"] == 0
