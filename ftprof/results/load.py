@@ -99,8 +99,9 @@ def read_result(run_dir: Path, name: str = RESULT) -> dict[str, Any] | None:
     return data
 
 
-# QLoRA options whose default changed what runs when they came: a QLoRA run from before them ran the old way.
-QLORA_BEFORE_OPTION = {"compile_dequant": False, "keep_dequantized": False}
+# Options whose default changed what runs when they came: a run from before them ran the old way.
+BEFORE_OPTION = {"prefetch": False}
+QLORA_BEFORE_OPTION = {"keep_dequantized": False}  # (compile_dequant came off by default: what ran before)
 
 
 @functools.cache
@@ -108,7 +109,7 @@ def option_defaults(method: str = "qlora") -> dict[str, Any]:
     """Every run option's default for ``method``, as a run row holds it (method options resolved as a run records
     them). A run from before an option existed gets the default, so that it still matches today's runs of the same
     configuration as a repeat or a baseline (a row without compile_mode would otherwise never match one with
-    compile_mode=default), or, for a QLoRA option that changed what runs, what it ran with."""
+    compile_mode=default), or, for an option that changed what runs, what it ran with."""
     import dataclasses
 
     from ftprof.config import METHODS, RunConfig
@@ -116,7 +117,7 @@ def option_defaults(method: str = "qlora") -> dict[str, Any]:
     cfg = RunConfig.from_flat({"method": method if method in METHODS else "qlora"})
     flat = cfg.to_flat() | dataclasses.asdict(cfg.method.resolved("bfloat16"))
     flat = {k: ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v for k, v in flat.items()}
-    return flat | (QLORA_BEFORE_OPTION if method == "qlora" else {})
+    return flat | BEFORE_OPTION | (QLORA_BEFORE_OPTION if method == "qlora" else {})
 
 
 def run_row(run_dir: Path) -> dict[str, Any]:

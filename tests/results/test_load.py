@@ -64,7 +64,8 @@ def test_a_run_from_before_an_option_existed_reads_as_its_default(tmp_path):
 
 def test_an_older_run_reads_as_what_it_ran_for_options_that_changed_the_run(tmp_path):
     """Method options resolve per method (a LoRA run from before --lora-addmm matches today's LoRA run, which
-    records it off), and a QLoRA run from before --compile-dequant and --keep-dequantized ran bitsandbytes' way."""
+    records it off); a run from before --prefetch made its batches after each step's sync, and a QLoRA run from
+    before --keep-dequantized dequantized three times under full checkpointing."""
     from ftprof.config import RunConfig
 
     _run(tmp_path, "old-lora", {"status": "ok"}, {"schema_version": 1, "method": {"method": "lora"}})
@@ -72,5 +73,6 @@ def test_an_older_run_reads_as_what_it_ran_for_options_that_changed_the_run(tmp_
     rows = {r["run_name"]: r for r in read_runs([tmp_path]).rows}
     today = RunConfig.from_flat({"method": "lora"}).method.resolved("bfloat16")
     assert rows["old-lora"]["lora_addmm"] is today.lora_addmm is False
-    assert rows["old-lora"]["compile_dequant"] is True  # a model option; QLoRA's alone changes with it
+    assert rows["old-lora"]["keep_dequantized"] is None  # not a LoRA option
     assert rows["old-qlora"]["compile_dequant"] is False and rows["old-qlora"]["keep_dequantized"] is False
+    assert rows["old-lora"]["prefetch"] is False and rows["old-qlora"]["prefetch"] is False
