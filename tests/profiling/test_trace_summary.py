@@ -104,6 +104,7 @@ def test_idle_is_charged_to_what_the_gpu_waited_for(tmp_path):
     assert sum(r["idle_us"] for r in s.idle_by_stage_us.values()) == pytest.approx(s.window_us - s.busy_us)
     idle = {d.code: d for d in s.diagnoses}["gpu_idle"]
     assert "88% of it at ftprof/backward -> ftprof/forward, 1 gaps, mostly gaps of 1 ms or more" in idle.message
+    assert "--prefetch" in idle.message  # the option that addresses host work between the stages
     from ftprof.profiling.summary_output import to_markdown
 
     assert "| backward -> forward | 1.50 | 1 | 1.50 |" in to_markdown(s)
