@@ -101,6 +101,7 @@ class ModelConfig:
         _one_of("--compile-mode", self.compile_mode, COMPILE_MODES)
         _require(self.compile or self.compile_mode == "default",
                  f"--compile-mode {self.compile_mode} needs --compile")
+        _require(self.compile or not self.compile_dequant, "--compile-dequant needs --compile")
         if self.checkpointing is not None:
             _one_of("--checkpointing", self.checkpointing, CHECKPOINTING)
         # One policy, two spellings: gradient_checkpointing is kept as the derived yes/no (None while auto decides).

@@ -219,6 +219,8 @@ def test_compile_under_full_checkpointing_keeps_the_checkpoint(tmp_path, policy_
     (["--checkpointing", "sometimes"], "invalid choice"),
     (["--compile-mode", "max-autotune-no-cudagraphs"], "--compile-mode max-autotune-no-cudagraphs needs --compile"),
     (["--compile", "--compile-mode", "reduce-overhead"], "needs a CUDA device"),
+    (["--compile-dequant"], "--compile-dequant needs --compile"),
+    (["--keep-dequantized"], "--keep-dequantized is a bitsandbytes option"),  # the command's method is lora
     (["--compile", "--compile-mode", "fastest"], "invalid choice"),
     (["--checkpointing", "auto", "--nproc-per-node", "2"], "--checkpointing auto estimates one process"),
 ])
