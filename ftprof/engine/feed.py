@@ -2,7 +2,8 @@
 
 Each step ends with a sync (the step timer waits for its kernels), so the GPU is idle from then until the next
 step's first kernel. Whatever the host does in between counts in the next step's time: making the batch (the
-synthetic stream: 18 ms for 4 x 2048 tokens on a 2-core host) and copying it from pageable memory. Profiled on an
+synthetic stream took 18 ms for 4 x 2048 tokens on a 2-core host before it became one gather; real data's
+collation and padding still take host time) and copying it from pageable memory. Profiled on an
 H200 (llama-8b QLoRA, compiled blocks), the GPU waited 42 ms per step outside forward, backward and the optimizer
 step. With prefetching, the next batch is made, pinned and its copy queued after the step's kernels are launched
 and before the sync: the host work overlaps the GPU's.
