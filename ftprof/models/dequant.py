@@ -50,7 +50,7 @@ def route(blocks: list[nn.Module], kept: int, torch_ops: bool) -> tuple[int, int
             if keep or torch_ops:
                 module.forward = types.MethodType(_forward(keep, torch_ops), module)
             keeping += keep
-            dequantizing += torch_ops and module.bias is None
+            dequantizing += torch_ops and (keep or module.bias is None)  # (a biased linear not kept: bitsandbytes)
     return keeping, dequantizing
 
 

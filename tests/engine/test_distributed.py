@@ -116,3 +116,13 @@ def test_a_multi_node_launch_says_what_it_waits_for():
                                       "--rdzv-endpoint", "host:29500"])
     message = waiting_message(config_from_args(args))
     assert "node 1 of 2" in message and "host:29500" in message and "all 2 nodes" in message
+
+
+@pytest.mark.slow
+def test_qlora_under_fsdp_keeps_the_recomputed_weights_of_checkpointed_layers(tmp_path):
+    """FSDP2 all-gathers each packed 4-bit weight without its quant state: the kept-weight route restores it from
+    the module, as bitsandbytes' own forward does."""
+    result = ftprof.train(tiny_config(tmp_path, "qlora", nproc_per_node=2, checkpointing="full", max_steps=3,
+                                      warmup_steps=1))
+    assert result.status == "ok", result.error_message
+    assert result.world_size == 2 and result.kept_dequantized == 14  # 7 projections x 2 layers, each rank
