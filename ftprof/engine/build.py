@@ -111,7 +111,7 @@ def route_dequantization(model, cfg, policy: str, layers: int | None, torch_ops:
         return 0, 0
     blocks = metrics.decoder_layers(model)
     kept = 0
-    if policy == "full" and cfg.method.keep_dequantized:
+    if policy == "full" and dequant.keeps_weights(cfg.method):
         kept = len(blocks) if layers is None else layers
     return dequant.route(blocks, kept, torch_ops and cfg.model.compile_dequant)
 

@@ -258,7 +258,7 @@ def kept_weight_bytes(model, pre) -> int:
     """What QLoRA's recomputation keeps for backward under full checkpointing: one layer's dequantized weights
     (models/dequant.py), or nothing."""
     m = pre.config.method
-    if m.method != "qlora" or not m.keep_dequantized:
+    if not dequant.keeps_weights(m):
         return 0
     return dequant.largest_layer_bytes(metrics.decoder_layers(model), torch_dtype(m.compute_dtype or pre.dtype))
 

@@ -16,8 +16,8 @@ each compiled block as a CUDA graph (the loop then marks each micro-batch as a n
 The loss is compiled too (``--compile-loss``, on by default), unless a kernel set computes it (Liger's fused
 linear cross entropy): transformers' causal-LM loss upcasts the whole logits tensor to fp32 and runs cross entropy
 over it, memory-bound passes over 4 GiB for llama-8b at 4 x 2048 (5.4% of the step on an H200, eager). Compiled,
-the upcast, log-softmax and their backward are fused (not yet measured on a GPU). It is set on the transformers
-model itself, which reads it on every forward.
+the upcast, log-softmax and their backward are fused: on an H200 +2.5% tokens/s for QLoRA, +2.1% for LoRA, 8.4 GB
+less memory. It is set on the transformers model itself, which reads it on every forward.
 
 Compilation happens at the first forward. ``warm_up`` runs that first forward and backward on a batch of the
 run's shape before the loop, times it as the compile time (reported apart from step time), and when it fails

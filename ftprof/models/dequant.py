@@ -30,6 +30,11 @@ import torch
 from torch import nn
 
 
+def keeps_weights(method) -> bool:
+    """Whether a run's method config keeps QLoRA's dequantized weights for backward under full checkpointing."""
+    return method.method == "qlora" and bool(method.keep_dequantized)
+
+
 def is_4bit_linear(module: nn.Module) -> bool:
     bnb = sys.modules.get("bitsandbytes")  # a model without 4-bit layers never imports it
     return bnb is not None and isinstance(module, bnb.nn.Linear4bit)

@@ -129,7 +129,7 @@ def run_row(run_dir: Path) -> dict[str, Any]:
     for section in SECTIONS:
         for key, value in (config.get(section) or {}).items():
             row[key] = ",".join(map(str, value)) if isinstance(value, list) else value
-    # options newer than the run: it ran with what is now the default
+    # options newer than the run: it ran with what is now the default, or the old way where an option changed that
     for key, value in option_defaults(str(row.get("method", "qlora"))).items():
         row.setdefault(key, value)
     row["run_name"] = run_dir.name  # the directory, even if copied or renamed since the run
