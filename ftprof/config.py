@@ -83,6 +83,10 @@ class ModelConfig:
                                    "(same bits). Measured on an H200: the compiler then keeps every layer's 16-bit "
                                    "weights for backward (+13 GiB, +0.8% tokens/s without checkpointing; -4.4% "
                                    "under full checkpointing); off by default")
+    compile_tuning: bool = option(False, "with --compile: inductor tunes each Triton kernel it generates (block "
+                                  "sizes, warps) by coordinate descent, timing candidates on the device: what "
+                                  "max-autotune adds besides its GEMM templates (GEMMs stay cuBLAS); longer "
+                                  "compile. Changes nothing on CPU")
     compile_mode: str = option("default", "with --compile: torch.compile's mode. max-autotune-no-cudagraphs "
                                "benchmarks Triton GEMM templates (with fused epilogues) against cuBLAS for each "
                                "matmul shape (slower to compile); reduce-overhead and max-autotune also replay "
@@ -102,6 +106,7 @@ class ModelConfig:
         _require(self.compile or self.compile_mode == "default",
                  f"--compile-mode {self.compile_mode} needs --compile")
         _require(self.compile or not self.compile_dequant, "--compile-dequant needs --compile")
+        _require(self.compile or not self.compile_tuning, "--compile-tuning needs --compile")
         if self.checkpointing is not None:
             _one_of("--checkpointing", self.checkpointing, CHECKPOINTING)
         # One policy, two spellings: gradient_checkpointing is kept as the derived yes/no (None while auto decides).

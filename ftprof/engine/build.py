@@ -90,7 +90,8 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
             first = next(make_batches(cfg.data, tokenizer, vocab, cfg.train.seed + dist.rank))  # stream untouched
             compiled = warm_up(model, params, {k: v.to(pre.device) for k, v in first.items()}, autocast, log,
                                policy, cfg.model.compile_mode,
-                               compile_loss=cfg.model.compile_loss and not kernels.fuses_loss(cfg.model.kernels))
+                               compile_loss=cfg.model.compile_loss and not kernels.fuses_loss(cfg.model.kernels),
+                               tuning=cfg.model.compile_tuning)
             compiled.dequant = torch_dequant if compiled.compiled else 0
             if torch_dequant and not compiled.compiled:  # torch-op dequantization pays only inside compiled code
                 route_dequantization(model, cfg, policy, layers, torch_ops=False)

@@ -47,6 +47,7 @@ class CompileOutcome:
     scope: str = "block"  # what was compiled: "block", or "block children" of the blocks full checkpointing covers
     mode: str = "default"  # torch.compile's mode (--compile-mode)
     loss: bool = False  # whether the causal-LM loss was compiled too (--compile-loss; not when a kernel set fuses it)
+    tuning: bool = False  # inductor's coordinate-descent tuning of its Triton kernels (--compile-tuning)
     dequant: int = 0  # QLoRA: 4-bit linears dequantized by torch ops in the compiled code (--compile-dequant)
 
     @property
@@ -73,6 +74,17 @@ def eager_rounding(enabled: bool):
 
     with inductor_config.patch(emulate_precision_casts=True):
         yield
+
+
+def compile_kwargs(mode: str, tuning: bool) -> dict:
+    """torch.compile's arguments for ``mode`` (--compile-mode), with --compile-tuning: coordinate-descent tuning of
+    the Triton kernels inductor generates (max-autotune's own kernel tuning, without its GEMM templates).
+    torch.compile takes a mode or options, not both, so tuning spells the mode out as its options."""
+    if not tuning:
+        return {"mode": None if mode == "default" else mode}
+    from torch._inductor import list_mode_options
+
+    return {"options": {**list_mode_options(mode), "coordinate_descent_tuning": True}}
 
 
 def compile_targets(model, checkpointing: str) -> list[torch.nn.Module]:
@@ -125,22 +137,25 @@ def _forward_backward(model, batch: dict, autocast: Callable) -> None:
 
 
 def warm_up(model, params, batch: dict, autocast: Callable, log: Callable[[str], None],
-            checkpointing: str = "none", mode: str = "default", compile_loss: bool = True) -> CompileOutcome:
+            checkpointing: str = "none", mode: str = "default", compile_loss: bool = True,
+            tuning: bool = False) -> CompileOutcome:
     """Compile the blocks (and, with ``compile_loss``, transformers' loss) by running one forward and backward.
     When that fails with the loss compiled, the loss goes back to eager and the blocks are tried alone; when the
     blocks fail, the run is eager. Each fallback is one line through ``log``. Gradients are cleared.
     ``checkpointing`` is the policy in force (none, selective or full): it decides what is compiled; ``mode`` is
-    torch.compile's."""
+    torch.compile's; ``tuning`` adds coordinate-descent kernel tuning to blocks and loss."""
     blocks, targets = metrics.decoder_layers(model), compile_targets(model, checkpointing)
     for module in targets:
-        module.compile(mode=None if mode == "default" else mode)
+        module.compile(**compile_kwargs(mode, tuning))
     lm = causal_lm(model) if compile_loss else None
     eager_loss = lm.loss_function if lm is not None else None
     if lm is not None:
         # fullgraph: a loss that breaks the graph (a user's loss with a host sync, say) gains little compiled; it
         # fails here instead and runs eager, and the blocks stay compiled.
-        lm.loss_function = torch.compile(eager_loss, fullgraph=True)  # transformers reads it on each forward
-    outcome = CompileOutcome(blocks=len(blocks), scope=_scope(blocks, targets), mode=mode, loss=lm is not None)
+        lm.loss_function = torch.compile(eager_loss, fullgraph=True,  # transformers reads it on each forward
+                                         **compile_kwargs("default", tuning))
+    outcome = CompileOutcome(blocks=len(blocks), scope=_scope(blocks, targets), mode=mode, loss=lm is not None,
+                             tuning=tuning)
     start = time.perf_counter()
     try:
         try:

@@ -105,6 +105,26 @@ def test_compile_under_partial_checkpointing_compiles_checkpointed_blocks_by_chi
     assert compile_targets(model, "none") == [first, second]
 
 
+def test_compile_tuning_spells_the_mode_out_as_options():
+    """torch.compile refuses a mode and options together: with --compile-tuning the mode's own options go first."""
+    from ftprof.engine.compile import compile_kwargs
+
+    assert compile_kwargs("default", False) == {"mode": None}
+    assert compile_kwargs("reduce-overhead", False) == {"mode": "reduce-overhead"}
+    assert compile_kwargs("default", True) == {"options": {"coordinate_descent_tuning": True}}
+    assert compile_kwargs("reduce-overhead", True) == {"options": {"triton.cudagraphs": True,
+                                                                   "coordinate_descent_tuning": True}}
+    torch.compile(torch.nn.Linear(2, 2), **compile_kwargs("reduce-overhead", True))  # accepted (compiles lazily)
+
+
+@pytest.mark.slow
+def test_compile_tuning_is_recorded_and_matches_eager_on_cpu(tmp_path):
+    eager = ftprof.train(tiny_config(tmp_path / "e", "lora", max_steps=2))
+    tuned = ftprof.train(tiny_config(tmp_path / "t", "lora", max_steps=2, compile=True, compile_tuning=True))
+    assert tuned.status == "ok" and tuned.compile["tuning"] is True
+    assert tuned.loss_last == pytest.approx(eager.loss_last, rel=1e-3 if tuned.compile["compiled"] else 1e-6)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs"])
 def test_compile_matches_eager_on_cpu(tmp_path, mode):
@@ -220,6 +240,7 @@ def test_compile_under_full_checkpointing_keeps_the_checkpoint(tmp_path, policy_
     (["--compile-mode", "max-autotune-no-cudagraphs"], "--compile-mode max-autotune-no-cudagraphs needs --compile"),
     (["--compile", "--compile-mode", "reduce-overhead"], "needs a CUDA device"),
     (["--compile-dequant"], "--compile-dequant needs --compile"),
+    (["--compile-tuning"], "--compile-tuning needs --compile"),
     (["--keep-dequantized"], "--keep-dequantized is a bitsandbytes option"),  # the command's method is lora
     (["--compile", "--compile-mode", "fastest"], "invalid choice"),
     (["--checkpointing", "auto", "--nproc-per-node", "2"], "--checkpointing auto estimates one process"),

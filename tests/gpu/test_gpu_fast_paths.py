@@ -32,6 +32,8 @@ FAST_PATHS = {
     "compile-autotune": {"compile": True, "compile_mode": "max-autotune-no-cudagraphs"},
     "compile-cudagraphs": {"compile": True, "compile_mode": "reduce-overhead"},
     "compile-dequant": {"compile": True, "compile_dequant": True},
+    "compile-tuning": {"compile": True, "compile_tuning": True},
+    "compile-cudagraphs-tuning": {"compile": True, "compile_mode": "reduce-overhead", "compile_tuning": True},
 }
 
 
@@ -72,6 +74,7 @@ def test_fast_path_loss_matches_eager(tmp_path, eager_runs, method, name):
         assert result.compile["loss"] == ("liger" not in name)  # Liger's fused loss is not compiled over
         dequantizing = "dequant" in name and method == "qlora"  # torch-op dequantization, asked for
         assert (result.compile["dequant"] > 0) == dequantizing, result.compile
+        assert result.compile["tuning"] == ("tuning" in name), result.compile
     if "cudnn" in name:  # SDPA really runs cuDNN's attention for this shape (not a silent fallback)
         assert result.sdpa_backend_used == "cudnn", (result.sdpa_backend_used, result.notes)
     a, b = _losses(eager), _losses(result)
@@ -88,7 +91,7 @@ def _lora_grads(cfg) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("name", ["addmm", "liger", "compile", "selective", "compile+liger", "compile+full",
-                                  "cudnn"])
+                                  "cudnn", "compile-tuning"])
 def test_fast_path_lora_gradients_match_eager(tmp_path, name):
     eager = _lora_grads(fast_config(tmp_path / "e", **_reference("lora")))
     fast = _lora_grads(fast_config(tmp_path / "f", **FAST_PATHS[name]))
