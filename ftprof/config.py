@@ -194,7 +194,7 @@ def template_fields(template: str) -> list[str]:
 METHOD_OPTION_GROUPS = {
     "lora": (LORA_METHODS, ("lora_r", "lora_alpha", "lora_dropout", "lora_targets", "lora_addmm")),
     "bitsandbytes": (("qlora",), ("quant_type", "double_quant", "compute_dtype", "quant_storage",
-                                   "keep_dequantized")),
+                                   "keep_dequantized", "dequant_kernel")),
     "quantized-base": (("qlora", "gptq-lora"), ("kbit_prepare",)),
     "GPTQ": (("gptq-lora",), ("gptq_bits", "gptq_group_size", "gptq_backend", "gptq_calibration_samples",
                              "gptq_quantizer")),
@@ -229,6 +229,10 @@ class MethodConfig:
     keep_dequantized: Optional[bool] = option(
         None, "under full checkpointing, a layer's recomputation keeps its dequantized 16-bit weights for its "
         "backward (one layer's at a time) instead of bitsandbytes dequantizing them again (qlora; default on)")
+    dequant_kernel: Optional[str] = option(
+        None, "what dequantizes the 4-bit weights for their matmuls: bitsandbytes' kernel, or triton: ftprof's "
+        "one-pass Triton kernel, the same bits (CUDA; qlora; default bitsandbytes)",
+        choices=("bitsandbytes", "triton"))
     kbit_prepare: Optional[bool] = option(None, "apply PEFT's prepare_model_for_kbit_training (the textbook recipe: "
                                           "upcasts lm_head, embeddings and norms to fp32; slower, for comparison; "
                                           "qlora/gptq-lora; default off)")
@@ -292,7 +296,8 @@ class MethodConfig:
                           double_quant=True if self.double_quant is None else self.double_quant,
                           compute_dtype=self.compute_dtype or run_dtype,
                           quant_storage=self.quant_storage or run_dtype,
-                          keep_dequantized=self.keep_dequantized is not False)
+                          keep_dequantized=self.keep_dequantized is not False,
+                          dequant_kernel=self.dequant_kernel or "bitsandbytes")
         if self.method == "gptq-lora":
             values.update(gptq_bits=self.gptq_bits or 4, gptq_group_size=self.gptq_group_size or 128,
                           gptq_backend=self.gptq_backend or "gptq_torch",
@@ -484,6 +489,8 @@ class RunConfig:
         if self.model.kernels == "liger" and "lm_head" in (self.method.lora_targets or ()):
             raise ConfigError("--lora-targets lm_head: Liger's fused linear cross entropy computes the loss from "
                               "lm_head's weight directly and would skip its adapter; use --kernels eager")
+        _require(not (self.model.compile_dequant and self.method.dequant_kernel == "triton"),
+                 "--compile-dequant and --dequant-kernel triton each dequantize the 4-bit weights: pick one")
         _require(self.train.warmup_steps < self.train.max_steps or self.train.max_steps == 1,
                  f"--warmup-steps ({self.train.warmup_steps}) must be below --max-steps ({self.train.max_steps}) "
                  "so that some steps are measured")

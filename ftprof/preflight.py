@@ -78,6 +78,8 @@ def preflight(cfg: RunConfig) -> Preflight:
         from ftprof.models.kernels import check_liger
 
         check_liger(getattr(source.config, "model_type", None), device.type)
+    if cfg.method.dequant_kernel == "triton":
+        _check_triton(device)
     dtype = resolve_dtype_name(cfg.model.dtype, device)
     _check_distributed(cfg, device, dtype)
     notes: list[str] = []
@@ -121,6 +123,16 @@ def _check_tokenizer(source: ModelSource, dataset: str) -> None:
     if not any((Path(source.name) / name).is_file() for name in TOKENIZER_FILES):
         raise ConfigError(f"--dataset '{dataset}' needs a tokenizer, and --model '{source.name}' has no tokenizer "
                           f"files (tokenizer.json or tokenizer_config.json); use --dataset synthetic or save one")
+
+
+def _check_triton(device) -> None:
+    import importlib.util
+
+    if device.type != "cuda":
+        raise ConfigError("--dequant-kernel triton runs a Triton kernel: it needs a CUDA device (bitsandbytes' "
+                          "kernel runs everywhere)")
+    if importlib.util.find_spec("triton") is None:
+        raise ConfigError("--dequant-kernel triton: Triton is not installed (pip install triton)")
 
 
 def _check_memory_limit(gib: float | None, device) -> None:

@@ -80,7 +80,7 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
         policy, layers, auto, selective = checkpointing.resolve_policy(model, autocast, pre, cfg.train.optimizer)
         if auto is not None:
             log(f"--checkpointing auto: {auto.reason}")
-        kept, torch_dequant = route_dequantization(model, cfg, policy, layers, torch_ops=cfg.model.compile)
+        kept, torch_dequant = route_dequantization(model, cfg, policy, layers, compiling=cfg.model.compile)
         model = wrap_model(model, pre, dist, dtype, defer)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = make_optimizer(params, pre)
@@ -94,7 +94,7 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
                                tuning=cfg.model.compile_tuning)
             compiled.dequant = torch_dequant if compiled.compiled else 0
             if torch_dequant and not compiled.compiled:  # torch-op dequantization pays only inside compiled code
-                route_dequantization(model, cfg, policy, layers, torch_ops=False)
+                route_dequantization(model, cfg, policy, layers, compiling=False)
     counts = metrics.count_params(model)
     device_name = torch.cuda.get_device_name(pre.device) if pre.device.type == "cuda" else "cpu"
     used = (attention.probe(pre.source.config, cfg.data.seq_len, pre.device, dtype)
@@ -104,17 +104,20 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
                  selective, kept)
 
 
-def route_dequantization(model, cfg, policy: str, layers: int | None, torch_ops: bool) -> tuple[int, int]:
+def route_dequantization(model, cfg, policy: str, layers: int | None, compiling: bool) -> tuple[int, int]:
     """QLoRA: under full checkpointing the checkpointed layers' 4-bit linears keep the weights their recomputation
-    dequantizes for backward (--keep-dequantized); with ``torch_ops`` and --compile-dequant, torch ops dequantize
-    (models/dequant.py). Returns (linears that keep, linears that dequantize with torch ops)."""
+    dequantizes for backward (--keep-dequantized); --dequant-kernel picks the kernel, and while ``compiling``,
+    --compile-dequant has torch ops dequantize (models/dequant.py). Returns (linears that keep, linears that
+    dequantize with torch ops)."""
     if cfg.method.method != "qlora":
         return 0, 0
     blocks = metrics.decoder_layers(model)
     kept = 0
     if policy == "full" and dequant.keeps_weights(cfg.method):
         kept = len(blocks) if layers is None else layers
-    return dequant.route(blocks, kept, torch_ops and cfg.model.compile_dequant)
+    torch_ops = compiling and cfg.model.compile_dequant
+    kept, rerouted = dequant.route(blocks, kept, "torch" if torch_ops else cfg.method.dequant_kernel)
+    return kept, rerouted if torch_ops else 0
 
 
 def load_tokenizer(pre: Preflight, log: Callable[[str], None]):

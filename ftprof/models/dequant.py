@@ -1,6 +1,6 @@
 """How QLoRA's frozen 4-bit base weights are dequantized for their matmuls, forward and backward.
 
-bitsandbytes' 4-bit matmul saves only the packed weight for backward and dequantizes it again there. Two changes,
+bitsandbytes' 4-bit matmul saves only the packed weight for backward and dequantizes it again there. Three changes,
 each a run option, routed here per linear:
 
 - **Kept under full checkpointing** (``--keep-dequantized``). Without checkpointing, dequantizing again in backward
@@ -19,6 +19,9 @@ each a run option, routed here per linear:
   2048): without checkpointing the compiler's partitioner saves each dequantized weight for backward rather than
   redo the fused kernel (+13 GiB, +0.8% tokens/s, what keeping every layer's weights would do); under full
   checkpointing it ran 4.4% slower. Off by default, kept as a measured option.
+- **Dequantized by ftprof's Triton kernel** (``--dequant-kernel triton``; models/dequant_kernels.py): the same bits
+  as bitsandbytes' kernel in one pass at a higher share of memory bandwidth, eager or compiled (an opaque op, so
+  the partitioner cannot trade it for a saved weight), forward, backward and kept alike.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import types
 
 import torch
 from torch import nn
+
+from ftprof.models import dequant_kernels
 
 
 def keeps_weights(method) -> bool:
@@ -40,76 +45,73 @@ def is_4bit_linear(module: nn.Module) -> bool:
     return bnb is not None and isinstance(module, bnb.nn.Linear4bit)
 
 
-def route(blocks: list[nn.Module], kept: int, torch_ops: bool) -> tuple[int, int]:
+# Who dequantizes a 4-bit weight: bitsandbytes' kernel, torch ops (traced into compiled blocks: --compile-dequant) or
+# ftprof's Triton kernel (--dequant-kernel triton; models/dequant_kernels.py).
+DEQUANTIZERS = ("bitsandbytes", "torch", "triton")
+
+
+def route(blocks: list[nn.Module], kept: int, dequantizer: str = "bitsandbytes") -> tuple[int, int]:
     """Set how each frozen 4-bit linear of ``blocks`` (the decoder layers, in order) dequantizes: the first
-    ``kept`` blocks keep the weight for backward; with ``torch_ops``, torch ops dequantize instead of
-    bitsandbytes. A linear left with neither runs bitsandbytes' own forward. Linears whose weight or bias trains
-    are left alone. Returns (linears that keep, linears that dequantize with torch ops)."""
-    keeping = dequantizing = 0
+    ``kept`` blocks keep the weight for backward; ``dequantizer`` (one of DEQUANTIZERS) does the dequantizing. A
+    linear left with neither runs bitsandbytes' own forward. Linears whose weight or bias trains are left alone.
+    Returns (linears that keep, linears that another dequantizer than bitsandbytes serves)."""
+    assert dequantizer in DEQUANTIZERS, dequantizer
+    keeping = rerouted = 0
     for index, block in enumerate(blocks):
         for module in block.modules():
             if not is_4bit_linear(module) or any(p.requires_grad for p in module.parameters(recurse=False)):
                 continue
             keep = index < kept
             module.__dict__.pop("forward", None)  # back to Linear4bit.forward before choosing again
-            if keep or torch_ops:
-                module.forward = types.MethodType(_forward(keep, torch_ops), module)
+            other = dequantizer != "bitsandbytes" and (keep or module.bias is None)  # (biased, not kept: bnb's)
+            if keep or other:
+                module.forward = types.MethodType(_forward(keep, dequantizer), module)
             keeping += keep
-            dequantizing += torch_ops and (keep or module.bias is None)  # (a biased linear not kept: bitsandbytes)
-    return keeping, dequantizing
+            rerouted += other
+    return keeping, rerouted
 
 
-def _forward(keep: bool, torch_ops: bool):
+def _forward(keep: bool, dequantizer: str):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = self.compute_dtype or x.dtype
         if keep:  # plain autograd saves the dequantized weight for the input gradient
             bias = None if self.bias is None else self.bias.to(dtype)
-            weight = dequantize(self, torch_ops).to(dtype)
+            weight = dequantize(self, dequantizer).to(dtype)
             return nn.functional.linear(x.to(dtype), weight, bias).to(x.dtype)
         if self.bias is not None:  # (decoder linears of the supported models have none)
             return type(self).forward(self, x)
-        return _DequantizeAgain.apply(x.to(dtype), self).to(x.dtype)
+        return _DequantizeAgain.apply(x.to(dtype), self, dequantizer).to(x.dtype)
 
     return forward
 
 
 class _DequantizeAgain(torch.autograd.Function):
-    """``x @ dequantize(W).T`` saving nothing weight-sized: backward dequantizes again (torch ops)."""
+    """``x @ dequantize(W).T`` saving nothing weight-sized: backward dequantizes again."""
 
     @staticmethod
-    def forward(ctx, x, module):
-        ctx.module = module
-        return nn.functional.linear(x, dequantize(module, True).to(x.dtype))
+    def forward(ctx, x, module, dequantizer):
+        ctx.module, ctx.dequantizer = module, dequantizer
+        return nn.functional.linear(x, dequantize(module, dequantizer).to(x.dtype))
 
     @staticmethod
     def backward(ctx, grad_out):
-        return grad_out @ dequantize(ctx.module, True).to(grad_out.dtype), None
+        weight = dequantize(ctx.module, ctx.dequantizer, for_backward=True)
+        return grad_out @ weight.to(grad_out.dtype), None, None
 
 
-def dequantize(module: nn.Module, torch_ops: bool) -> torch.Tensor:
-    """The 4-bit linear's weight, (out_features, in_features), in its quantization dtype."""
+def dequantize(module: nn.Module, dequantizer: str, for_backward: bool = False) -> torch.Tensor:
+    """The 4-bit linear's weight, (out_features, in_features), in its quantization dtype. ``for_backward``: the
+    dequantization that backward does (the Triton op keeps it apart from the forward's; see its docstring)."""
     import bitsandbytes as bnb
     from bitsandbytes.nn.modules import fix_4bit_weight_quant_state_from_module
 
     fix_4bit_weight_quant_state_from_module(module)  # FSDP2 all-gathers the packed weight without its quant state
     state = module.weight.quant_state
-    if not torch_ops or state.shape.numel() % state.blocksize:
+    if dequantizer == "bitsandbytes" or state.shape.numel() % state.blocksize:
         return bnb.functional.dequantize_4bit(module.weight, state)
-    return torch_dequantize(module.weight, state)
-
-
-def torch_dequantize(packed: torch.Tensor, state) -> torch.Tensor:
-    """bitsandbytes' blockwise 4-bit dequantization as torch ops (a whole number of blocks)."""
-    data = packed.reshape(-1).view(torch.uint8)
-    codes = torch.stack((data >> 4, data & 0xF), dim=-1).reshape(-1)  # the high nibble is the first value
-    values = state.code[codes.long()]  # the 16-value table (nf4 or fp4), fp32
-    absmax = state.absmax
-    if state.nested:  # the absmax values are themselves 8-bit codes, scaled per block of state2.blocksize
-        inner = state.state2
-        group = torch.arange(absmax.numel(), device=data.device) // inner.blocksize
-        absmax = inner.code[absmax.long()] * inner.absmax[group] + state.offset
-    scaled = values.view(-1, state.blocksize) * absmax.float().view(-1, 1)
-    return scaled.reshape(state.shape).to(state.dtype)
+    if dequantizer == "triton":
+        return dequant_kernels.triton_dequantize(module.weight, state, for_backward)
+    return dequant_kernels.torch_dequantize(module.weight, state)
 
 
 def largest_layer_bytes(blocks: list[nn.Module], dtype: torch.dtype) -> int:

@@ -9,7 +9,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import ftprof
 from ftprof import metrics
-from ftprof.models import dequant
+from ftprof.cli.main import main
+from ftprof.models import dequant, dequant_kernels
 from tests.conftest import build_run, tiny_config
 
 
@@ -99,10 +100,22 @@ def test_torch_ops_dequantize_to_bitsandbytes_bits(quant_type, nested, dtype):
     packed, state = bf.quantize_4bit(weight, blocksize=64, compress_statistics=nested, quant_type=quant_type,
                                      quant_storage=torch.bfloat16)
     assert state.nested == nested
-    ours = dequant.torch_dequantize(packed, state)
     theirs = bf.dequantize_4bit(packed, state)
-    assert ours.dtype == theirs.dtype == dtype and ours.shape == theirs.shape == weight.shape
-    assert torch.equal(ours, theirs)
+    for ours in (dequant_kernels.torch_dequantize(packed, state),
+                 dequant_kernels.triton_dequantize(packed, state)):  # the op: torch ops off CUDA
+        assert ours.dtype == theirs.dtype == dtype and ours.shape == theirs.shape == weight.shape
+        assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_the_dequantize_op_passes_torch_library_checks(nested):
+    """ftprof::dequantize_4bit's schema, fake (meta) kernel and dispatch as torch.compile relies on them."""
+    import bitsandbytes.functional as bf
+
+    packed, state = bf.quantize_4bit(torch.randn(64, 128), blocksize=64, compress_statistics=nested,
+                                     quant_storage=torch.bfloat16)
+    args = (packed, *dequant_kernels._state_args(state), list(state.shape), torch.bfloat16, False)
+    torch.library.opcheck(torch.ops.ftprof.dequantize_4bit.default, args)
 
 
 def test_compiled_qlora_dequantizes_with_torch_ops_and_trains_as_eager(tmp_path):
@@ -117,11 +130,13 @@ def test_compiled_qlora_dequantizes_with_torch_ops_and_trains_as_eager(tmp_path)
     assert compiled.loss_last == pytest.approx(bnb_compiled.loss_last, rel=1e-4)
 
 
-def test_torch_ops_backward_dequantizes_without_keeping(tmp_path):
-    """Not checkpointed and not kept: the torch-op route saves the packed weight only, like bitsandbytes."""
+@pytest.mark.parametrize("dequantizer", ["torch", "triton"])  # (the Triton op runs torch ops off CUDA)
+def test_rerouted_backward_dequantizes_without_keeping(tmp_path, dequantizer):
+    """Not checkpointed and not kept: the torch-op and Triton routes save the packed weight only, like
+    bitsandbytes, and give bitsandbytes' gradients."""
     pre, built = build_run(tiny_config(tmp_path, "qlora", seq_len=24))  # 96 tokens: no activation has a weight's shape
     blocks = metrics.decoder_layers(built.model)
-    kept, torch_ops = dequant.route(blocks, kept=0, torch_ops=True)
+    kept, torch_ops = dequant.route(blocks, kept=0, dequantizer=dequantizer)
     assert (kept, torch_ops) == (0, 14)
     batch = next(built.batches)
     weight_shapes = {tuple(m.weight.quant_state.shape) for m in built.model.modules() if dequant.is_4bit_linear(m)}
@@ -132,7 +147,24 @@ def test_torch_ops_backward_dequantizes_without_keeping(tmp_path):
     loss.backward()
     grads = {n: p.grad.clone() for n, p in built.model.named_parameters() if p.requires_grad}
     built.model.zero_grad(set_to_none=True)
-    assert dequant.route(blocks, kept=0, torch_ops=False) == (0, 0)  # bitsandbytes' own forward again
+    assert dequant.route(blocks, kept=0) == (0, 0)  # bitsandbytes' own forward again
     built.model(**batch).loss.backward()
     for name, g in grads.items():
         torch.testing.assert_close(g, dict(built.model.named_parameters())[name].grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--dequant-kernel", "triton"], "--dequant-kernel triton runs a Triton kernel: it needs a CUDA device"),
+    (["--dequant-kernel", "triton", "--compile", "--compile-dequant"], "pick one"),
+    (["--dequant-kernel", "cutlass"], "invalid choice"),
+])
+def test_dequant_kernel_bad_input_is_one_line(tmp_path, capsys, argv, fragment):
+    try:
+        code = main(["train", "qlora", "--device", "cpu", "--output-dir", str(tmp_path), *argv])
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(Exception, match="--dequant-kernel is a bitsandbytes option"):
+        ftprof.RunConfig.from_flat({"method": "lora", "dequant_kernel": "triton"})

@@ -1,0 +1,138 @@
+"""bitsandbytes' blockwise 4-bit dequantization, as torch ops and as one Triton kernel (QLoRA,
+``--dequant-kernel triton``).
+
+Profiled on an H200 (llama-8b QLoRA, compiled blocks, 4 x 2048), bitsandbytes' ``kDequantizeBlockwise`` took 3.8% of
+the step: 448 dequantizations of 31M-parameter weights on average, 42 us each, about 1.9 TB/s of the H200's 4.8
+(it reads half a byte per value and writes two). Under double quantization bitsandbytes also runs two more
+kernels per weight first (the 8-bit absmax dequantized, then the offset added). This kernel does all of it in one
+pass, each program writing a contiguous run of 16-bit values.
+
+The arithmetic is bitsandbytes': the block's absmax in fp32 (``code2[q] * absmax2[group] + offset`` under double
+quantization, with the multiply and add rounded apart: the launch turns off Triton's fused multiply-add, which
+would round once), times the 4-bit code's table value in fp32, rounded once to the weight dtype. The same bits
+(tested against bitsandbytes on the GPU, nf4 and fp4, with and without double quantization).
+
+The kernel is a torch custom op (``ftprof::dequantize_4bit``), so that compiled blocks see one opaque node. Off CUDA
+the op runs the same arithmetic as torch ops (``blockwise``, also what ``--compile-dequant`` traces into compiled
+blocks), which is what the CPU tests exercise.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+BYTES = 1024  # packed bytes per program: 2048 16-bit values written
+WARPS = 4
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def dequantize_4bit_kernel(packed, absmax, code, absmax2, code2, offset, out, n_bytes,
+                               BLOCKSIZE: tl.constexpr, BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr,
+                               BYTES: tl.constexpr):
+        index = tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES)
+        inside = index < n_bytes
+        byte = tl.load(packed + index, mask=inside, other=0).to(tl.int32)
+        first = tl.load(code + (byte >> 4), mask=inside, other=0.0)  # the high nibble holds the first value
+        second = tl.load(code + (byte & 0xF), mask=inside, other=0.0)
+        block = index // (BLOCKSIZE // 2)  # a block's values never straddle a byte
+        if NESTED:  # the block's absmax is an 8-bit code, scaled per group of BLOCKSIZE2 blocks, plus an offset
+            q = tl.load(absmax + block, mask=inside, other=0).to(tl.int32)
+            scale = tl.load(code2 + q, mask=inside, other=0.0) * tl.load(absmax2 + block // BLOCKSIZE2, mask=inside,
+                                                                         other=0.0)
+            scale = scale + tl.load(offset)
+        else:
+            scale = tl.load(absmax + block, mask=inside, other=0.0)
+        values = tl.interleave(first * scale, second * scale).to(out.dtype.element_ty)
+        where = tl.program_id(0).to(tl.int64) * (2 * BYTES) + tl.arange(0, 2 * BYTES)
+        tl.store(out + where, values, mask=where < 2 * n_bytes)
+
+    return dequantize_4bit_kernel
+
+
+@torch.library.custom_op("ftprof::dequantize_4bit", mutates_args=())
+def dequantize_4bit(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absmax2: torch.Tensor | None,
+                    code2: torch.Tensor | None, offset: torch.Tensor | None, blocksize: int, blocksize2: int,
+                    shape: list[int], dtype: torch.dtype, for_backward: bool) -> torch.Tensor:
+    """The weight of ``shape`` in ``dtype``. ``absmax2``, ``code2``, ``offset`` (with ``blocksize2``) are double
+    quantization's, None without it. ``for_backward`` changes nothing computed: a compiled graph would otherwise
+    see the forward's and the backward's dequantization of one weight as one expression, merge them, and keep the
+    16-bit weight from forward to backward (every layer's: the memory QLoRA exists to save)."""
+    data = packed.reshape(-1).view(torch.uint8)
+    if packed.device.type != "cuda":
+        return blockwise(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2, shape, dtype)
+    out = torch.empty(shape, dtype=dtype, device=packed.device)
+    with torch.cuda.device(packed.device):
+        launch(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2, out)
+    return out
+
+
+def launch(data, absmax, code, absmax2, code2, offset, blocksize: int, blocksize2: int, out: torch.Tensor,
+           bytes_per_program: int | None = None, warps: int | None = None) -> None:
+    """The kernel over ``data`` (packed bytes, two values each) into ``out`` (``data.numel() * 2`` values)."""
+    nested = absmax2 is not None
+    size = bytes_per_program or BYTES
+    _kernel()[(triton_cdiv(data.numel(), size),)](
+        data, absmax, code, absmax2 if nested else absmax, code2 if nested else code, offset if nested else absmax,
+        out, data.numel(), BLOCKSIZE=blocksize, BLOCKSIZE2=blocksize2 if nested else 1, NESTED=nested, BYTES=size,
+        num_warps=warps or WARPS,
+        enable_fp_fusion=False)  # bitsandbytes rounds the nested multiply and the add apart
+
+
+@dequantize_4bit.register_fake
+def _(packed, absmax, code, absmax2, code2, offset, blocksize, blocksize2, shape, dtype, for_backward):
+    return packed.new_empty(shape, dtype=dtype)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def blockwise(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absmax2: torch.Tensor | None,
+              code2: torch.Tensor | None, offset: torch.Tensor | None, blocksize: int, blocksize2: int,
+              shape, dtype: torch.dtype) -> torch.Tensor:
+    """The dequantization as torch ops, from the packed bytes (``data``, uint8): bitsandbytes' arithmetic (fp32
+    product, one rounding to ``dtype``), for a whole number of blocks."""
+    codes = torch.stack((data >> 4, data & 0xF), dim=-1).reshape(-1)  # the high nibble is the first value
+    values = code[codes.long()]  # the 16-value table (nf4 or fp4), fp32
+    if absmax2 is not None:  # the absmax values are themselves 8-bit codes, scaled per group of blocksize2 blocks
+        group = torch.arange(absmax.numel(), device=data.device) // blocksize2
+        absmax = code2[absmax.long()] * absmax2[group] + offset
+    scaled = values.view(-1, blocksize) * absmax.float().view(-1, 1)
+    return scaled.reshape(shape).to(dtype)
+
+
+def _state_args(state) -> tuple:
+    """A QuantState as the op's arguments after the packed weight."""
+    if not state.nested:
+        return state.absmax, state.code, None, None, None, state.blocksize, 0
+    inner = state.state2
+    return state.absmax, state.code, inner.absmax, inner.code, state.offset, state.blocksize, inner.blocksize
+
+
+def triton_dequantize(packed: torch.Tensor, state, for_backward: bool = False) -> torch.Tensor:
+    """A bitsandbytes 4-bit weight (its packed tensor and QuantState), dequantized by the Triton kernel."""
+    return torch.ops.ftprof.dequantize_4bit(packed, *_state_args(state), list(state.shape), state.dtype,
+                                            for_backward)
+
+
+def torch_dequantize(packed: torch.Tensor, state) -> torch.Tensor:
+    """The same, as torch ops."""
+    return blockwise(packed.reshape(-1).view(torch.uint8), *_state_args(state), state.shape, state.dtype)
+
+
+def available() -> str | None:
+    """None when the kernel can run here (CUDA and Triton), else why not, in words."""
+    import importlib.util
+
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not installed"
+    return None
