@@ -90,7 +90,8 @@ def preflight(cfg: RunConfig) -> Preflight:
                      f"{prof.prof_repeat} profiling cycle(s) of {prof.cycle_steps} steps complete")
         train = dataclasses.replace(train, max_steps=prof.total_steps)
     resolved = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype), train=train,
-                                   method=cfg.method.resolved(dtype, preset=source.kind == "preset"))
+                                   method=cfg.method.resolved(dtype, preset=source.kind == "preset",
+                                                              triton=_triton_dequantizes(cfg, device)))
     tokenizer, data = _prepare_data(cfg, source)
     return Preflight(source, device, dtype, resolved, notes, tokenizer, data)
 
@@ -123,6 +124,14 @@ def _check_tokenizer(source: ModelSource, dataset: str) -> None:
     if not any((Path(source.name) / name).is_file() for name in TOKENIZER_FILES):
         raise ConfigError(f"--dataset '{dataset}' needs a tokenizer, and --model '{source.name}' has no tokenizer "
                           f"files (tokenizer.json or tokenizer_config.json); use --dataset synthetic or save one")
+
+
+def _triton_dequantizes(cfg: RunConfig, device) -> bool:
+    """Whether --dequant-kernel auto picks ftprof's Triton kernel: on CUDA with Triton, unless --compile-dequant
+    has torch ops do the dequantizing."""
+    import importlib.util
+
+    return device.type == "cuda" and importlib.util.find_spec("triton") is not None and not cfg.model.compile_dequant
 
 
 def _check_triton(device) -> None:

@@ -101,7 +101,8 @@ def read_result(run_dir: Path, name: str = RESULT) -> dict[str, Any] | None:
 
 # Options whose default changed what runs when they came: a run from before them ran the old way.
 BEFORE_OPTION = {"prefetch": False}
-QLORA_BEFORE_OPTION = {"keep_dequantized": False}  # (compile_dequant came off by default: what ran before)
+# (compile_dequant came off by default: what ran before; --dequant-kernel auto runs Triton's kernel on CUDA now)
+QLORA_BEFORE_OPTION = {"keep_dequantized": False, "dequant_kernel": "bitsandbytes"}
 
 
 @functools.cache

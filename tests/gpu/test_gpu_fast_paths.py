@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 
 # The reference: eager, PEFT's own adapter forward, bitsandbytes' own 4-bit matmul. The fast paths run with
 # ftprof's defaults besides what they name (QLoRA keeps dequantized weights under full checkpointing).
-REFERENCE = {"lora_addmm": False, "keep_dequantized": False}
+REFERENCE = {"lora_addmm": False, "keep_dequantized": False, "dequant_kernel": "bitsandbytes"}
 FAST_PATHS = {
     "addmm": {"lora_addmm": True},
     "liger": {"kernels": "liger"},

@@ -168,3 +168,21 @@ def test_dequant_kernel_bad_input_is_one_line(tmp_path, capsys, argv, fragment):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(Exception, match="--dequant-kernel is a bitsandbytes option"):
         ftprof.RunConfig.from_flat({"method": "lora", "dequant_kernel": "triton"})
+
+
+def test_dequant_kernel_auto_picks_triton_only_where_it_runs():
+    from ftprof.config import MethodConfig
+    from ftprof.results.load import option_defaults
+
+    auto = MethodConfig(method="qlora")
+    assert auto.resolved("bfloat16", triton=True).dequant_kernel == "triton"
+    assert auto.resolved("bfloat16", triton=False).dequant_kernel == "bitsandbytes"
+    assert MethodConfig(method="qlora", dequant_kernel="auto").resolved("float32").dequant_kernel == "bitsandbytes"
+    assert MethodConfig(method="qlora", dequant_kernel="bitsandbytes").resolved(
+        "bfloat16", triton=True).dequant_kernel == "bitsandbytes"
+    assert option_defaults("qlora")["dequant_kernel"] == "bitsandbytes"  # what runs from before the option ran
+
+
+def test_a_cpu_qlora_run_records_bitsandbytes(tmp_path):
+    pre, _ = build_run(tiny_config(tmp_path, "qlora", max_steps=1))
+    assert pre.config.method.dequant_kernel == "bitsandbytes"  # no CUDA here: auto cannot pick the Triton kernel
