@@ -1,0 +1,41 @@
+"""ftprof's Triton 4-bit dequantization kernel (models/dequant_kernels.py) on the CPU, through Triton's interpreter
+(TRITON_INTERPRET=1, set before Triton is imported: a child process). The GPU tests check the same bits on a GPU."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+CHILD = textwrap.dedent('''
+    import torch, bitsandbytes.functional as bf
+    from ftprof.models import dequant_kernels as dk
+
+    torch.manual_seed(0)
+    for quant_type in ("nf4", "fp4"):
+        for nested in (True, False):
+            for dtype in (torch.float16, torch.float32, torch.bfloat16):
+                for shape in ((96, 640), (33, 192)):  # whole programs of 256 bytes, and a partial last one
+                    weight = (torch.randn(*shape) * torch.logspace(-3, 1, shape[1])).to(dtype)
+                    packed, state = bf.quantize_4bit(weight, blocksize=64, compress_statistics=nested,
+                                                     quant_type=quant_type, quant_storage=torch.bfloat16)
+                    data, args = packed.reshape(-1).view(torch.uint8), dk._state_args(state)
+                    expected = bf.dequantize_4bit(packed, state)
+                    if dtype == torch.bfloat16:  # the interpreter rounds to bf16 by truncation (a GPU: to nearest)
+                        exact = dk.blockwise(data, *args, state.shape, torch.float32)
+                        expected = (exact.view(torch.int32) & ~0xFFFF).view(torch.float32).bfloat16()
+                    out = torch.empty(list(state.shape), dtype=dtype)
+                    dk.launch(data, *args, out, bytes_per_program=256)
+                    assert torch.equal(out, expected), (quant_type, nested, dtype, shape)
+    print("same bits")
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_the_kernel_gives_bitsandbytes_bits_in_tritons_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "same bits" in done.stdout, done.stderr[-3000:]
