@@ -49,6 +49,7 @@ FP32_GEMM = re.compile(r"sgemm|f32f32|s1688|s16816gemm|tf32|nvjet_(sm\d+_)?sss|g
                        r"cutlass_80_simt", re.I)
 STAGES = ("ftprof/forward", "ftprof/backward", "ftprof/optimizer_step")
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch")  # runtime and driver calls that replay a CUDA graph
 LEAF_MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
 MATMUL_OPS = LEAF_MATMULS | {"aten::matmul", "aten::linear"}
 
@@ -93,6 +94,7 @@ class TraceSummary:
     rank: int | None = None
     logits_softmax_us: float = 0.0  # the loss's softmax over the vocabulary (absent under a fused linear loss)
     idle_by_stage_us: dict[str, dict[str, float]] = field(default_factory=dict)  # GPU gaps by the stage they end in
+    graph_replay_us: float = 0.0  # GPU kernel time launched by CUDA graph replays (no operator, no shapes behind it)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,6 +153,7 @@ class _Accumulator:
         # Per GPU activity, for the fine-tuning buckets: launching operator, launch, name, kind.
         self.k_ext, self.k_corr_all = array("d"), array("d")
         self.k_name, self.k_kind = array("I"), array("b")
+        self.k_graph = array("b")  # 1: the activity says it ran inside a CUDA graph (CUPTI's graph id, via Kineto)
         self.kernel_names: list[str] = []
         self._kernel_ids: dict[str, int] = {}
         self.step_ranges: list[tuple[float, float]] = []  # ProfilerStep#N: one per active step
@@ -158,6 +161,7 @@ class _Accumulator:
         self.cpu_matmul_us: Counter = Counter()
         # For GPU time per stage: kernel -> its launch (correlation id) -> the ftprof/* range around the launch.
         self.launch_corr, self.launch_ts = array("d"), array("d")
+        self.graph_corr: set[float] = set()  # correlation ids of CUDA graph launches
         self.stage_ranges: list[tuple[float, float, str]] = []
 
     def add(self, ev: dict[str, Any]) -> None:
@@ -183,6 +187,8 @@ class _Accumulator:
         elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in args:
             self.launch_corr.append(float(args["correlation"]))
             self.launch_ts.append(ts)
+            if name.startswith(GRAPH_LAUNCHES):  # every kernel of the replayed graph carries this correlation id
+                self.graph_corr.add(float(args["correlation"]))
         elif cat == "user_annotation":
             if name in STAGES:
                 self.cpu_stage[name] += dur
@@ -226,6 +232,7 @@ class _Accumulator:
         self.k_name.append(self._kernel_id(name))
         host_device = cat == "gpu_memcpy" and ("HtoD" in name or "DtoH" in name)
         self.k_kind.append(0 if cat == "kernel" else 1 if host_device else 2)
+        self.k_graph.append(1 if args.get("graph id") else 0)
 
 
 def _kernel_stages(acc: _Accumulator) -> tuple[np.ndarray, list[str]]:
@@ -398,6 +405,7 @@ def summarize(path: str | Path, run_config: dict | None = None) -> TraceSummary:
                             for k in acc.copies},
         fp32_gemm_us=fp32_us, gemm_us=gemm_us, verdict="", diagnoses=[], metadata=meta,
         idle_by_stage_us=idle_by_stage(acc, kernel_stages, stage_names) if gpu else {})
+    summary.graph_replay_us = graph_replay_us(acc)
     summary.logits_softmax_us = sum(t for n, t in acc.kernel_time.items() if any(k in n for k in LOGITS_KERNELS))
     summary.breakdown = breakdown_dict(buckets.from_trace(acc, meta, ftmeta, run_config, categorize))
     info = meta.get("distributedInfo")
@@ -405,6 +413,18 @@ def summarize(path: str | Path, run_config: dict | None = None) -> TraceSummary:
     summary.verdict = _verdict(summary)
     summary.diagnoses = diagnose(summary, dtype=dtype, checkpointing=checkpointing)
     return summary
+
+
+def graph_replay_us(acc: _Accumulator) -> float:
+    """GPU kernel time launched by CUDA graph replays: kernels with a graph id, or with the correlation id of a
+    graph launch (CUPTI gives every kernel of a replay the launch's)."""
+    if not len(acc.k_start):
+        return 0.0
+    corr = np.frombuffer(acc.k_corr_all, dtype=np.float64)
+    replayed = (np.frombuffer(acc.k_graph, dtype=np.int8) == 1) | np.isin(corr, list(acc.graph_corr))
+    kernels = (np.frombuffer(acc.k_kind, dtype=np.int8) == 0) & replayed
+    return float((np.frombuffer(acc.k_end, dtype=np.float64) - np.frombuffer(acc.k_start, dtype=np.float64))[
+        kernels].sum())
 
 
 def breakdown_dict(b: buckets.Breakdown) -> dict[str, Any]:
@@ -475,6 +495,14 @@ def diagnose(s: TraceSummary, dtype: str | None = None, checkpointing: bool | No
                              "--dequant-kernel triton (the default on CUDA) dequantizes each weight in one pass, "
                              "1.8x faster than bitsandbytes' kernels on an H200",
                              {"us": deq, "share": share}))
+    if s.graph_replay_us > 0:
+        share = s.graph_replay_us / total
+        out.append(Diagnosis("cuda_graphs", "info",
+                             f"{100 * share:.1f}% {of_time} ran from CUDA graph replays (--compile-mode "
+                             "reduce-overhead or max-autotune): those kernels have no operator or shapes behind "
+                             "them, so the fine-tuning buckets place them by kernel name only (no LoRA/base GEMM "
+                             "split, no FLOPs); profile with --compile-mode default for the full split",
+                             {"us": s.graph_replay_us, "share": share}))
     if s.idle_share is not None and s.idle_share > 0.1:
         out.append(Diagnosis("gpu_idle", "warning" if s.idle_share > 0.3 else "info",
                              f"the GPU is idle {100 * s.idle_share:.1f}% of the recorded window: launch overhead, "

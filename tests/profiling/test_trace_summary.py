@@ -224,3 +224,23 @@ def test_diagnoses_name_the_fast_path_options():
     messages = {d.code: d.message for d in summary.diagnoses}
     assert "--compile" in messages["elementwise"] and "--kernels liger" in messages["elementwise"]
     assert summary.logits_softmax_us > 0 and "fused linear cross entropy" in messages["logits"]
+
+
+def test_kernels_replayed_from_cuda_graphs_are_counted_and_named(tmp_path):
+    """Under --compile-mode reduce-overhead the blocks' kernels come from graph replays: no operator launched them,
+    so the buckets cannot split them by shapes. The summary says how much ran that way."""
+    events = [
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0, "dur": 5, "pid": 1, "tid": 1,
+         "args": {"correlation": 9}},
+        _launch(10, 1),
+        _kernel("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 10, 300, correlation=9),  # from the replay
+        _kernel("triton_poi_fused_add_mul_silu_2", 310, 40, correlation=9),  # from the replay
+        _kernel("triton_red_fused_sum_3", 350, 20, correlation=11, **{"graph id": 4}),  # says so itself
+        _kernel("vectorized_elementwise_kernel", 370, 30, correlation=10),  # launched on its own
+    ]
+    s = summarize(_write(tmp_path / "t.json", events))
+    assert s.graph_replay_us == pytest.approx(360)
+    diag = {d.code: d for d in s.diagnoses}["cuda_graphs"]
+    assert diag.evidence["share"] == pytest.approx(360 / 390) and "--compile-mode default" in diag.message
+    plain = summarize(gpu_trace(tmp_path / "plain.json"))
+    assert plain.graph_replay_us == 0 and "cuda_graphs" not in {d.code for d in plain.diagnoses}
