@@ -193,7 +193,7 @@ def template_fields(template: str) -> list[str]:
 # Method options by the methods they apply to: (methods, option names). MethodConfig rejects the others; the CLI
 # leaves them out of a method's --help.
 METHOD_OPTION_GROUPS = {
-    "lora": (LORA_METHODS, ("lora_r", "lora_alpha", "lora_dropout", "lora_targets", "lora_addmm")),
+    "lora": (LORA_METHODS, ("lora_r", "lora_alpha", "lora_dropout", "lora_targets", "lora_addmm", "lora_fused_a")),
     "bitsandbytes": (("qlora",), ("quant_type", "double_quant", "compute_dtype", "quant_storage",
                                    "keep_dequantized", "dequant_kernel")),
     "quantized-base": (("qlora", "gptq-lora"), ("kbit_prepare",)),
@@ -220,6 +220,9 @@ class MethodConfig:
         None, "add each adapter's output inside its second matmul (one addmm, the scale on the rank side) instead "
         "of PEFT's separate scaled add over the whole output (default off: 1.3-1.5% slower than PEFT's add under "
         "--compile on an H200)")
+    lora_fused_a: Optional[bool] = option(
+        None, "one down-projection (A) matmul for the adapters of projections that read the same input (q, k, v; "
+        "gate, up) instead of one each: the input read once, one input gradient written (default off)")
     quant_type: Optional[str] = option(None, "bitsandbytes 4-bit type (qlora; default nf4)", choices=("nf4", "fp4"))
     double_quant: Optional[bool] = option(None, "quantize the quantization constants too (qlora; default on)")
     compute_dtype: Optional[str] = option(None, "dtype of the 4-bit matmuls (qlora; default: the run dtype)",
@@ -264,6 +267,8 @@ class MethodConfig:
             _require(0.0 <= self.lora_dropout < 1.0, f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
         if self.lora_targets is not None:
             _require(len(self.lora_targets) > 0, "--lora-targets must name at least one module")
+        _require(not (self.lora_addmm and self.lora_fused_a), "--lora-addmm and --lora-fused-a each replace PEFT's "
+                 "adapter forward: pick one")
         if self.gptq_group_size is not None:
             _require(self.gptq_group_size == -1 or self.gptq_group_size >= 16,
                      f"--gptq-group-size must be -1 or >= 16, got {self.gptq_group_size}")
@@ -289,7 +294,7 @@ class MethodConfig:
             values.update(lora_r=r, lora_alpha=self.lora_alpha if self.lora_alpha is not None else 2.0 * r,
                           lora_dropout=self.lora_dropout or 0.0,
                           lora_targets=self.lora_targets or DEFAULT_LORA_TARGETS,
-                          lora_addmm=bool(self.lora_addmm))
+                          lora_addmm=bool(self.lora_addmm), lora_fused_a=bool(self.lora_fused_a))
         if self.method in ("qlora", "gptq-lora"):
             values.update(kbit_prepare=bool(self.kbit_prepare))
         if self.method == "qlora":

@@ -57,9 +57,9 @@ def write(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
-def save_checkpoint(path: Path, chat_template: bool = True) -> str:
-    """A small Llama (the tiny preset's shape, random weights) saved with save_pretrained, with ftprof's built-in
-    tokenizer (with or without its chat template) beside it."""
+def save_checkpoint(path: Path, chat_template: bool = True, layers: int | None = None) -> str:
+    """A small Llama (the tiny preset's shape, random weights; ``layers`` decoder layers instead of its 2) saved with
+    save_pretrained, with ftprof's built-in tokenizer (with or without its chat template) beside it."""
     import copy
 
     import torch
@@ -71,6 +71,7 @@ def save_checkpoint(path: Path, chat_template: bool = True) -> str:
     torch.manual_seed(0)
     config = preset_config("tiny")
     config.name_or_path = str(path)
+    config.num_hidden_layers = layers or config.num_hidden_layers
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer = copy.deepcopy(build_tokenizer())
     if not chat_template:

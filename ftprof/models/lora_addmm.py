@@ -27,13 +27,13 @@ def fuse_adapters(model: nn.Module) -> int:
     """Give every PEFT LoRA linear of ``model`` the fused forward. Returns how many."""
     count = 0
     for module in model.modules():
-        if _is_lora_linear(module):
+        if is_lora_linear(module):
             module.forward = types.MethodType(_fused_forward(module.forward), module)
             count += 1
     return count
 
 
-def _is_lora_linear(module: nn.Module) -> bool:
+def is_lora_linear(module: nn.Module) -> bool:
     lora_a = getattr(module, "lora_A", None)
     return isinstance(lora_a, nn.ModuleDict) and hasattr(module, "base_layer") and hasattr(module, "scaling") \
         and all(isinstance(m, nn.Linear) for m in lora_a.values())
@@ -41,7 +41,7 @@ def _is_lora_linear(module: nn.Module) -> bool:
 
 def _fused_forward(peft_forward):
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        name = _single_plain_adapter(self)
+        name = single_plain_adapter(self)
         if name is None or args or kwargs:
             return peft_forward(x, *args, **kwargs)
         result = self.base_layer(x)
@@ -55,7 +55,7 @@ def _fused_forward(peft_forward):
     return forward
 
 
-def _single_plain_adapter(module) -> str | None:
+def single_plain_adapter(module) -> str | None:
     """The active adapter's name when the fused form computes exactly what PEFT would; None otherwise."""
     if module.disable_adapters or module.merged or len(module.active_adapters) != 1:
         return None

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ftprof import ranks
+from ftprof import metrics, ranks
 from ftprof.config import RunConfig
-from ftprof.models import lora_addmm
+from ftprof.models import lora_addmm, lora_fused_a
 from ftprof.models.materialize import build_random_model
 from ftprof.models.source import ModelSource
 from ftprof.runtime import import_peft, quiet_import, torch_dtype
@@ -103,6 +103,8 @@ class LoRA:
             raise ConfigError(f"--lora-targets: {str(exc).splitlines()[0]}") from None
         if m.lora_addmm:
             lora_addmm.fuse_adapters(model)
+        if m.lora_fused_a:
+            lora_fused_a.fuse_groups(metrics.decoder_layers(model))
         return model
 
 

@@ -33,6 +33,8 @@ FAST_PATHS = {
     "compile-cudagraphs": {"compile": True, "compile_mode": "reduce-overhead"},
     "compile-dequant": {"compile": True, "compile_dequant": True},
     "compile-tuning": {"compile": True, "compile_tuning": True},
+    "fused-a": {"lora_fused_a": True},
+    "compile-cudagraphs-fused-a": {"compile": True, "compile_mode": "reduce-overhead", "lora_fused_a": True},
     "compile-cudagraphs-tuning": {"compile": True, "compile_mode": "reduce-overhead", "compile_tuning": True},
 }
 
@@ -91,7 +93,7 @@ def _lora_grads(cfg) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("name", ["addmm", "liger", "compile", "selective", "compile+liger", "compile+full",
-                                  "cudnn", "compile-tuning"])
+                                  "cudnn", "compile-tuning", "fused-a", "compile-cudagraphs-fused-a"])
 def test_fast_path_lora_gradients_match_eager(tmp_path, name):
     eager = _lora_grads(fast_config(tmp_path / "e", **_reference("lora")))
     fast = _lora_grads(fast_config(tmp_path / "f", **FAST_PATHS[name]))
