@@ -49,6 +49,7 @@ FP32_GEMM = re.compile(r"sgemm|f32f32|s1688|s16816gemm|tf32|nvjet_(sm\d+_)?sss|g
                        r"cutlass_80_simt", re.I)
 STAGES = ("ftprof/forward", "ftprof/backward", "ftprof/optimizer_step")
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+LORA_GEMM_SHARE = 0.04  # LoRA GEMMs above this share of the step get a diagnosis (7.4% for llama-8b QLoRA, H200)
 GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch")  # runtime and driver calls that replay a CUDA graph
 LEAF_MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
 MATMUL_OPS = LEAF_MATMULS | {"aten::matmul", "aten::linear"}
@@ -495,6 +496,13 @@ def diagnose(s: TraceSummary, dtype: str | None = None, checkpointing: bool | No
                              "--dequant-kernel triton (the default on CUDA) dequantizes each weight in one pass, "
                              "1.8x faster than bitsandbytes' kernels on an H200",
                              {"us": deq, "share": share}))
+    lora = ((s.breakdown or {}).get("buckets") or {}).get("lora_gemm") or {}
+    if (lora.get("share") or 0) > LORA_GEMM_SHARE:
+        out.append(Diagnosis("lora_gemms", "info",
+                             f"LoRA's low-rank GEMMs take {100 * lora['share']:.1f}% of the step, memory-bound at "
+                             "a few percent of peak: --lora-fused-a applies one A matmul to each input that "
+                             "several adapted projections read (q, k, v; gate, up)",
+                             {"ms_per_step": lora.get("ms_per_step"), "share": lora["share"]}))
     if s.graph_replay_us > 0:
         share = s.graph_replay_us / total
         out.append(Diagnosis("cuda_graphs", "info",

@@ -244,3 +244,14 @@ def test_kernels_replayed_from_cuda_graphs_are_counted_and_named(tmp_path):
     assert diag.evidence["share"] == pytest.approx(360 / 390) and "--compile-mode default" in diag.message
     plain = summarize(gpu_trace(tmp_path / "plain.json"))
     assert plain.graph_replay_us == 0 and "cuda_graphs" not in {d.code for d in plain.diagnoses}
+
+
+def test_large_lora_gemm_share_names_the_fused_a_option(tmp_path):
+    from ftprof.profiling.trace_summary import diagnose
+
+    s = summarize(gpu_trace(tmp_path / "t.json"))
+    s.breakdown = {"buckets": {"lora_gemm": {"ms_per_step": 40.0, "share": 0.074}}}
+    diag = {d.code: d for d in diagnose(s)}
+    assert "--lora-fused-a" in diag["lora_gemms"].message and diag["lora_gemms"].evidence["share"] == 0.074
+    s.breakdown = {"buckets": {"lora_gemm": {"ms_per_step": 4.0, "share": 0.01}}}
+    assert "lora_gemms" not in {d.code for d in diagnose(s)}
