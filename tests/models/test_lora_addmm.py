@@ -18,8 +18,15 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _loss_and_grads(tmp_path, method: str, fused: bool, **flat):
-    pre, built = build_run(tiny_config(tmp_path, method, lora_addmm=fused, seq_len=16, lora_alpha=8.0, **flat))
+def loss_and_grads(tmp_path, method: str, nonzero_b: bool = False, **flat):
+    """One batch's loss, LoRA gradients and dispatched ops for the tiny preset with ``flat`` options; with
+    ``nonzero_b``, B starts random (PEFT's zeros would leave A without a gradient)."""
+    pre, built = build_run(tiny_config(tmp_path, method, seq_len=16, **flat))
+    if nonzero_b:
+        with torch.no_grad():
+            for name, p in built.model.named_parameters():
+                if "lora_B" in name:
+                    torch.nn.init.normal_(p, std=0.02)
     batch = next(built.batches)
     with built.autocast(), CountOps() as counter:
         loss = built.model(**batch).loss
@@ -30,8 +37,8 @@ def _loss_and_grads(tmp_path, method: str, fused: bool, **flat):
 
 @pytest.mark.parametrize("method", ["lora", "qlora"])
 def test_fused_adapters_compute_what_peft_computes(tmp_path, method):
-    built, loss, grads, ops = _loss_and_grads(tmp_path / "fused", method, True)
-    _, peft_loss, peft_grads, peft_ops = _loss_and_grads(tmp_path / "peft", method, False)
+    built, loss, grads, ops = loss_and_grads(tmp_path / "fused", method, lora_addmm=True, lora_alpha=8.0)
+    _, peft_loss, peft_grads, peft_ops = loss_and_grads(tmp_path / "peft", method, lora_addmm=False, lora_alpha=8.0)
     adapted = sum(1 for n, _ in built.model.named_modules() if n.endswith(".lora_A"))
     assert adapted > 0
     assert ops.count("addmm") == peft_ops.count("addmm") + adapted  # one per adapted linear

@@ -6,21 +6,7 @@ import torch
 
 from ftprof import metrics
 from tests.conftest import build_run, tiny_config
-from tests.models.test_lora_addmm import CountOps
-
-
-def _loss_and_grads(tmp_path, method: str, fused: bool, **flat):
-    pre, built = build_run(tiny_config(tmp_path, method, lora_fused_a=fused, seq_len=16, **flat))
-    with torch.no_grad():  # PEFT starts B at zero: give the adapters (and so A's gradients) something to do
-        for name, p in built.model.named_parameters():
-            if "lora_B" in name:
-                torch.nn.init.normal_(p, std=0.02)
-    batch = next(built.batches)
-    with built.autocast(), CountOps() as counter:
-        loss = built.model(**batch).loss
-    loss.backward()
-    grads = {n: p.grad for n, p in built.model.named_parameters() if p.requires_grad}
-    return built, loss.detach(), grads, counter.ops
+from tests.models.test_lora_addmm import loss_and_grads
 
 
 def _matmuls(ops: list[str]) -> int:
@@ -29,8 +15,8 @@ def _matmuls(ops: list[str]) -> int:
 
 @pytest.mark.parametrize("method", ["lora", "qlora"])
 def test_shared_a_computes_what_peft_computes(tmp_path, method):
-    built, loss, grads, ops = _loss_and_grads(tmp_path / "fused", method, True)
-    _, peft_loss, peft_grads, peft_ops = _loss_and_grads(tmp_path / "peft", method, False)
+    built, loss, grads, ops = loss_and_grads(tmp_path / "fused", method, nonzero_b=True, lora_fused_a=True)
+    _, peft_loss, peft_grads, peft_ops = loss_and_grads(tmp_path / "peft", method, nonzero_b=True, lora_fused_a=False)
     layers = len(metrics.decoder_layers(built.model))
     assert _matmuls(ops) == _matmuls(peft_ops) - 3 * layers  # q/k/v: 3 A matmuls become 1, gate/up: 2 become 1
     assert all(m._ftprof_slice is None for m in built.model.modules() if hasattr(m, "_ftprof_slice"))
