@@ -126,21 +126,23 @@ def _check_tokenizer(source: ModelSource, dataset: str) -> None:
                           f"files (tokenizer.json or tokenizer_config.json); use --dataset synthetic or save one")
 
 
+def _triton_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
+
+
 def _triton_dequantizes(cfg: RunConfig, device) -> bool:
     """Whether --dequant-kernel auto picks ftprof's Triton kernel: on CUDA with Triton, unless --compile-dequant
     has torch ops do the dequantizing."""
-    import importlib.util
-
-    return device.type == "cuda" and importlib.util.find_spec("triton") is not None and not cfg.model.compile_dequant
+    return device.type == "cuda" and _triton_installed() and not cfg.model.compile_dequant
 
 
 def _check_triton(device) -> None:
-    import importlib.util
-
     if device.type != "cuda":
         raise ConfigError("--dequant-kernel triton runs a Triton kernel: it needs a CUDA device (bitsandbytes' "
                           "kernel runs everywhere)")
-    if importlib.util.find_spec("triton") is None:
+    if not _triton_installed():
         raise ConfigError("--dequant-kernel triton: Triton is not installed (pip install triton)")
 
 

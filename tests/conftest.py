@@ -34,6 +34,20 @@ def tiny_config(tmp_path, method="full", **flat) -> RunConfig:
     return RunConfig.from_flat(values)
 
 
+def assert_train_refuses(tmp_path, capsys, method: str, argv: list[str], fragment: str) -> None:
+    """``ftprof train METHOD ARGV`` on the CPU exits 2 with one line naming the problem (``fragment``), before it
+    writes anything into tmp_path."""
+    from ftprof.cli.main import main
+
+    try:
+        code = main(["train", method, "--device", "cpu", "--output-dir", str(tmp_path), *argv])
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
 def build_run(cfg: RunConfig):
     """(preflight, Built) for a config: the model, optimizer and data a run would train, without the loop."""
     from ftprof.engine.build import build

@@ -78,7 +78,7 @@ def launch(data, absmax, code, absmax2, code2, offset, blocksize: int, blocksize
     """The kernel over ``data`` (packed bytes, two values each) into ``out`` (``data.numel() * 2`` values)."""
     nested = absmax2 is not None
     size = bytes_per_program or BYTES
-    _kernel()[(triton_cdiv(data.numel(), size),)](
+    _kernel()[(-(-data.numel() // size),)](  # programs: ceil(bytes / size)
         data, absmax, code, absmax2 if nested else absmax, code2 if nested else code, offset if nested else absmax,
         out, data.numel(), BLOCKSIZE=blocksize, BLOCKSIZE2=blocksize2 if nested else 1, NESTED=nested, BYTES=size,
         num_warps=warps or WARPS,
@@ -88,10 +88,6 @@ def launch(data, absmax, code, absmax2, code2, offset, blocksize: int, blocksize
 @dequantize_4bit.register_fake
 def _(packed, absmax, code, absmax2, code2, offset, blocksize, blocksize2, shape, dtype, for_backward):
     return packed.new_empty(shape, dtype=dtype)
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def blockwise(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absmax2: torch.Tensor | None,
@@ -126,13 +122,3 @@ def torch_dequantize(packed: torch.Tensor, state) -> torch.Tensor:
     """The same, as torch ops."""
     return blockwise(packed.reshape(-1).view(torch.uint8), *_state_args(state), state.shape, state.dtype)
 
-
-def available() -> str | None:
-    """None when the kernel can run here (CUDA and Triton), else why not, in words."""
-    import importlib.util
-
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    if importlib.util.find_spec("triton") is None:
-        return "Triton is not installed"
-    return None
