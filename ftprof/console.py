@@ -148,10 +148,31 @@ class RunDisplay:
             self.console.print(line, markup=False)
             return
         self.console.print(summary_table(res))
+        for line in slow_step_lines(res):
+            self.console.print(f"[dim]slow step:[/dim] {line}")
         for note in res.notes:
             self.console.print(f"[dim]note:[/dim] {note}")
         if res.status != "ok":
             self.console.print(f"[bold red]{res.status}[/bold red]: {res.error_type}: {res.error_message}")
+
+
+SLOW_STEPS_SHOWN = 3
+
+
+def slow_step_line(step: dict) -> str:
+    """A slow step (``ftprof.metrics.slow_steps``) for people: its time, how far over the steady median, and what
+    took the extra time."""
+    which = "warm-up step" if step.get("warmup") else "step"
+    line = f"{which} {step['step']} took {step['step_time_s']:.3f} s, {step['extra_s']:.3f} s over the steady median: "
+    return line + (f"{step['cause']} {step['cause_s']:.3f} s" if step.get("cause_s") is not None else step["cause"])
+
+
+def slow_step_lines(res: RunResult) -> list[str]:
+    """One line per slow step, the first few (result.json holds them all)."""
+    lines = [slow_step_line(s) for s in res.slow_steps[:SLOW_STEPS_SHOWN]]
+    if len(res.slow_steps) > SLOW_STEPS_SHOWN:
+        lines.append(f"{len(res.slow_steps) - SLOW_STEPS_SHOWN} more in result.json (slow_steps)")
+    return lines
 
 
 CPU_NOTE = "CPU run: GPU-only figures (MFU, per-GPU throughput, allocator peaks) do not apply and are left out."

@@ -1,5 +1,6 @@
 """The one place where every derived figure is computed: FLOPs per token, steady window, step-time statistics,
-throughput, MFU/HFU, run and training memory peaks, the memory breakdown, energy per token and non-torch overhead.
+throughput, MFU/HFU, slow steps and their causes, run and training memory peaks, the memory breakdown, energy per
+token and non-torch overhead.
 The one-process run, the rank aggregation and the report all call these. torch is not imported here.
 
 Conventions (README "Definitions"):
@@ -182,6 +183,59 @@ def steady_figures(steps: list[dict], world_size: int, flops_per_token: float | 
     out["mfu"] = utilization(flops_per_token, out["tokens_per_s_per_gpu"], peak) if flops_per_token else None
     out["hfu"] = utilization((flops_per_token or 0) + (recompute_flops_per_token or 0), out["tokens_per_s_per_gpu"],
                              peak) if flops_per_token else None
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- slow steps
+SLOW_STEP_RATIO = 1.2  # a steady step this many times the median step is slow
+SLOW_STEP_MIN_EXTRA_S = 0.01  # and at least this much over it: below, a host's scheduling jitter
+SLOW_STEPS_MIN = 3  # fewer steady steps than this have no meaningful median
+# The host causes a step records (StepRecord), in the words people read them in.
+HOST_CAUSES = {"compile_s": "torch.compile", "gc_s": "Python garbage collection", "data_s": "making the batch"}
+CAUSE_SHARE = 0.5  # a host cause explains a slow step when it took at least this share of the extra time
+UNEXPLAINED = "none of the host causes ftprof times"
+ALLOC_RETRIES = "allocator retries"
+
+
+def host_time(steps: list[dict]) -> dict[str, float] | None:
+    """Seconds per host cause summed over ``steps`` (the steady window), with the steps' own total and the
+    allocator's retries. None for rows from before ftprof recorded causes."""
+    if not steps or any(k not in s for s in steps for k in HOST_CAUSES):
+        return None
+    out = {k: float(sum(s[k] for s in steps)) for k in HOST_CAUSES}
+    out["alloc_retries"] = int(sum(s.get("alloc_retries") or 0 for s in steps))
+    out["steps_s"] = float(sum(s["step_time_s"] for s in steps))
+    return out
+
+
+def slow_steps(steps: list[dict]) -> list[dict]:
+    """Steps at least SLOW_STEP_RATIO times the steady window's median (and SLOW_STEP_MIN_EXTRA_S over it), each
+    with what most likely made it slow: the largest host cause when it took at least CAUSE_SHARE of the extra time,
+    else allocator retries when the step had any, else UNEXPLAINED (GPU-side: clocks, another process, a collective
+    waiting for a slower rank). Warm-up steps that a host cause explains are included (flagged); profiled steps,
+    slow by the profiler's doing, are not."""
+    steady, _ = steady_window(steps)
+    if len(steady) < SLOW_STEPS_MIN:
+        return []
+    median = statistics.median(s["step_time_s"] for s in steady)
+    kept = {s["step"] for s in steady}
+    slow = [_slow_step(s, s["step_time_s"] - median) for s in steps
+            if (s["warmup"] or s["step"] in kept) and s["step_time_s"] >= SLOW_STEP_RATIO * median
+            and s["step_time_s"] - median >= SLOW_STEP_MIN_EXTRA_S]
+    # Warm-up steps are slow by nature (first-touch allocation, lazy initialisation, the first step's
+    # measurements): one is worth a line only when a host cause explains it.
+    return [s for s in slow if not s["warmup"] or s["cause_s"] is not None]
+
+
+def _slow_step(step: dict, extra: float) -> dict:
+    out = {"step": step["step"], "warmup": bool(step["warmup"]), "step_time_s": step["step_time_s"],
+           "extra_s": extra, "cause": UNEXPLAINED, "cause_s": None}
+    host = {k: float(step.get(k) or 0.0) for k in HOST_CAUSES}
+    largest = max(host, key=host.get)
+    if host[largest] >= CAUSE_SHARE * extra:
+        return out | {"cause": HOST_CAUSES[largest], "cause_s": host[largest]}
+    if step.get("alloc_retries"):
+        return out | {"cause": f"{ALLOC_RETRIES} ({step['alloc_retries']})"}
     return out
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ftprof.console import FILE_WIDTH, fmt_num, make_console, summary_table
+from ftprof.console import FILE_WIDTH, SLOW_STEPS_SHOWN, fmt_num, make_console, slow_step_lines, summary_table
 from ftprof.results.schema import RunResult
 
 
@@ -100,3 +100,16 @@ def test_quiet_silences_the_profilers_own_logging(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and (tmp_path / "t.json").stat().st_size > 0, out.stderr
     assert out.stderr == ""
+
+
+def test_slow_steps_read_as_one_line_each_with_their_cause():
+    slow = [{"step": 1, "warmup": True, "step_time_s": 3.2, "extra_s": 2.7, "cause": "torch.compile",
+             "cause_s": 2.5},
+            {"step": 9, "warmup": False, "step_time_s": 1.55, "extra_s": 0.56, "cause": "allocator retries (2)",
+             "cause_s": None}]
+    lines = slow_step_lines(_run(slow_steps=slow))
+    assert lines == ["warm-up step 1 took 3.200 s, 2.700 s over the steady median: torch.compile 2.500 s",
+                     "step 9 took 1.550 s, 0.560 s over the steady median: allocator retries (2)"]
+    many = slow_step_lines(_run(slow_steps=slow[1:] * (SLOW_STEPS_SHOWN + 2)))
+    assert len(many) == SLOW_STEPS_SHOWN + 1 and many[-1] == "2 more in result.json (slow_steps)"
+    assert slow_step_lines(_run()) == []

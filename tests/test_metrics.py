@@ -119,9 +119,10 @@ def test_hfu_recompute_term_matches_flop_counter_with_checkpointing(lora):
     assert with_ckpt - without == pytest.approx(recompute, rel=0.01)
 
 
-def _step(i, phase="", warmup=False, tokens=100, seconds=0.5):
+def _step(i, phase="", warmup=False, tokens=100, seconds=0.5, **causes):
     return {"step": i, "loss": 1.0, "step_time_s": seconds, "tokens": tokens, "real_tokens": tokens,
-            "warmup": warmup, "profiler_phase": phase, "started_unix": 1000.0 + i}
+            "warmup": warmup, "profiler_phase": phase, "started_unix": 1000.0 + i, "data_s": 0.0, "gc_s": 0.0,
+            "compile_s": 0.0, "alloc_retries": 0} | causes
 
 
 def test_energy_is_read_over_the_last_unbroken_stretch_of_headline_steps():
@@ -197,3 +198,33 @@ def test_recompute_count_matches_flop_counter_for_lora():
                              for name, p in proj.named_parameters()
                              if name.endswith("base_layer.weight") or "lora_A" in name)
     assert _recompute_measured(model) == pytest.approx(predicted + layer0_input_grads, rel=1e-6)
+
+
+def test_slow_steps_name_the_host_cause_that_took_the_extra_time():
+    steps = [_step(1, seconds=3.0, warmup=True, compile_s=2.5), _step(2, seconds=1.0), _step(3, seconds=1.0),
+             _step(4, seconds=1.6, gc_s=0.4), _step(5, seconds=1.0),
+             _step(6, seconds=1.5, compile_s=0.1, data_s=0.05, alloc_retries=3), _step(7, seconds=1.4, gc_s=0.1),
+             _step(8, seconds=1.1)]
+    slow = {s["step"]: s for s in metrics.slow_steps(steps)}
+    assert sorted(slow) == [1, 4, 6, 7]  # the steady median is 1.1 s: 1.32 s or more is slow
+    assert (slow[1]["cause"], slow[1]["cause_s"], slow[1]["warmup"]) == ("torch.compile", 2.5, True)
+    assert slow[4]["cause"] == "Python garbage collection" and slow[4]["extra_s"] == pytest.approx(0.5)
+    assert slow[6]["cause"] == "allocator retries (3)" and slow[6]["cause_s"] is None  # 0.1 s of 0.4: not compile
+    assert slow[7]["cause"] == metrics.UNEXPLAINED
+
+
+def test_slow_steps_leave_out_unexplained_warmup_profiled_and_jitter():
+    steps = [_step(1, seconds=3.0, warmup=True), *(_step(i, seconds=0.020) for i in (2, 3, 5)),
+             _step(4, seconds=0.026), _step(6, "active", seconds=0.5)]
+    assert metrics.slow_steps(steps) == []  # 6 ms over a 20 ms median is jitter; step 6 is the profiler's
+    two = [_step(1, seconds=1.0), _step(2, seconds=5.0)]
+    assert metrics.slow_steps(two) == []  # too few steady steps for a median
+
+
+def test_host_time_sums_the_window_and_skips_rows_from_before_causes():
+    steps = [_step(2, seconds=1.0, data_s=0.1, gc_s=0.2), _step(3, seconds=2.0, data_s=0.1, alloc_retries=1)]
+    totals = metrics.host_time(steps)
+    assert totals == pytest.approx({"data_s": 0.2, "gc_s": 0.2, "compile_s": 0.0, "alloc_retries": 1,
+                                    "steps_s": 3.0})
+    old = [{k: v for k, v in s.items() if k not in metrics.HOST_CAUSES} for s in steps]
+    assert metrics.host_time(old) is None

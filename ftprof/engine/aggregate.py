@@ -10,14 +10,17 @@ RANK_FIELDS = ("tokens_per_s", "step_time_p50_s", "step_time_p90_s", "torch_peak
 
 
 def aggregate_steps(per_rank: list[list[dict]]) -> list[dict]:
-    """Per step: the slowest rank's time (the step is done when every rank is), tokens summed over ranks."""
+    """Per step: the slowest rank's time (the step is done when every rank is), tokens summed over ranks, the
+    largest memory and host causes."""
     rows = []
     for group in zip(*per_rank, strict=False):
         row = dict(group[0])
         row["step_time_s"] = max(r["step_time_s"] for r in group)
         row["tokens"] = sum(r["tokens"] for r in group)
         row["real_tokens"] = sum(r["real_tokens"] for r in group)
-        for key in ("mem_allocated", "mem_peak_allocated", "mem_reserved", "mem_peak_reserved"):
+        # A rank held up on the host holds every rank up at the next collective: the worst rank's causes.
+        for key in ("mem_allocated", "mem_peak_allocated", "mem_reserved", "mem_peak_reserved", *metrics.HOST_CAUSES,
+                    "alloc_retries"):
             row[key] = max(r[key] for r in group)
         rows.append(row)
     return rows
@@ -33,6 +36,8 @@ def aggregate_result(res: RunResult, gathered: list[dict], rows: list[dict], par
                                      res.peak_flops)
     for key, value in (figures or {}).items():
         setattr(res, key, value)
+    res.host_time = metrics.host_time(steady) or {}
+    res.slow_steps = metrics.slow_steps(rows)
     p50s = [g["summary"]["step_time_p50_s"] for g in gathered if g["summary"]["step_time_p50_s"]]
     peaks = [g["summary"]["torch_peak_allocated"] for g in gathered if g["summary"]["torch_peak_allocated"]]
     res.step_time_skew = max(p50s) / min(p50s) - 1 if p50s else None

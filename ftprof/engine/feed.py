@@ -11,6 +11,7 @@ and before the sync: the host work overlaps the GPU's.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import torch
@@ -20,12 +21,14 @@ from ftprof.data import count_tokens
 
 class BatchFeed:
     """``take()`` the next micro-batch on the device, with its (tokens, real tokens); ``prefetch()`` prepares it
-    now, so that ``take()`` returns at once. The stream's order is unchanged either way."""
+    now, so that ``take()`` returns at once. The stream's order is unchanged either way. ``load_s`` sums the host
+    seconds spent making batches and queueing their copies."""
 
     def __init__(self, batches: Iterator[dict], device: torch.device):
         self._batches = batches
         self._device = device
         self._ready: tuple[dict, int, int] | None = None
+        self.load_s = 0.0
 
     def prefetch(self) -> None:
         if self._ready is None:
@@ -36,8 +39,10 @@ class BatchFeed:
         return ready if ready is not None else self._load(pin=False)
 
     def _load(self, pin: bool) -> tuple[dict, int, int]:
+        t0 = time.perf_counter()
         batch = next(self._batches)
         tokens, real = count_tokens(batch)
         # From pinned memory a non-blocking copy is queued behind the running kernels instead of waiting for them.
         moved = {k: (v.pin_memory() if pin else v).to(self._device, non_blocking=True) for k, v in batch.items()}
+        self.load_s += time.perf_counter() - t0
         return moved, tokens, real

@@ -26,17 +26,19 @@ def run_steps(cfg: RunConfig, built: Built, device: torch.device, memory: Memory
     for index in range(1, cfg.train.max_steps + 1):
         phase = profiler.phase(index)
         started = log.begin(index)
+        loaded = feed.load_s
         loss, tokens, real = train_step(cfg, built, device, memory, first, index == 1, feed)
         optimizer_step(cfg, built, memory, first, index == 1)
         if cfg.data.prefetch and index < cfg.train.max_steps:
             feed.prefetch()  # host work while the step's kernels run, before the timer's sync
         seconds = log.timer.stop()
+        causes = log.causes()
         mem = memory.current()
         record = StepRecord(step=index, loss=float(loss), step_time_s=seconds, tokens=tokens, real_tokens=real,
                             lr=cfg.train.lr, warmup=index <= cfg.train.warmup_steps, profiler_phase=phase,
                             started_unix=started, mem_allocated=mem["allocated"],
                             mem_peak_allocated=mem["peak_allocated"], mem_reserved=mem["reserved"],
-                            mem_peak_reserved=mem["peak_reserved"])
+                            mem_peak_reserved=mem["peak_reserved"], data_s=feed.load_s - loaded, **causes)
         log.end(record)
         profiler.step()
         on_step(record)

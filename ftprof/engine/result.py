@@ -95,6 +95,8 @@ def _throughput(res: RunResult, rec: Recorded, steps: list[dict]) -> None:
                 res.notes.append(f"--compile fell back to eager: {rec.built.compiled.fallback}")
     figures = metrics.steady_figures(steady, res.world_size, res.flops_per_token, res.recompute_flops_per_token,
                                      res.peak_flops)
+    res.host_time = metrics.host_time(steady) or {}
+    res.slow_steps = metrics.slow_steps(steps)
     if figures is None:
         if steps:
             res.notes.append("every step was a warm-up step: no steady-state figures")

@@ -2,7 +2,8 @@
 (the run enters them together with ``contextlib.ExitStack``), and keeps what it recorded in attributes that exist
 from construction on; ``ftprof.engine.result.assemble`` only reads them.
 
-- ``StepLog``: one StepRecord per optimizer step (timed with device synchronisation), flushed to steps.csv.
+- ``StepLog``: one StepRecord per optimizer step (timed with device synchronisation), flushed to steps.csv, with
+  the host time inside each step that was not the model's own work (``HostTime``: garbage collection, compiles).
 - ``MemoryTracker`` (ftprof.profiling.memory): allocator stats per stage; ``StepLog`` closes the steady stage.
 - ``FirstStepMemory``: activations saved by the first micro-batch's forward and the static memory parts.
 - ``NvmlTracker``: the NVML sampler process, stopped with the window of steps whose energy counts.
@@ -19,6 +20,7 @@ import torch
 
 from ftprof import metrics
 from ftprof.config import RunConfig
+from ftprof.profiling.host_time import HostTime
 from ftprof.profiling.memory import MemoryTracker, SavedActivations, static_breakdown
 from ftprof.results import run_dir as files
 from ftprof.results.run_dir import RunDirWriter
@@ -63,9 +65,12 @@ class StepLog:
         self.timer = StepTimer(device)
         self.max_steps = max_steps
         self.steps: list[StepRecord] = []
+        self.host = HostTime()
         self._steady_before: int | None = None
+        self._retries_before = 0
 
     def __enter__(self) -> StepLog:
+        self.host.__enter__()
         return self
 
     def begin(self, index: int) -> float:
@@ -73,9 +78,15 @@ class StepLog:
         if index == 2:
             self._steady_before = self.memory.allocated()
         self.memory.reset_peak()
+        self._retries_before = self.memory.alloc_retries()
+        self.host.lap()  # what ran between steps is no step's
         started = time.time()
         self.timer.start()
         return started
+
+    def causes(self) -> dict:
+        """The step's host time in garbage collection and compiles, and its allocator retries (after ``stop``)."""
+        return self.host.lap() | {"alloc_retries": self.memory.alloc_retries() - self._retries_before}
 
     def end(self, record: StepRecord) -> None:
         self.steps.append(record)
@@ -84,6 +95,7 @@ class StepLog:
             self.writer.write_steps(self.steps)
 
     def __exit__(self, *exc) -> None:
+        self.host.__exit__(*exc)
         if self._steady_before is not None:
             steady = self.steps[1:]
             self.memory.close_stage("steady_state", self._steady_before,

@@ -65,6 +65,11 @@ class MemoryTracker:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
 
+    def alloc_retries(self) -> int:
+        """The caching allocator's retries so far: each is a cudaMalloc that failed, after which the allocator freed
+        its cached blocks (synchronizing the device) and tried again. 0 on CPU."""
+        return int(torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)) if self.cuda else 0
+
     def current(self) -> dict[str, int]:
         """Allocator state now and peaks since the last reset (CUDA), or RSS (CPU)."""
         if self.cuda:

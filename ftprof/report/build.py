@@ -14,6 +14,7 @@ from ftprof.errors import ConfigError
 from ftprof.report import choose as choose_mod
 from ftprof.report import compare as compare_mod
 from ftprof.report import plots, profiles
+from ftprof.report import slow_steps as slow_steps_mod
 from ftprof.report.tables import SummaryTable, load_results, summarize, to_csv_frame, to_markdown
 from ftprof.results.run_dir import ENV
 from ftprof.results.store import write_text_atomic
@@ -110,6 +111,9 @@ def build_report(paths: list[str | Path], out_dir: str | Path | None = None, *, 
             raise ConfigError(f"--baseline: no run directories under '{baseline}'")
         report.comparison = compare_mod.compare(df, base_df, threshold_pct)
         markdown += "\n" + compare_mod.to_markdown(report.comparison, threshold_pct)
+    slow = slow_steps_mod.to_markdown(df)
+    if slow:
+        markdown += "\n" + slow
     if problems:
         markdown += "\n" + skipped_markdown(problems)
     if formats in ("all", "md"):

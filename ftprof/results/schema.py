@@ -28,6 +28,12 @@ class StepRecord:
     mem_peak_allocated: int
     mem_reserved: int
     mem_peak_reserved: int
+    # host time inside the step that is not the model's own work (ftprof.profiling.host_time), and the allocator's
+    # retries (a cudaMalloc that failed, the cache freed and the malloc tried again: it synchronizes the device)
+    data_s: float = 0.0  # making the micro-batches and queueing their copies (BatchFeed), this step's and the next's
+    gc_s: float = 0.0  # Python garbage collection
+    compile_s: float = 0.0  # torch.compile: tracing, recompiling, lazy backward compile, CUDA-graph recording
+    alloc_retries: int = 0  # CUDA only; 0 on CPU, which has no caching allocator
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,6 +73,11 @@ class RunResult:
     warmup_step_times_s: list[float] = field(default_factory=list)
     loss_first: Optional[float] = None
     loss_last: Optional[float] = None
+    # the steady steps' host time by cause (seconds: data_s, gc_s, compile_s; steps_s their own total; allocator
+    # retries), and the steps (warm-up ones too) at least 1.2x the steady median with the likeliest cause of each
+    # (ftprof.metrics.slow_steps)
+    host_time: dict[str, Any] = field(default_factory=dict)
+    slow_steps: list[dict[str, Any]] = field(default_factory=list)
     # FLOPs
     params_total: Optional[int] = None
     params_trainable: Optional[int] = None

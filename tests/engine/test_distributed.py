@@ -43,11 +43,15 @@ def test_two_process_run_on_cpu(tmp_path, method, parallel):
 
 def test_aggregate_steps_takes_the_slowest_rank():
     a = [{"step": 1, "step_time_s": 0.5, "tokens": 10, "real_tokens": 9, "mem_allocated": 1, "mem_peak_allocated": 5,
-          "mem_reserved": 2, "mem_peak_reserved": 6}]
+          "mem_reserved": 2, "mem_peak_reserved": 6, "data_s": 0.01, "gc_s": 0.2, "compile_s": 0.0,
+          "alloc_retries": 0}]
     b = [{"step": 1, "step_time_s": 0.7, "tokens": 10, "real_tokens": 8, "mem_allocated": 3, "mem_peak_allocated": 4,
-          "mem_reserved": 2, "mem_peak_reserved": 9}]
+          "mem_reserved": 2, "mem_peak_reserved": 9, "data_s": 0.02, "gc_s": 0.0, "compile_s": 0.0,
+          "alloc_retries": 2}]
     (row,) = aggregate_steps([a, b])
     assert (row["step_time_s"], row["tokens"], row["real_tokens"], row["mem_peak_reserved"]) == (0.7, 20, 17, 9)
+    # the rank held up on the host holds every rank up: each cause is the worst rank's
+    assert (row["data_s"], row["gc_s"], row["alloc_retries"]) == (0.02, 0.2, 2)
 
 
 def test_torchrun_command_and_cli_round_trip():

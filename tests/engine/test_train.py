@@ -42,6 +42,16 @@ def test_method_trains_and_loss_falls(tmp_path, method):
     else:
         assert 0 < saved["params_trainable"] < saved["params_total"] * 0.5
     assert set(saved["memory_stages"]) >= {"mem_load_delta", "mem_first_forward_delta", "mem_steady_state_delta"}
+    # host time by cause: the first step made its own batch; every cause fits inside its step
+    assert float(rows[0]["data_s"]) > 0 and all(r["alloc_retries"] == "0" for r in rows)
+    for r in rows:
+        assert 0 <= float(r["data_s"]) + float(r["compile_s"]) < float(r["step_time_s"])
+    steady_s = sum(float(r["step_time_s"]) for r in rows if r["warmup"] == "False")
+    assert saved["host_time"]["steps_s"] == pytest.approx(steady_s)
+    assert 0 < saved["host_time"]["data_s"] < steady_s
+    if method == "gptq-lora":  # GPTQModel's torch kernel compiles itself at its first call, inside step 1
+        assert float(rows[0]["compile_s"]) > 0.5 * (float(rows[0]["step_time_s"]) - float(rows[2]["step_time_s"]))
+        assert [s["cause"] for s in saved["slow_steps"] if s["warmup"]] == ["torch.compile"]
 
 
 def test_env_records_versions_and_allocator(tmp_path):

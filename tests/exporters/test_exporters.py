@@ -51,7 +51,9 @@ def test_tensorboard_events_read_back(tracked_run):
     loss = acc.Scalars("train/loss")
     assert [e.step for e in loss] == [1, 2, 3]
     assert loss[-1].value == pytest.approx(result.loss_last, rel=1e-6)
-    assert {"train/step_time_s", "train/tokens_per_s", "memory/peak_allocated_gib"} <= set(scalars)
+    assert {"train/step_time_s", "train/tokens_per_s", "memory/peak_allocated_gib", "host/gc_s",
+            "host/compile_s"} <= set(scalars)
+    assert acc.Scalars("host/data_s")[0].value > 0  # step 1 made its own batch
     assert acc.Scalars("result/tokens_per_s")[0].value == pytest.approx(result.tokens_per_s, rel=1e-6)
     assert "config" in " ".join(acc.Tags()["tensors"])
 

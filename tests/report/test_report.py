@@ -289,3 +289,22 @@ def test_report_messages_about_what_could_not_be_read(results, tmp_path, capsys)
     assert main(["report", str(mixed), "--output-dir", str(tmp_path / "afile")]) == 2
     err = capsys.readouterr().err
     assert "--output-dir: cannot write" in err and len(err.strip().splitlines()) == 1
+
+
+def test_slow_steps_get_a_section_naming_run_step_and_cause(results, tmp_path):
+    root = tmp_path / "runs"
+    for name in ("a", "b"):
+        shutil.copytree(results / name, root / name)
+    result = _result(root, "b")
+    result["slow_steps"] = [{"step": 7, "warmup": False, "step_time_s": 1.549, "extra_s": 0.563,
+                             "cause": "torch.compile", "cause_s": 0.512}]
+    (root / "b" / "result.json").write_text(json.dumps(result))
+    assert main(["report", str(root), "--output-dir", str(tmp_path / "rep")]) == 0
+    md = (tmp_path / "rep" / "summary.md").read_text()
+    section = md[md.index("## Slow steps"):]
+    assert "- b: step 7 took 1.549 s, 0.563 s over the steady median: torch.compile 0.512 s" in section
+    assert "- a:" not in section  # run a had none
+    assert "step 7 took 1.549 s" in (tmp_path / "rep" / "report.html").read_text()
+    shutil.rmtree(root / "b")
+    assert main(["report", str(root), "--output-dir", str(tmp_path / "rep2")]) == 0
+    assert "Slow steps" not in (tmp_path / "rep2" / "summary.md").read_text()
