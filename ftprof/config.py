@@ -400,7 +400,8 @@ class DistributedConfig:
                            choices=PARALLEL)
     fsdp_reshard_after_forward: bool = option(True, "FSDP: free gathered parameters after forward (less memory, "
                                               "one more all-gather in backward)")
-    fsdp_cpu_offload: bool = option(False, "FSDP: keep sharded parameters, gradients and optimizer state on CPU")
+    fsdp_cpu_offload: bool = option(False, "FSDP: keep sharded parameters, gradients and optimizer state on CPU "
+                                    "(on one GPU too: FSDP2 then runs in the one process)")
 
     def __post_init__(self) -> None:
         _require(self.nproc_per_node >= 1, f"--nproc-per-node must be at least 1, got {self.nproc_per_node}")
@@ -485,14 +486,10 @@ class RunConfig:
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
-        if self.model.checkpointing == "auto" and self.distributed.world_size > 1 and \
-                self.distributed.parallel == "fsdp":
-            raise ConfigError("--checkpointing auto estimates one process's memory: use it on one GPU or with "
-                              "--parallel ddp, or pick a policy for FSDP runs")
-        if self.distributed.fsdp_cpu_offload and self.distributed.world_size == 1:
-            # One process trains without FSDP: the offload would silently not happen.
-            raise ConfigError("--fsdp-cpu-offload applies to FSDP, which ftprof uses with two or more processes "
-                              "(--nproc-per-node 2 or more)")
+        if self.model.checkpointing == "auto" and self.distributed.parallel == "fsdp" and \
+                (self.distributed.world_size > 1 or self.distributed.fsdp_cpu_offload):
+            raise ConfigError("--checkpointing auto estimates one unsharded process's memory: use it on one GPU "
+                              "without --fsdp-cpu-offload or with --parallel ddp, or pick a policy for FSDP runs")
         if self.model.kernels == "liger" and "lm_head" in (self.method.lora_targets or ()):
             raise ConfigError("--lora-targets lm_head: Liger's fused linear cross entropy computes the loss from "
                               "lm_head's weight directly and would skip its adapter; use --kernels eager")

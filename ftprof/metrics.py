@@ -287,7 +287,8 @@ def memory_breakdown(static: dict | None, activations: int | None, peak: int | N
     """Where the training peak went: the exact static parts, the activations saved by one micro-batch's forward,
     the estimated logits gradients, and the rest ("transients": backward temporaries, recomputed layers,
     dequantized weights, allocator rounding). ``explained`` = parts / peak (CUDA only); ``peak`` is the training
-    peak (loading excluded), kept as ``training_peak``."""
+    peak (loading excluded), kept as ``training_peak``. ``offloaded`` (host bytes under --fsdp-cpu-offload) is kept
+    beside the parts, outside the peak."""
     if not static:
         return {}
     out = dict(static)
@@ -296,7 +297,7 @@ def memory_breakdown(static: dict | None, activations: int | None, peak: int | N
     if logits_gradients:
         out["logits_gradients"] = logits_gradients
     if peak:
-        parts = sum(out.values())
+        parts = sum(v for k, v in out.items() if k != "offloaded")  # offloaded bytes live on the host
         out["transients"] = peak - parts
         out["explained"] = parts / peak
         out["training_peak"] = peak

@@ -160,7 +160,7 @@ def _check_memory_limit(gib: float | None, device) -> None:
 
 def _check_distributed(cfg: RunConfig, device, dtype: str) -> None:
     d = cfg.distributed
-    if d.world_size == 1:
+    if d.world_size == 1 and not d.fsdp_cpu_offload:
         return
     if device.type == "cuda":
         import torch
@@ -175,4 +175,4 @@ def _check_distributed(cfg: RunConfig, device, dtype: str) -> None:
     if d.fsdp_cpu_offload and d.parallel != "fsdp":
         raise ConfigError("--fsdp-cpu-offload applies to --parallel fsdp only")
     if d.fsdp_cpu_offload and device.type != "cuda":
-        raise ConfigError("--fsdp-cpu-offload moves shards between GPU and host: it needs CUDA devices")
+        raise ConfigError("--fsdp-cpu-offload moves shards between GPU and host: it needs a CUDA device")

@@ -66,8 +66,7 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
         return calibration_rows(pre, tokenizer)
 
     # Under FSDP a preset is sharded while still on the meta device: no rank ever holds the whole model.
-    defer = (dist.enabled and cfg.distributed.parallel == "fsdp" and pre.source.kind == "preset"
-             and strategy.can_defer_init)
+    defer = distributed.shards(cfg, dist) and pre.source.kind == "preset" and strategy.can_defer_init
     with memory.stage("load"):
         model = strategy.load(LoadContext(cfg, pre.source, pre.device, dtype, tokenizer, calibration, log,
                                           defer_init=defer))
@@ -140,7 +139,7 @@ def calibration_rows(pre: Preflight, tokenizer) -> list[torch.Tensor]:
 def wrap_model(model, pre: Preflight, dist: DistInfo, dtype: torch.dtype, deferred: bool):
     """The data-parallel wrapper (and, for a preset sharded on the meta device, each rank's own weights)."""
     cfg = pre.config
-    if dist.enabled:
+    if dist.enabled or distributed.shards(cfg, dist):
         model = distributed.wrap(model, cfg, pre.device, dtype)
     if deferred:
         std = float(getattr(pre.source.config, "initializer_range", 0.02))
@@ -157,7 +156,9 @@ def make_optimizer(params: list[torch.nn.Parameter], pre: Preflight) -> torch.op
         import bitsandbytes as bnb
 
         return bnb.optim.PagedAdamW8bit(params, lr=t.lr, weight_decay=t.weight_decay)
-    fused = pre.device.type == "cuda" and all(p.is_floating_point() for p in params)
+    # Fused AdamW where every parameter lives on the GPU (under --fsdp-cpu-offload they live on the host, and the
+    # step runs there).
+    fused = bool(params) and all(p.device.type == "cuda" and p.is_floating_point() for p in params)
     return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, fused=fused or None)
 
 

@@ -6,6 +6,7 @@ already under torchrun (RANK/WORLD_SIZE set), it joins. CUDA runs use NCCL, CPU 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -81,6 +82,30 @@ def init(device_type: str):
     else:
         dist.init_process_group("gloo")
     return info
+
+
+def shards(cfg: RunConfig, info) -> bool:
+    """Whether FSDP2 wraps the model: with several processes under --parallel fsdp, and in one process for
+    --fsdp-cpu-offload (the one GPU then holds a layer's parameters while it computes, the host the rest)."""
+    return cfg.distributed.parallel == "fsdp" and (info.enabled or cfg.distributed.fsdp_cpu_offload)
+
+
+@contextlib.contextmanager
+def single_process_group(device: torch.device):
+    """A process group of one for FSDP2 in a process torchrun did not start (its device mesh needs a group);
+    nothing when a group exists. Destroyed on exit: the run makes no collective after its steps."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    cuda = device.type == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            device_id=device if cuda else None)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def shutdown() -> None:

@@ -44,6 +44,8 @@ def assemble(rec: Recorded, status: Status, exc: BaseException | None = None) ->
                     seq_len=cfg.data.seq_len, batch_size=cfg.data.batch_size, grad_accum=cfg.train.grad_accum,
                     setup_time_s=rec.setup_time_s)
     res.data = dict(rec.pre.data.stats) if rec.pre.data is not None else {}  # real data's stats (ftprof.data)
+    if cfg.distributed.fsdp_cpu_offload:  # FSDP2 ran, in one process or several (aggregation says how many)
+        res.parallel = "fsdp"
     steps = rec.steps.dicts()
     _throughput(res, rec, steps)
     _memory(res, rec, steps)

@@ -111,9 +111,10 @@ class FirstStepMemory:
     """The activations autograd saved in the first micro-batch's forward, and the exact static parts (weights,
     gradients, optimizer state) sized after the first optimizer step, when gradients and state both exist."""
 
-    def __init__(self, measure_activations: bool):
+    def __init__(self, measure_activations: bool, device_type: str | None = None):
         # FSDP2 keeps gathered parameters alive through forward: their storages would be miscounted as activations.
         self.measure_activations = measure_activations
+        self.device_type = device_type  # static parts elsewhere (offloaded to the host) are not this device's
         self.saved_activations: int | None = None
         self.static: dict[str, int] | None = None
 
@@ -131,7 +132,7 @@ class FirstStepMemory:
                 self.saved_activations += selective.stop_counting()
 
     def after_optimizer_step(self, model, optimizer) -> None:
-        self.static = static_breakdown(model, optimizer)
+        self.static = static_breakdown(model, optimizer, self.device_type)
 
 
 class NvmlTracker:

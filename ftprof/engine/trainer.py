@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from ftprof import ranks
-from ftprof.engine import aggregate
+from ftprof.engine import aggregate, distributed
 from ftprof.engine.build import Built, build
 from ftprof.engine.compile import eager_rounding
 from ftprof.engine.loop import run_steps
@@ -90,8 +90,8 @@ class Trainer:
         self.run_dir = self.writer.path
         self.memory = MemoryTracker(self.device)
         self.steps = StepLog(self.writer, self.memory, self.device, self.cfg.train.max_steps)
-        self.first = FirstStepMemory(measure_activations=not (self.dist.enabled and
-                                                              self.cfg.distributed.parallel == "fsdp"))
+        self.first = FirstStepMemory(measure_activations=not distributed.shards(self.cfg, self.dist),
+                                     device_type=self.device.type)
         self.nvml = NvmlTracker(self.cfg, self.device, self.run_dir, self.dist.rank if self.dist.enabled else None,
                                 self.steps)
         self.profiler = NullProfiler()
@@ -105,6 +105,8 @@ class Trainer:
         try:
             with contextlib.ExitStack() as trackers:
                 trackers.enter_context(memory_cap(self.device, self.cfg.output.memory_limit_gib))
+                if distributed.shards(self.cfg, self.dist) and not self.dist.enabled:  # offload on one GPU
+                    trackers.enter_context(distributed.single_process_group(self.device))
                 trackers.enter_context(self.nvml)
                 trackers.enter_context(self.memory)
                 self.kernels_applied = trackers.enter_context(

@@ -131,16 +131,28 @@ def dump_oom_snapshot(path) -> bool:
         return False
 
 
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t  # FSDP2 DTensor: this rank's shard
+
+
 def _tensor_bytes(t) -> int:
-    local = t.to_local() if hasattr(t, "to_local") else t  # FSDP2 DTensor: this rank's shard
+    local = _local(t)
     return local.numel() * local.element_size()
 
 
-def static_breakdown(model, optimizer) -> dict[str, int]:
+def static_breakdown(model, optimizer, device_type: str | None = None) -> dict[str, int]:
     """Exact bytes of what lives for the whole run on this rank: weights (frozen / trainable, quantized ones as
     stored, with their quantization constants), gradients and optimizer state. Call while gradients exist (after
-    backward, before they are cleared). Activations and transients are the peak minus these."""
-    frozen = trainable = grads = 0
+    backward, before they are cleared). Activations and transients are the peak minus these.
+
+    With ``device_type``, tensors that live on another device (--fsdp-cpu-offload keeps weights, gradients and
+    optimizer state on the host) are no part of this device's peak: their bytes go to ``offloaded`` instead."""
+    parts = {"weights_frozen": 0, "weights_trainable": 0, "gradients": 0, "optimizer_state": 0, "offloaded": 0}
+
+    def add(part: str, t) -> None:
+        here = device_type is None or _local(t).device.type == device_type
+        parts[part if here else "offloaded"] += _tensor_bytes(t)
+
     seen: set[int] = set()
     for module in model.modules():
         tensors = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
@@ -149,21 +161,25 @@ def static_breakdown(model, optimizer) -> dict[str, int]:
                 continue
             seen.add(id(t))
             if getattr(t, "requires_grad", False):
-                trainable += _tensor_bytes(t)
+                add("weights_trainable", t)
                 if t.grad is not None:
-                    grads += _tensor_bytes(t.grad)
-            else:
-                frozen += _tensor_bytes(t)
-                qs = getattr(t, "quant_state", None)  # bitsandbytes absmax (and nested absmax with double quant)
-                for attr in ("absmax", "code"):
-                    if qs is not None and isinstance(getattr(qs, attr, None), torch.Tensor):
-                        frozen += _tensor_bytes(getattr(qs, attr))
-                nested = getattr(qs, "state2", None)
-                if nested is not None and isinstance(getattr(nested, "absmax", None), torch.Tensor):
-                    frozen += _tensor_bytes(nested.absmax)
-    state = sum(_tensor_bytes(v) for s in optimizer.state.values() for v in s.values()
-                if isinstance(v, torch.Tensor))
-    return {"weights_frozen": frozen, "weights_trainable": trainable, "gradients": grads, "optimizer_state": state}
+                    add("gradients", t.grad)
+                continue
+            add("weights_frozen", t)
+            qs = getattr(t, "quant_state", None)  # bitsandbytes absmax (and nested absmax with double quant)
+            for attr in ("absmax", "code"):
+                if qs is not None and isinstance(getattr(qs, attr, None), torch.Tensor):
+                    add("weights_frozen", getattr(qs, attr))
+            nested = getattr(qs, "state2", None)
+            if nested is not None and isinstance(getattr(nested, "absmax", None), torch.Tensor):
+                add("weights_frozen", nested.absmax)
+    for state in optimizer.state.values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor):
+                add("optimizer_state", v)
+    if not parts["offloaded"]:
+        del parts["offloaded"]
+    return parts
 
 
 class SavedActivations:

@@ -73,7 +73,6 @@ def _cases(t):
         (train + ["--lora-targets", "qkv_proj"], "qkv_proj"), (train + ["--seq-len", "4096"], "2048 positions"),
         (train + ["--model", "llama-9b"], "llama-9b"), (train + ["--model", "./no/such/dir"], "no/such/dir"),
         (["train", "full", "--lora-r", "8"], "--lora-r"),
-        (train + ["--fsdp-cpu-offload"], "two or more processes"),  # one process: FSDP (and its offload) is off
         (train + ["--sdpa-backend", "flashy"], "flashy"),
         # profiler options against the host and the world size
         (train + ["--prof-activities", "cuda"], "cuda"), (train + ["--prof-activities", "tpu"], "tpu"),
@@ -108,7 +107,9 @@ def _cases(t):
             ("missing.yaml", "does not exist"))],
         (bench[:1] + [str(t / "good.yaml"), "--force", "--resume"], "--resume"),
     ]
-    heavy = []  # cases whose check needs torch (none today: keep the split for those that will)
+    heavy = [  # cases whose check needs torch (whether CUDA is there)
+        (train + ["--fsdp-cpu-offload"], "needs a CUDA device"),  # one process runs FSDP2 for it, on a GPU
+    ]
     return light, heavy
 
 

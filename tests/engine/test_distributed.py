@@ -130,3 +130,44 @@ def test_qlora_under_fsdp_keeps_the_recomputed_weights_of_checkpointed_layers(tm
                                       warmup_steps=1))
     assert result.status == "ok", result.error_message
     assert result.world_size == 2 and result.kept_dequantized == 14  # 7 projections x 2 layers, each rank
+
+
+def test_fsdp2_in_one_process_trains_as_the_plain_model(tmp_path):
+    """--fsdp-cpu-offload on one GPU runs FSDP2 in the one process: a group of one, the wrap, a training step equal
+    to the unwrapped model's, and no group left afterwards (here on CPU: gloo, without the offload policy, which
+    needs a GPU)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from ftprof.engine import distributed
+    from ftprof.models.materialize import build_random_model
+    from ftprof.models.presets import preset_config
+    from ftprof.ranks import DistInfo
+
+    cpu = torch.device("cpu")
+    offload = tiny_config(tmp_path, "full", fsdp_cpu_offload=True)
+    assert distributed.shards(offload, DistInfo()) and not distributed.shards(tiny_config(tmp_path, "full"),
+                                                                              DistInfo())
+    assert not distributed.shards(tiny_config(tmp_path, "full", parallel="ddp"), DistInfo(world_size=2))
+
+    def one_step(model):
+        ids = torch.randint(3, 500, (2, 16), generator=torch.Generator().manual_seed(0))
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        grads = {n: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+                 for n, p in model.named_parameters()}
+        return loss.item(), grads
+
+    plain_loss, plain_grads = one_step(build_random_model(preset_config("tiny"), cpu, torch.float32, seed=0))
+    model = build_random_model(preset_config("tiny"), cpu, torch.float32, seed=0)
+    with distributed.single_process_group(cpu):
+        assert dist.get_world_size() == 1
+        wrapped = distributed.wrap(model, tiny_config(tmp_path, "full"), cpu, torch.float32)
+        assert all(isinstance(p, DTensor) for p in wrapped.parameters())
+        loss, grads = one_step(wrapped)
+    assert not dist.is_initialized()
+    assert loss == pytest.approx(plain_loss, rel=1e-6)
+    assert grads.keys() == plain_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, plain_grads[name], rtol=1e-5, atol=1e-6, msg=name)

@@ -242,7 +242,8 @@ def test_compile_under_full_checkpointing_keeps_the_checkpoint(tmp_path, policy_
     (["--compile-tuning"], "--compile-tuning needs --compile"),
     (["--keep-dequantized"], "--keep-dequantized is a bitsandbytes option"),  # the command's method is lora
     (["--compile", "--compile-mode", "fastest"], "invalid choice"),
-    (["--checkpointing", "auto", "--nproc-per-node", "2"], "--checkpointing auto estimates one process"),
+    (["--checkpointing", "auto", "--nproc-per-node", "2"], "--checkpointing auto estimates one unsharded"),
+    (["--checkpointing", "auto", "--fsdp-cpu-offload"], "--checkpointing auto estimates one unsharded"),
 ])
 def test_fast_path_bad_input_is_one_line(tmp_path, capsys, argv, fragment):
     assert_train_refuses(tmp_path, capsys, "lora", argv, fragment)

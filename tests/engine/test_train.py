@@ -138,5 +138,7 @@ def test_memory_breakdown_parts_against_a_peak():
     assert with_logits["transients"] == 10 and with_logits["explained"] == pytest.approx(240 / 250)
     assert "transients" not in memory_breakdown(static, 60, peak=None)  # CPU: no allocator peak
     assert memory_breakdown(None, 60, 250) == {}
+    offloaded = memory_breakdown({**static, "offloaded": 1000}, 60, peak=250)  # host bytes: outside the peak
+    assert offloaded["transients"] == 50 and offloaded["offloaded"] == 1000
 
 

@@ -95,3 +95,19 @@ def test_oom_is_recorded_as_oom_device(tmp_path):
     saved = json.loads((run_dir / "result.json").read_text())
     assert saved["status"] == "oom_device"
     assert (run_dir / saved["artifacts"]["oom_snapshot"]).stat().st_size > 0
+
+
+def test_fsdp_cpu_offload_on_one_gpu(tmp_path):
+    """--fsdp-cpu-offload on one GPU: FSDP2 in the one process keeps weights, gradients and optimizer state on the
+    host; the GPU's peak falls and the training is the same."""
+    base = ftprof.train(gpu_config(tmp_path / "base", "full", gradient_checkpointing=True))
+    off = ftprof.train(gpu_config(tmp_path / "off", "full", gradient_checkpointing=True, fsdp_cpu_offload=True))
+    for r in (base, off):
+        _record(r)
+        assert r.status == "ok", r.error_message
+    assert off.world_size == 1 and off.parallel == "fsdp"
+    # full fine-tuning of llama-1b keeps ~4 x 2.5 GB of weights, gradients and AdamW state on the GPU without it
+    assert off.torch_peak_allocated < 0.5 * base.torch_peak_allocated, (off.torch_peak_allocated,
+                                                                         base.torch_peak_allocated)
+    assert off.loss_first == pytest.approx(base.loss_first, rel=1e-2)
+    assert off.loss_last < off.loss_first
