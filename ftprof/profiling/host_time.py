@@ -42,9 +42,11 @@ class HostTime:
     def __exit__(self, *exc) -> None:
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
-        if self._dynamo is not None:
-            self._dynamo.remove_start_callback(self._on_compile_start)
-            self._dynamo.remove_end_callback(self._on_compile_end)
+        if self._dynamo is not None:  # torch._dynamo.reset() clears every callback: ours may be gone already
+            if self._on_compile_start in self._dynamo.start_callbacks:
+                self._dynamo.remove_start_callback(self._on_compile_start)
+            if self._on_compile_end in self._dynamo.end_callbacks:
+                self._dynamo.remove_end_callback(self._on_compile_end)
             self._dynamo = None
 
     def lap(self) -> dict[str, float]:

@@ -49,3 +49,10 @@ def test_nothing_is_counted_outside_the_context():
     torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2))
     assert host.lap() == {"gc_s": 0.0, "compile_s": 0.0}
     assert host._on_gc not in gc.callbacks
+
+
+def test_a_dynamo_reset_inside_the_context_is_survived():
+    """torch._dynamo.reset() drops every compile callback: leaving the context must not fail on the missing ones."""
+    with HostTime():
+        torch._dynamo.reset()
+    torch._dynamo.reset()
