@@ -99,15 +99,18 @@ def test_oom_is_recorded_as_oom_device(tmp_path):
 
 def test_fsdp_cpu_offload_on_one_gpu(tmp_path):
     """--fsdp-cpu-offload on one GPU: FSDP2 in the one process keeps weights, gradients and optimizer state on the
-    host; the GPU's peak falls and the training is the same."""
+    host, and the GPU's peak falls by most of them. (The two runs' random weights differ: a preset under FSDP is
+    initialised shard by shard, so their losses are not compared step by step.)"""
     base = ftprof.train(gpu_config(tmp_path / "base", "full", gradient_checkpointing=True))
     off = ftprof.train(gpu_config(tmp_path / "off", "full", gradient_checkpointing=True, fsdp_cpu_offload=True))
     for r in (base, off):
         _record(r)
         assert r.status == "ok", r.error_message
+        assert r.loss_last < 0.5 * r.loss_first
     assert off.world_size == 1 and off.parallel == "fsdp"
-    # full fine-tuning of llama-1b keeps ~4 x 2.5 GB of weights, gradients and AdamW state on the GPU without it
-    assert off.torch_peak_allocated < 0.5 * base.torch_peak_allocated, (off.torch_peak_allocated,
-                                                                         base.torch_peak_allocated)
-    assert off.loss_first == pytest.approx(base.loss_first, rel=1e-2)
-    assert off.loss_last < off.loss_first
+    static = sum(base.memory_breakdown[k] for k in ("weights_trainable", "gradients", "optimizer_state"))
+    assert off.memory_breakdown["offloaded"] == pytest.approx(static, rel=0.01)
+    assert off.memory_breakdown["weights_trainable"] == off.memory_breakdown["optimizer_state"] == 0
+    # measured on an H200 (llama-1b, 4 x 1024): 14.12 GB -> 7.23 GB, with 9.9 GB offloaded; the rest of the
+    # peak is the logits and their gradients, which stay on the GPU
+    assert off.torch_peak_allocated < base.torch_peak_allocated - 0.5 * static
