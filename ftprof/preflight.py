@@ -93,6 +93,10 @@ def preflight(cfg: RunConfig) -> Preflight:
                                    method=cfg.method.resolved(dtype, preset=source.kind == "preset",
                                                               triton=_triton_dequantizes(cfg, device)))
     tokenizer, data = _prepare_data(cfg, source)
+    if data is not None and data.stats.get("rows_dropped"):
+        why = " once cut to --seq-len" if not cfg.data.packing else ""
+        notes.append(f"--dataset: {data.stats['rows_dropped']} of {data.stats['rows_loaded']} rows dropped: no token "
+                     f"to train on{why}")
     return Preflight(source, device, dtype, resolved, notes, tokenizer, data)
 
 

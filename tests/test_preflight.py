@@ -33,3 +33,16 @@ def test_a_tokenizer_file_satisfies_the_check(checkpoint):
     (ckpt / "tokenizer.json").write_text("{}")
     _check_tokenizer(resolve_model_source(str(ckpt)), str(data))  # no error
     _check_tokenizer(resolve_model_source(str(ckpt)), "synthetic")
+
+
+def test_rows_dropped_from_a_dataset_are_said(tmp_path):
+    from ftprof.preflight import preflight
+    from tests.conftest import tiny_config
+    from tests.data_files import instruction_rows, write
+
+    rows = instruction_rows(6)
+    rows[0]["instruction"] = " ".join(["the model trains"] * 40)  # the response falls past --seq-len 160
+    pre = preflight(tiny_config(tmp_path, "lora", dataset=write(tmp_path / "d.jsonl", rows), seq_len=160))
+    assert "--dataset: 1 of 6 rows dropped: no token to train on once cut to --seq-len" in pre.notes
+    kept = preflight(tiny_config(tmp_path, "lora", dataset=write(tmp_path / "e.jsonl", rows[1:]), seq_len=160))
+    assert not any("dropped" in n for n in kept.notes)

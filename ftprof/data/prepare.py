@@ -86,6 +86,8 @@ def _prepare(data: DataConfig, tokenizer, model: str) -> PreparedData:
         why = " once cut to --seq-len" if not data.packing else ""
         raise ConfigError(f"--dataset: no row of '{data.dataset}' has a token to train on{why} "
                           f"({len(rows)} rows, format {fmt}, --train-on {data.train_on})")
+    # filter() only records the kept rows' indices; the Arrow table underneath still holds every row.
+    kept = kept.flatten_indices()
     ids, offsets = _flat(kept, "input_ids")
     labels, _ = _flat(kept, "labels")
     prepared = PreparedData(ids, labels, offsets)

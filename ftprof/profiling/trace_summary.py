@@ -412,7 +412,8 @@ def summarize(path: str | Path, run_config: dict | None = None) -> TraceSummary:
     info = meta.get("distributedInfo")
     summary.rank = int(info["rank"]) if isinstance(info, dict) and "rank" in info else None
     summary.verdict = _verdict(summary)
-    summary.diagnoses = diagnose(summary, dtype=dtype, checkpointing=checkpointing)
+    fused_a = (run_config or {}).get("method", {}).get("lora_fused_a")
+    summary.diagnoses = diagnose(summary, dtype=dtype, checkpointing=checkpointing, fused_a=fused_a)
     return summary
 
 
@@ -477,7 +478,8 @@ def _verdict(s: TraceSummary) -> str:
     return f"GPU-bound: the GPU is busy {100 * (1 - (s.idle_share or 0)):.0f}% of the recorded window"
 
 
-def diagnose(s: TraceSummary, dtype: str | None = None, checkpointing: bool | None = None) -> list[Diagnosis]:
+def diagnose(s: TraceSummary, dtype: str | None = None, checkpointing: bool | None = None,
+             fused_a: bool | None = None) -> list[Diagnosis]:
     out: list[Diagnosis] = []
     total = sum(s.categories_us.values()) or 1.0
     of_time = "of GPU kernel time" if s.device_kind == "gpu" else "of CPU operator time"
@@ -498,10 +500,12 @@ def diagnose(s: TraceSummary, dtype: str | None = None, checkpointing: bool | No
                              {"us": deq, "share": share}))
     lora = ((s.breakdown or {}).get("buckets") or {}).get("lora_gemm") or {}
     if (lora.get("share") or 0) > LORA_GEMM_SHARE:
+        fix = ("the A matmuls already run once per shared input (--lora-fused-a); the rest are the B matmuls and "
+               "their gradients" if fused_a else "--lora-fused-a (on by default) applies one A matmul to each input "
+               "that several adapted projections read (q, k, v; gate, up)")
         out.append(Diagnosis("lora_gemms", "info",
                              f"LoRA's low-rank GEMMs take {100 * lora['share']:.1f}% of the step, memory-bound at "
-                             "a few percent of peak: --lora-fused-a applies one A matmul to each input that "
-                             "several adapted projections read (q, k, v; gate, up)",
+                             f"a few percent of peak: {fix}",
                              {"ms_per_step": lora.get("ms_per_step"), "share": lora["share"]}))
     if s.graph_replay_us > 0:
         share = s.graph_replay_us / total

@@ -103,6 +103,7 @@ def read_result(run_dir: Path, name: str = RESULT) -> dict[str, Any] | None:
 BEFORE_OPTION = {"prefetch": False}
 # (compile_dequant came off by default: what ran before; --dequant-kernel auto runs Triton's kernel on CUDA now)
 QLORA_BEFORE_OPTION = {"keep_dequantized": False, "dequant_kernel": "bitsandbytes"}
+LORA_BEFORE_OPTION = {"lora_fused_a": False}  # LoRA methods: each adapter applied its own A before it
 
 
 @functools.cache
@@ -118,7 +119,10 @@ def option_defaults(method: str = "qlora") -> dict[str, Any]:
     cfg = RunConfig.from_flat({"method": method if method in METHODS else "qlora"})
     flat = cfg.to_flat() | dataclasses.asdict(cfg.method.resolved("bfloat16"))
     flat = {k: ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v for k, v in flat.items()}
-    return flat | BEFORE_OPTION | (QLORA_BEFORE_OPTION if method == "qlora" else {})
+    from ftprof.config import LORA_METHODS
+
+    return flat | BEFORE_OPTION | (LORA_BEFORE_OPTION if method in LORA_METHODS else {}) | \
+        (QLORA_BEFORE_OPTION if method == "qlora" else {})
 
 
 def run_row(run_dir: Path) -> dict[str, Any]:

@@ -44,6 +44,10 @@ def test_rows_with_nothing_to_learn_are_dropped_and_none_left_is_an_error(tmp_pa
     prepared = prepare_dataset(DataConfig(dataset=write(tmp_path / "d.jsonl", rows), seq_len=160), build_tokenizer(),
                                progress=False)
     assert prepared.stats["rows_loaded"] == 6 and prepared.stats["rows"] == 4 and prepared.stats["rows_dropped"] == 2
+    # the dropped rows are gone from what the model is fed, not only from the count
+    assert len(prepared.offsets) - 1 == 4 == prepared.stats["sequences"]
+    spans = zip(prepared.offsets[:-1], prepared.offsets[1:], strict=True)
+    assert all((prepared.labels[a:b] != -100).any() for a, b in spans)
     with pytest.raises(ConfigError, match="no row of .* has a token to train on once cut to --seq-len"):
         prepare_dataset(DataConfig(dataset=write(tmp_path / "e.jsonl", rows[:2]), seq_len=160), build_tokenizer(),
                         progress=False)

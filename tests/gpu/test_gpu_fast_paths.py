@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 
 # The reference: eager, PEFT's own adapter forward, bitsandbytes' own 4-bit matmul. The fast paths run with
 # ftprof's defaults besides what they name (QLoRA keeps dequantized weights under full checkpointing).
-REFERENCE = {"lora_addmm": False, "keep_dequantized": False, "dequant_kernel": "bitsandbytes"}
+REFERENCE = {"lora_addmm": False, "lora_fused_a": False, "keep_dequantized": False, "dequant_kernel": "bitsandbytes"}
 FAST_PATHS = {
     "addmm": {"lora_addmm": True},
     "liger": {"kernels": "liger"},
@@ -53,7 +53,7 @@ def eager_runs(tmp_path_factory):
 
 
 def _reference(method: str) -> dict:
-    return REFERENCE if method == "qlora" else {"lora_addmm": False}
+    return REFERENCE if method == "qlora" else {"lora_addmm": False, "lora_fused_a": False}
 
 
 def _losses(result) -> list[float]:

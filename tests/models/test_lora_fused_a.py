@@ -64,11 +64,20 @@ def test_one_compiled_graph_serves_every_layer(tmp_path):
         assert fused.loss_last == pytest.approx(eager.loss_last, rel=1e-3)
 
 
-def test_the_option_is_off_by_default_and_not_with_addmm():
+def test_the_option_is_on_by_default_except_beside_addmm_or_the_textbook_recipe():
     from ftprof.config import RunConfig
     from ftprof.errors import ConfigError
+    from ftprof.results.load import option_defaults
 
-    assert RunConfig.from_flat({"method": "lora"}).method.resolved("float32").lora_fused_a is False
+    def resolved(**flat):
+        return RunConfig.from_flat(flat).method.resolved("float32").lora_fused_a
+
+    assert resolved(method="lora") is True and resolved(method="gptq-lora") is True
+    assert resolved(method="lora", lora_addmm=True) is False and resolved(method="qlora", kbit_prepare=True) is False
+    assert resolved(method="qlora", kbit_prepare=True, lora_fused_a=True) is True  # asked for: it runs
+    assert resolved(method="lora", lora_fused_a=False) is False
+    assert option_defaults("lora")["lora_fused_a"] is False  # a run from before the default ran without it
+    assert option_defaults("full")["lora_fused_a"] is None
     with pytest.raises(ConfigError, match="pick one"):
         RunConfig.from_flat({"method": "lora", "lora_addmm": True, "lora_fused_a": True})
     with pytest.raises(ConfigError, match="--lora-fused-a is a lora option"):

@@ -252,6 +252,9 @@ def test_large_lora_gemm_share_names_the_fused_a_option(tmp_path):
     s = summarize(gpu_trace(tmp_path / "t.json"))
     s.breakdown = {"buckets": {"lora_gemm": {"ms_per_step": 40.0, "share": 0.074}}}
     diag = {d.code: d for d in diagnose(s)}
-    assert "--lora-fused-a" in diag["lora_gemms"].message and diag["lora_gemms"].evidence["share"] == 0.074
+    assert "--lora-fused-a (on by default)" in diag["lora_gemms"].message
+    assert diag["lora_gemms"].evidence["share"] == 0.074
+    fused = {d.code: d for d in diagnose(s, fused_a=True)}["lora_gemms"]  # a run that had it: what is left
+    assert "already run once" in fused.message and "B matmuls" in fused.message
     s.breakdown = {"buckets": {"lora_gemm": {"ms_per_step": 4.0, "share": 0.01}}}
     assert "lora_gemms" not in {d.code for d in diagnose(s)}

@@ -65,6 +65,28 @@ def test_spread_wider_than_the_threshold_is_inconclusive(tmp_path):
     assert f"about {c.throughput.needed} repeats per side would settle it" in c.reasons[0]
 
 
+def test_an_interval_wholly_past_the_threshold_is_a_regression_however_wide(tmp_path):
+    """A 2x slowdown measured on a noisy machine (±28%): every value the data allows is worse than -5%."""
+    rng = np.random.default_rng(3)
+    base = _repeats(tmp_path, "b", rng.normal(1000, 150, 4))
+    slow = _repeats(tmp_path, "c", rng.normal(500, 150, 4))
+    c = compare(slow, base, threshold_pct=5).configs[0]
+    assert c.verdict == REGRESSION and c.throughput.halfwidth_pct > 5
+    fast = _repeats(tmp_path, "f", rng.normal(1500, 150, 4))  # an improvement as wide: not inconclusive
+    assert compare(fast, base, threshold_pct=5).configs[0].verdict == OK
+
+
+def test_steady_steps_judge_the_headline_change(tmp_path):
+    """The figures are each run's headline tokens/s (total tokens over total time), as in the report's table,
+    not the mean of the steps' own rates, which weights fast steps more."""
+    times = np.array([0.1, 0.1, 0.1, 0.3] * 5)
+    base = pd.DataFrame([_run(tmp_path / "b", "r", TOKENS / times.mean(), step_times=times)])
+    cur = pd.DataFrame([_run(tmp_path / "c", "r", TOKENS / times.mean(), step_times=times)])
+    t = compare(cur, base, threshold_pct=5).configs[0].throughput
+    assert (t.baseline, t.current, t.change_pct) == (pytest.approx(TOKENS / 0.15), pytest.approx(TOKENS / 0.15), 0)
+    assert np.mean(TOKENS / times) > 1.2 * t.baseline  # what the steps' mean would have shown
+
+
 def test_one_run_per_side_uses_the_steady_steps(tmp_path):
     rng = np.random.default_rng(2)
     base_times = rng.normal(0.100, 0.002, 30)
