@@ -55,6 +55,8 @@ def host_has_cuda() -> bool:
 
 def check_host(cfg: RunConfig) -> None:
     check_writable_dir(cfg.output.output_dir, "--output-dir")
+    if cfg.output.run_name:
+        check_writable_dir(Path(cfg.output.output_dir).expanduser() / cfg.output.run_name, "--run-name")
     prof = cfg.profiling
     if prof.profile and prof.prof_output_dir:
         check_writable_dir(prof.prof_output_dir, "--prof-output-dir")

@@ -223,7 +223,8 @@ class MethodConfig:
     lora_fused_a: Optional[bool] = option(
         None, "one down-projection (A) matmul for the adapters of projections that read the same input (q, k, v; "
         "gate, up) instead of one each: the input read once, one input gradient written; PEFT's numbers, "
-        "+1.1-1.8% on an H200 (default on, except with --lora-addmm or --kbit-prepare, PEFT's own recipe)")
+        "+1.1-1.8% on an H200 (default on, except beside --lora-addmm and in the textbook recipe of the quantized "
+        "methods, which runs PEFT as it is)")
     quant_type: Optional[str] = option(None, "bitsandbytes 4-bit type (qlora; default nf4)", choices=("nf4", "fp4"))
     double_quant: Optional[bool] = option(None, "quantize the quantization constants too (qlora; default on)")
     compute_dtype: Optional[str] = option(None, "dtype of the 4-bit matmuls (qlora; default: the run dtype)",
@@ -393,6 +394,7 @@ def normalize_report_to(value) -> tuple[str, ...] | None:
 
 
 PARALLEL = ("fsdp", "ddp")
+RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")  # torchrun's
 
 
 @dataclass
@@ -403,7 +405,7 @@ class DistributedConfig:
     nnodes: int = option(1, "nodes")
     node_rank: int = option(0, "this node's rank (multi-node)")
     rdzv_endpoint: Optional[str] = option(None, "rendezvous host:port (needed with --nnodes > 1)")
-    rdzv_backend: str = option("c10d", "rendezvous backend")
+    rdzv_backend: str = option("c10d", "rendezvous backend", choices=RDZV_BACKENDS)
     parallel: str = option("fsdp", "data parallelism: FSDP2 (fully_shard, sharded) or DDP (replicated)",
                            choices=PARALLEL)
     fsdp_reshard_after_forward: bool = option(True, "FSDP: free gathered parameters after forward (less memory, "
@@ -417,6 +419,11 @@ class DistributedConfig:
         _require(0 <= self.node_rank < self.nnodes, f"--node-rank {self.node_rank} must be in [0, --nnodes)")
         _require(self.nnodes == 1 or bool(self.rdzv_endpoint), "--nnodes > 1 needs --rdzv-endpoint host:port")
         _one_of("--parallel", self.parallel, PARALLEL)
+        _one_of("--rdzv-backend", self.rdzv_backend, RDZV_BACKENDS)
+        if self.rdzv_endpoint is not None:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            _require(bool(host) and port.isdigit() and 1 <= int(port) <= 65535,
+                     f"--rdzv-endpoint '{self.rdzv_endpoint}' must be host:port, the port a number from 1 to 65535")
 
     @property
     def world_size(self) -> int:

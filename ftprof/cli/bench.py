@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ftprof.console import fmt_gib, fmt_num
+from ftprof.console import fmt_gib, fmt_num, make_console
 from ftprof.results.status import status_style
 
 
@@ -140,7 +140,7 @@ def bench_command(args: argparse.Namespace) -> int:
     launcher = sweep.launcher.merged({key: getattr(args, key) for key in LAUNCHER_OPTIONS}
                                      | {"type": args.launcher, "sbatch": tuple(args.sbatch or ())}, "")
     out_dir = output_dir_for(sweep, args.output_dir)
-    console = Console(highlight=False)
+    console = make_console()
     if args.status:
         return status_command(console, sweep, out_dir)
     slots = gpu_slots() if launcher.type == "local" else []

@@ -27,11 +27,29 @@ HF_ALIASES = {"lr": "--learning-rate", "batch_size": "--per-device-train-batch-s
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
-    """Usage errors print one line naming the problem (and where --help is), then exit 2."""
+    """Usage errors print one line naming the problem (and where --help is), then exit 2. No abbreviations: a
+    prefix (``--max-step``) would silently stand for an option, and slip past the check for options given twice."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> typing.NoReturn:
+        if message.startswith("unrecognized arguments:"):
+            message += self._closest_option(message.split(":", 1)[1].split())
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         raise SystemExit(2)
+
+    def _closest_option(self, words: list[str]) -> str:
+        """`` (did you mean '--lora-r'?)`` for the first unknown option, over every option of every subcommand
+        (the root parser reports what its subcommands left over)."""
+        from ftprof.errors import did_you_mean
+
+        unknown = next((w.split("=", 1)[0] for w in words if w.startswith("--")), None)
+        if unknown is None:
+            return ""
+        return did_you_mean(unknown.replace("_", "-"), _option_strings(self)) or did_you_mean(
+            unknown, _option_strings(self))
 
     def parse_known_args(self, args=None, namespace=None):
         self._refuse_repeats(sys.argv[1:] if args is None else list(args))
@@ -52,6 +70,23 @@ class OneLineErrorParser(argparse.ArgumentParser):
             if action.dest in given:
                 self.error(f"{word.split('=', 1)[0]} repeats {given[action.dest]} (give each option once)")
             given[action.dest] = word.split("=", 1)[0]
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every long option of ``parser`` and of its subcommands, all the way down."""
+    out = {o for o in parser._option_string_actions if o.startswith("--")}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out |= _option_strings(sub)
+    return out
+
+
+def path_argument(value: str) -> str:
+    """An argparse type for a path: an empty one (an unset shell variable) is an error, not "not given"."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty path")
+    return value
 
 
 def _base_type(annotation: Any) -> Any:

@@ -7,7 +7,7 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-from ftprof.cli.common import add_common_arguments, add_method_subparsers, config_from_args
+from ftprof.cli.common import add_common_arguments, add_method_subparsers, config_from_args, path_argument
 from ftprof.config import ProfilingConfig, inapplicable_options
 from ftprof.errors import ConfigError
 from ftprof.results.run_dir import CONFIG
@@ -31,11 +31,13 @@ def profile_parser(subparsers) -> argparse.ArgumentParser:
                     "--summarize TRACE summarizes an existing trace from any torch.profiler run instead "
                     "(with --baseline, against another profile).")
     summarize_options = [
-        (("--summarize",), dict(metavar="TRACE", help="summarize this trace (.json or .json.gz), or every rank's "
-                                "trace in a cycle folder (profile/cycle1), and exit")),
-        (("--baseline",), dict(metavar="TRACE", help="with --summarize: compare against this profile (a trace, a "
-                               "cycle folder or a summary .json): per-bucket time per step, the difference with its "
-                               "95%% confidence interval, the buckets that explain it and the kernels that changed"))]
+        (("--summarize",), dict(metavar="TRACE", type=path_argument,
+                                help="summarize this trace (.json or .json.gz), or every rank's trace in a cycle "
+                                "folder (profile/cycle1), and exit")),
+        (("--baseline",), dict(metavar="TRACE", type=path_argument,
+                               help="with --summarize: compare against this profile (a trace, a cycle folder or a "
+                               "summary .json): per-bucket time per step, the difference with its 95%% confidence "
+                               "interval, the buckets that explain it and the kernels that changed"))]
     for flags, kwargs in summarize_options:
         parser.add_argument(*flags, default=None, **kwargs)
     # The method is optional (`ftprof profile --active-steps 2` profiles qlora): without one, this parser takes the

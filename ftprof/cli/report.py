@@ -6,6 +6,7 @@ import argparse
 
 from rich.table import Table
 
+from ftprof.cli.common import path_argument
 from ftprof.console import make_console
 from ftprof.results.status import status_style
 
@@ -30,7 +31,7 @@ def report_parser(subparsers) -> argparse.ArgumentParser:
                     "raw_summary.csv, summary.csv, summary.md, PNG plots and report.html. With --baseline, compare "
                     "matching experiments and exit 1 on a regression beyond --threshold percent.")
     parser.add_argument("paths", nargs="+", help="results directories or run directories")
-    parser.add_argument("--baseline", help="results directory to compare against")
+    parser.add_argument("--baseline", type=path_argument, help="results directory to compare against")
     parser.add_argument("--threshold", type=_percent, default=5.0, help="regression threshold in percent (default 5)")
     parser.add_argument("--format", default="all", choices=("all", "md", "csv"),
                         help="what to write: all (tables, plots, HTML), md or csv (default all)")

@@ -41,20 +41,43 @@ _STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 
 
 def check_writable_dir(path: str | Path, what: str) -> Path:
-    """``path`` is (or can be created as) a writable directory; else ConfigError naming ``what`` (an option)."""
+    """``path`` is (or can be created as) a writable directory; else ConfigError naming ``what`` (an option).
+
+    A directory that does not exist yet is created for real and removed again: a file system can refuse what the
+    permission bits allow (/proc, /sys, a name longer than the file system takes)."""
     from ftprof.errors import ConfigError
 
     path = Path(path).expanduser()
-    probe = path
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
-        raise ConfigError(f"{what} '{path}': '{probe}' is a file, not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} '{path}': '{probe}' is not writable")
+    try:
+        probe = path
+        while not probe.exists():
+            if probe.parent == probe:
+                break
+            probe = probe.parent
+        if probe.exists() and not probe.is_dir():
+            raise ConfigError(f"{what} '{path}': '{probe}' is a file, not a directory")
+        if not os.access(probe, os.W_OK | os.X_OK):
+            raise ConfigError(f"{what} '{path}': '{probe}' is not writable")
+        if probe != path:
+            try:
+                path.mkdir(parents=True)
+            finally:
+                _remove_below(path, probe)
+    except OSError as exc:
+        raise ConfigError(f"{what} '{path}': cannot create it ({exc.strerror or exc})") from None
     return path
+
+
+def _remove_below(path: Path, existing: Path) -> None:
+    """Remove the (empty) directories from ``path`` up to ``existing``, which was there before: what a check made,
+    all of it or as far as it got."""
+    for made in (path, *path.parents):
+        if made == existing:
+            break
+        try:
+            made.rmdir()
+        except OSError:
+            pass
 
 
 def _umask() -> int:

@@ -82,6 +82,18 @@ def _cases(t):
         (["train", "lora", "--output-dir", str(t / "a_file" / "sub")], "a_file"),
         (train + ["--prof-output-dir", str(t / "a_file")], "a_file"),
         (bench[:1] + [str(t / "good.yaml"), "--output-dir", str(t / "a_file")], "a_file"),
+        # paths a file system refuses, whatever the permission bits say; empty paths
+        (train[:2] + ["--output-dir", str(t / ("a" * 300))], "cannot create it (File name too long)"),
+        (train + ["--run-name", "b" * 300], "--run-name"),
+        (["profile", "--summarize", ""], "--summarize: an empty path"),
+        (["report", str(t), "--baseline", ""], "--baseline: an empty path"),
+        # the rendezvous, checked before torchrun starts
+        (train + ["--nproc-per-node", "2", "--rdzv-endpoint", "localhost:abc"], "--rdzv-endpoint"),
+        (train + ["--nnodes", "2", "--rdzv-endpoint", "notaport"], "must be host:port"),
+        (train + ["--nproc-per-node", "2", "--rdzv-backend", "bogus"], "bogus"),
+        # abbreviations stand for nothing (they slipped past the repeat check); unknown options get a suggestion
+        (train + ["--max-steps", "3", "--max-step", "4"], "did you mean '--max-steps'"),
+        (train + ["--lora-rr", "8"], "did you mean '--lora-r'"),
         # repeated options, unknown options
         (["profile", "--active-steps", "2", "--prof-active-steps", "3"], "repeats"),
         (train + ["--packing", "--no-packing"], "repeats"), (train + ["--lr", "1e-3", "--lr=2e-3"], "repeats"),
