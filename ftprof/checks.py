@@ -53,7 +53,44 @@ def host_has_cuda() -> bool:
     return os.path.exists("/proc/driver/nvidia/version")
 
 
+def cuda_only_problem(cfg: RunConfig) -> str | None:
+    """The refusal for the first option of ``cfg`` that needs a CUDA device, or None. Said without torch where the
+    run cannot be on a GPU (``check_device``), and by preflight once the device is known."""
+    m = cfg.model
+    if cfg.train.optimizer == "paged_adamw_8bit":
+        return "--optimizer paged_adamw_8bit needs a CUDA device (paged memory is CUDA unified memory)"
+    if m.attn_implementation == "flash_attention_2":
+        return "--attn-implementation flash_attention_2 needs a CUDA device"
+    if cfg.output.memory_limit_gib is not None:
+        return "--memory-limit-gib caps GPU memory: it needs a CUDA device"
+    if m.compile_mode in ("reduce-overhead", "max-autotune"):
+        return (f"--compile-mode {m.compile_mode} replays blocks as CUDA graphs: it needs a CUDA device "
+                "(max-autotune-no-cudagraphs works on CPU)")
+    if m.kernels == "liger":
+        return ("--kernels liger needs a CUDA device (Liger-Kernel's kernels are Triton GPU kernels); use --kernels "
+                "eager on CPU")
+    if cfg.method.dequant_kernel == "triton":
+        return ("--dequant-kernel triton runs a Triton kernel: it needs a CUDA device (bitsandbytes' kernel runs "
+                "everywhere)")
+    if cfg.distributed.fsdp_cpu_offload:
+        return "--fsdp-cpu-offload moves shards between GPU and host: it needs a CUDA device"
+    return None
+
+
+def check_device(cfg: RunConfig) -> None:
+    """Options that need a GPU, on a run that cannot have one (--device cpu, or no NVIDIA driver here): one line
+    before torch. (Where a GPU may be there, preflight checks once torch has found it.)"""
+    device = cfg.output.device
+    if device.startswith("cuda") and not host_has_cuda():
+        raise ConfigError(f"--device {device}: this machine has no NVIDIA GPU")
+    if device == "cpu" or not host_has_cuda():
+        problem = cuda_only_problem(cfg)
+        if problem:
+            raise ConfigError(problem)
+
+
 def check_host(cfg: RunConfig) -> None:
+    check_device(cfg)
     check_writable_dir(cfg.output.output_dir, "--output-dir")
     if cfg.output.run_name:
         check_writable_dir(Path(cfg.output.output_dir).expanduser() / cfg.output.run_name, "--run-name")

@@ -420,6 +420,8 @@ class DistributedConfig:
         _require(self.nnodes == 1 or bool(self.rdzv_endpoint), "--nnodes > 1 needs --rdzv-endpoint host:port")
         _one_of("--parallel", self.parallel, PARALLEL)
         _one_of("--rdzv-backend", self.rdzv_backend, RDZV_BACKENDS)
+        _require(not (self.fsdp_cpu_offload and self.parallel != "fsdp"),
+                 "--fsdp-cpu-offload applies to --parallel fsdp only")
         if self.rdzv_endpoint is not None:
             host, _, port = self.rdzv_endpoint.rpartition(":")
             _require(bool(host) and port.isdigit() and 1 <= int(port) <= 65535,

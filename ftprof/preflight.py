@@ -9,6 +9,7 @@ import dataclasses
 import importlib.util
 from dataclasses import dataclass, field
 
+from ftprof.checks import cuda_only_problem
 from ftprof.config import RunConfig
 from ftprof.data import check_dataset
 from ftprof.errors import ConfigError
@@ -58,14 +59,10 @@ def preflight(cfg: RunConfig) -> Preflight:
     _check_tokenizer(source, cfg.data.dataset)
 
     device = resolve_device(cfg.output.device)
-    if cfg.train.optimizer == "paged_adamw_8bit" and device.type != "cuda":
-        raise ConfigError("--optimizer paged_adamw_8bit needs a CUDA device (paged memory is CUDA unified memory)")
-    if cfg.model.attn_implementation == "flash_attention_2" and device.type != "cuda":
-        raise ConfigError("--attn-implementation flash_attention_2 needs a CUDA device")
+    problem = cuda_only_problem(cfg) if device.type != "cuda" else None
+    if problem:
+        raise ConfigError(problem)
     _check_memory_limit(cfg.output.memory_limit_gib, device)
-    if cfg.model.compile_mode in ("reduce-overhead", "max-autotune") and device.type != "cuda":
-        raise ConfigError(f"--compile-mode {cfg.model.compile_mode} replays blocks as CUDA graphs: it needs a CUDA "
-                          "device (max-autotune-no-cudagraphs works on CPU)")
     layers = getattr(source.config, "num_hidden_layers", None)
     if cfg.model.checkpoint_layers is not None and layers and cfg.model.checkpoint_layers > layers:
         raise ConfigError(f"--checkpoint-layers {cfg.model.checkpoint_layers}: '{cfg.model.model}' has {layers} "
@@ -77,7 +74,7 @@ def preflight(cfg: RunConfig) -> Preflight:
     if cfg.model.kernels == "liger":
         from ftprof.models.kernels import check_liger
 
-        check_liger(getattr(source.config, "model_type", None), device.type)
+        check_liger(getattr(source.config, "model_type", None))
     if cfg.method.dequant_kernel == "triton":
         _check_triton(device)
     dtype = resolve_dtype_name(cfg.model.dtype, device)
@@ -143,9 +140,6 @@ def _triton_dequantizes(cfg: RunConfig, device) -> bool:
 
 
 def _check_triton(device) -> None:
-    if device.type != "cuda":
-        raise ConfigError("--dequant-kernel triton runs a Triton kernel: it needs a CUDA device (bitsandbytes' "
-                          "kernel runs everywhere)")
     if not _triton_installed():
         raise ConfigError("--dequant-kernel triton: Triton is not installed (pip install triton)")
 
@@ -153,8 +147,6 @@ def _check_triton(device) -> None:
 def _check_memory_limit(gib: float | None, device) -> None:
     if gib is None:
         return
-    if device.type != "cuda":
-        raise ConfigError("--memory-limit-gib caps GPU memory: it needs a CUDA device")
     import torch
 
     total = torch.cuda.get_device_properties(device).total_memory / (1 << 30)
@@ -176,7 +168,3 @@ def _check_distributed(cfg: RunConfig, device, dtype: str) -> None:
     if m.method == "qlora" and d.parallel == "fsdp" and m.quant_storage == "uint8":
         raise ConfigError("qlora under FSDP needs a floating --quant-storage (e.g. bfloat16) so the 4-bit weights "
                           "can be sharded beside the other parameters; or use --parallel ddp")
-    if d.fsdp_cpu_offload and d.parallel != "fsdp":
-        raise ConfigError("--fsdp-cpu-offload applies to --parallel fsdp only")
-    if d.fsdp_cpu_offload and device.type != "cuda":
-        raise ConfigError("--fsdp-cpu-offload moves shards between GPU and host: it needs a CUDA device")

@@ -30,6 +30,7 @@ import yaml
 from ftprof.bench.launcher import LauncherSettings, launcher_from_file
 from ftprof.checks import check_config
 from ftprof.config import MEMORY_LOGGING, MEMORY_LOGGING_ALIASES, RunConfig, flat_field_owners
+from ftprof.data.source import check_dataset
 from ftprof.errors import ConfigError, did_you_mean
 
 TOP_KEYS = {"name": str, "base": dict, "matrix": dict, "experiments": list, "exclude": list, "repeats": int,
@@ -201,6 +202,7 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
     varying = list(dict.fromkeys(k for k in order if k in differs))
     experiments: list[Experiment] = []
     seen: dict[str, str] = {}
+    data_checked: set[str] = set()  # each dataset's content is read once, however many cells use it
     for where, values in cells:
         values.setdefault("method", "qlora")
         try:
@@ -210,6 +212,9 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
             own = MEMORY_LOGGING_ALIASES.get(own, own)
             config = RunConfig.from_flat({**values, "memory_logging": own or memory, "quiet": True})
             check_config(config)  # LoRA targets, seq_len against the model, dataset present: before anything runs
+            if repr(config.data) not in data_checked:
+                check_dataset(config.data)  # its content too (an empty file, a broken JSON line)
+                data_checked.add(repr(config.data))
         except ConfigError as exc:
             raise _fail(path, where, str(exc)) from None
         name = f"{_slug(values, varying or ['method'])}-{_digest(values)}"

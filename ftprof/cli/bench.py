@@ -140,6 +140,8 @@ def bench_command(args: argparse.Namespace) -> int:
     launcher = sweep.launcher.merged({key: getattr(args, key) for key in LAUNCHER_OPTIONS}
                                      | {"type": args.launcher, "sbatch": tuple(args.sbatch or ())}, "")
     out_dir = output_dir_for(sweep, args.output_dir)
+    if launcher.type == "local":  # the experiments run here: what this machine cannot run is refused now
+        check_devices(sweep)
     console = make_console()
     if args.status:
         return status_command(console, sweep, out_dir)
@@ -201,6 +203,19 @@ def experiment_table(sweep, out_dir: Path) -> Table:
     for exp in sweep.experiments:
         table.add_row(exp.name, *(str(exp.values.get(k, "")) for k in sweep.varying))
     return table
+
+
+def check_devices(sweep) -> None:
+    """Each experiment's GPU-only options against this machine (no torch): one line naming the first that cannot
+    run, instead of launching it to fail."""
+    from ftprof.checks import check_device
+    from ftprof.errors import ConfigError
+
+    for exp in sweep.experiments:
+        try:
+            check_device(exp.config)
+        except ConfigError as exc:
+            raise ConfigError(f"{sweep.path}: experiment {exp.name}: {exc}") from None
 
 
 def status_command(console: Console, sweep, out_dir: Path) -> int:

@@ -25,11 +25,9 @@ SUPPORTED = {
 }
 
 
-def check_liger(model_type: str | None, device_type: str) -> None:
-    """One line, before anything loads, for every reason ``--kernels liger`` cannot run here."""
-    if device_type != "cuda":
-        raise ConfigError("--kernels liger needs a CUDA device (Liger-Kernel's kernels are Triton GPU kernels); "
-                          "use --kernels eager on CPU")
+def check_liger(model_type: str | None) -> None:
+    """One line, before anything loads, for every reason ``--kernels liger`` cannot run on this CUDA device (the
+    device itself: ``ftprof.checks.cuda_only_problem``)."""
     if model_type not in SUPPORTED:
         raise ConfigError(f"--kernels liger supports {', '.join(SUPPORTED)} models; this one is "
                           f"'{model_type}'; use --kernels eager")

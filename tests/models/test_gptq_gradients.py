@@ -101,7 +101,10 @@ def test_backward_keeps_no_dequantized_weight(tmp_path):
     saved: list[tuple[int, ...]] = []
 
     def pack(t):
-        saved.append(tuple(t.shape))
+        # A frozen dequantized weight needs no gradient; the adapters' own weights (the shared A matmul's
+        # concatenation can have a GPTQ weight's shape) do.
+        if not t.requires_grad:
+            saved.append(tuple(t.shape))
         return t
 
     batch = next(built.batches)
