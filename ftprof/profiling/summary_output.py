@@ -74,30 +74,44 @@ def _overlap_line(bd: dict) -> str | None:
             f"{comm['ms_per_step']:,.2f} ms per step")
 
 
+def window_ms(s: TraceSummary) -> str:
+    """The unit of the whole-window tables: milliseconds over every active step the trace holds (the buckets,
+    apart, are per step)."""
+    steps = (s.breakdown or {}).get("steps")
+    return f"ms, {steps} steps" if steps else "ms, whole trace"
+
+
+def overhead_line(overhead: float) -> str:
+    """The profiler's cost, as measured in the run: active steps against unprofiled ones. Profiled steps that ran
+    faster say that the run's own step-to-step spread is larger than the profiler's cost."""
+    line = f"active steps ran {100 * overhead:+.1f}% against unprofiled steps of the same run"
+    return line + (": no measurable overhead (the steps' own spread is larger)" if overhead < 0 else "")
+
+
 def to_markdown(s: TraceSummary) -> str:
     total = sum(s.categories_us.values())
     where = "GPU kernels" if s.device_kind == "gpu" else "CPU operators (self time)"
+    unit = window_ms(s)
     lines = [f"# Where the time went: {Path(s.trace).name}", "",
              f"**Verdict:** {s.verdict}", ""]
     if s.profiler_overhead is not None:
-        lines += [f"Profiler overhead: active steps ran {100 * s.profiler_overhead:+.1f}% against unprofiled steps "
-                  "of the same run.", ""]
+        lines += [f"Profiler overhead: {overhead_line(s.profiler_overhead)}.", ""]
     lines += ["## Diagnoses", ""]
     lines += [f"- **{d.severity}** `{d.code}`: {d.message}" for d in s.diagnoses] or ["- none"]
     lines += buckets_markdown(s)
-    lines += ["", f"## Time by category ({where})", "", "| category | ms | share |", "| --- | ---: | ---: |"]
+    lines += ["", f"## Time by category ({where})", "", f"| category | {unit} | share |", "| --- | ---: | ---: |"]
     lines += [f"| {c} | {_ms(t)} | {_share(t, total)} |" for c, t in s.categories_us.items()]
     if s.device_kind == "gpu":
         lines += [f"| idle gaps | {_ms(s.window_us - s.busy_us)} | {_share(s.window_us - s.busy_us, s.window_us)} "
                   "of window |"]
-    lines += ["", f"## Time by stage ({s.stage_source})", "", "| stage | ms |", "| --- | ---: |"]
+    lines += ["", f"## Time by stage ({s.stage_source})", "", f"| stage | {unit} |", "| --- | ---: |"]
     lines += [f"| {k.split('/')[-1]} | {_ms(t)} |" for k, t in s.stages_us.items()] or ["| (no ftprof labels) | |"]
     lines += _idle_markdown(s)
     if s.top_kernels:
-        lines += ["", "## Top kernels", "", "| kernel | ms | calls |", "| --- | ---: | ---: |"]
+        lines += ["", "## Top kernels", "", f"| kernel | {unit} | calls |", "| --- | ---: | ---: |"]
         lines += [f"| `{k['name'][:100]}` | {_ms(k['us'])} | {k['count']} |" for k in s.top_kernels]
     key = "self_us" if s.device_kind == "cpu" else "inclusive_us"
-    lines += ["", f"## Top operators ({key.replace('_us', '')} time)", "", "| operator | ms | calls |",
+    lines += ["", f"## Top operators ({key.replace('_us', '')} time)", "", f"| operator | {unit} | calls |",
               "| --- | ---: | ---: |"]
     lines += [f"| `{o['name'][:100]}` | {_ms(o[key])} | {o['count']} |" for o in s.top_operators]
     return "\n".join(lines) + "\n"
@@ -110,7 +124,7 @@ def _idle_markdown(s: TraceSummary) -> list[str]:
     lines = ["", "## GPU idle: what the GPU was waiting for", "",
              "Each gap in the GPU timeline counts for the stage of the work that ended it; a gap between two stages "
              "counts for the change (a step boundary).", "",
-             "| waiting for | ms | gaps | in gaps >= 1 ms |", "| --- | ---: | ---: | ---: |"]
+             f"| waiting for | {window_ms(s)} | gaps | in gaps >= 1 ms |", "| --- | ---: | ---: | ---: |"]
     for key, row in s.idle_by_stage_us.items():
         name = " -> ".join(part.split("/")[-1] for part in key.split(" -> "))
         lines.append(f"| {name} | {_ms(row['idle_us'])} | {int(row['gaps']):,} | {_ms(row['long_gaps_us'])} |")
@@ -145,7 +159,7 @@ def rich_view(s: TraceSummary) -> Group:
     cats = Table(title=f"Where the time went ({'GPU' if s.device_kind == 'gpu' else 'CPU'}): {s.verdict}",
                  header_style="bold")
     cats.add_column("category")
-    cats.add_column("ms", justify="right")
+    cats.add_column(window_ms(s), justify="right")
     cats.add_column("share", justify="right")
     for c, t in s.categories_us.items():
         cats.add_row(c, _ms(t), _share(t, total))
@@ -156,7 +170,7 @@ def rich_view(s: TraceSummary) -> Group:
         cats.add_row(f"[cyan]stage {k.split('/')[-1]}[/cyan]", _ms(t), "")
     if s.profiler_overhead is not None:
         cats.add_row("[dim]profiler overhead (active vs unprofiled steps)[/dim]", "",
-                     f"{100 * s.profiler_overhead:+.1f}%")
+                     f"{100 * s.profiler_overhead:+.1f}%" + (" (noise)" if s.profiler_overhead < 0 else ""))
     diag = Table(title="Diagnoses", header_style="bold", show_lines=False)
     diag.add_column("")
     diag.add_column("finding")

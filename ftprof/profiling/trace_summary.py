@@ -557,7 +557,8 @@ def _elementwise(s: TraceSummary, total: float) -> list[Diagnosis]:
 
 
 def _recomputation(s: TraceSummary) -> list[Diagnosis]:
-    """Time: one more forward, estimated from the forward stage; FLOPs: exact, when ftprof wrote the trace."""
+    """Time: the recomputed forward as the buckets measured it, else estimated as one more forward; FLOPs: exact,
+    when ftprof wrote the trace."""
     fwd, bwd = s.stages_us.get("ftprof/forward", 0.0), s.stages_us.get("ftprof/backward", 0.0)
     if fwd + bwd <= 0:
         return []
@@ -565,7 +566,12 @@ def _recomputation(s: TraceSummary) -> list[Diagnosis]:
     evidence = {"forward_us": fwd, "backward_us": bwd, "time_share": share}
     meta = s.metadata.get("ftprof") if isinstance(s.metadata.get("ftprof"), dict) else {}
     flops, extra = meta.get("flops_per_token"), meta.get("recompute_flops_per_token")
-    text = f"about {100 * share:.0f}% of step time (estimated as one more forward)"
+    measured = ((s.breakdown or {}).get("buckets") or {}).get("recompute") or {}
+    if measured.get("share"):  # the fine-tuning buckets timed the recomputed forward itself (a trace with shapes)
+        evidence["measured_share"] = measured["share"]
+        text = f"{100 * measured['share']:.0f}% of step time (the recomputed forward, measured)"
+    else:
+        text = f"about {100 * share:.0f}% of step time (estimated as one more forward)"
     if flops and extra:
         evidence["flops_share"] = extra / (flops + extra)
         text += f"; {100 * evidence['flops_share']:.0f}% of the FLOPs executed"

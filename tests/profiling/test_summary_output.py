@@ -43,3 +43,16 @@ def test_markdown_has_the_buckets_table(tmp_path):
     md = summary_output.to_markdown(s)
     assert "## Fine-tuning buckets (per active step, 2 steps, step 1.00 ms)" in md
     assert "| LoRA GEMMs | 0.01 |" in md and "FLOPs counted from shapes" in md
+
+
+def test_whole_window_tables_say_their_unit_and_a_negative_overhead_is_noise(tmp_path):
+    """Buckets are per step; the category, stage and kernel tables add up the whole window: their header says over
+    how many steps. A profiled step that ran faster than unprofiled ones measured noise, not the profiler."""
+    summary = summarize(_rank_trace(tmp_path, 0, 0.0))
+    summary.profiler_overhead = -0.26
+    md = summary_output.to_markdown(summary)
+    steps = summary.breakdown["steps"]
+    assert f"| category | ms, {steps} steps | share |" in md and f"| stage | ms, {steps} steps |" in md
+    assert "| bucket | ms/step |" in md
+    assert "-26.0% against unprofiled steps of the same run: no measurable overhead" in md
+    assert "no measurable overhead" not in summary_output.overhead_line(0.05)

@@ -258,3 +258,17 @@ def test_large_lora_gemm_share_names_the_fused_a_option(tmp_path):
     assert "already run once" in fused.message and "B matmuls" in fused.message
     s.breakdown = {"buckets": {"lora_gemm": {"ms_per_step": 4.0, "share": 0.01}}}
     assert "lora_gemms" not in {d.code for d in diagnose(s)}
+
+
+def test_recomputation_is_the_measured_bucket_when_there_is_one(tmp_path):
+    """With shapes, the buckets time the recomputed forward itself: the diagnosis gives that, not an estimate."""
+    from ftprof.profiling.trace_summary import diagnose
+
+    s = summarize(gpu_trace(tmp_path / "t.json"))
+    s.stages_us = {"ftprof/forward": 300.0, "ftprof/backward": 600.0, "ftprof/optimizer_step": 100.0}
+    estimated = {d.code: d for d in diagnose(s, checkpointing=True)}["recomputation"]
+    assert "about 30% of step time (estimated" in estimated.message
+    s.breakdown = {"buckets": {"recompute": {"ms_per_step": 0.2, "share": 0.156}}}
+    measured = {d.code: d for d in diagnose(s, checkpointing=True)}["recomputation"]
+    assert "16% of step time (the recomputed forward, measured)" in measured.message
+    assert measured.evidence["measured_share"] == 0.156
