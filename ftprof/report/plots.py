@@ -49,10 +49,16 @@ def _num(df: pd.DataFrame, col: str) -> pd.Series:
 
 
 def _save(fig, path: Path) -> Path:
+    """The figure as a PNG, written atomically like every other file (rendered in memory, then renamed in)."""
+    import io
+
+    from ftprof.results.store import write_bytes_atomic
+
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     _plt().close(fig)
-    return path
+    return write_bytes_atomic(path, buf.getvalue())
 
 
 def throughput_vs_memory(df: pd.DataFrame, out: Path) -> Path | None:
