@@ -38,6 +38,7 @@ def make_profiler(trainer, built, log):
             "checkpointing": built.checkpointing != "none", "checkpointing_policy": built.checkpointing,
             "checkpointed_layers": built.checkpointed_layers,
             "kernels": cfg.model.kernels, "compile": cfg.model.compile, "active_steps": cfg.profiling.prof_active_steps,
+            "lora_r": cfg.method.lora_r, "lora_fused_a": cfg.method.lora_fused_a,  # the buckets' LoRA split
             "seq_len": cfg.data.seq_len, "batch_size": cfg.data.batch_size,
             "flops_per_token": built.flops.per_token, "recompute_flops_per_token": built.flops.recompute_per_token}
     return TorchProfiler(cfg.profiling, _profile_dir(trainer), trainer.device, rank=trainer.dist.rank, log=log,

@@ -75,9 +75,16 @@ class SplitContext:
     """What tells GEMMs apart. Each value may be unknown (None): then that split is not made."""
 
     lora_r: int | None = None
+    # With --lora-fused-a, q/k/v's adapters share one A matmul of rank 3r and gate/up's one of 2r. (A base
+    # projection with that many outputs looks the same: the split cannot tell them apart.)
+    lora_fused: bool = False
     vocab: int | None = None
     tokens: int | None = None  # M of the forward GEMMs: batch * sequence length per micro-batch
     notes: list[str] = field(default_factory=list)
+
+    def lora_ranks(self) -> tuple[int, ...]:
+        r = self.lora_r or 0
+        return (r, 2 * r, 3 * r) if self.lora_fused else (r,)
 
 
 def gemm_bucket(name: str, dims: list | None, phase: int, ctx: SplitContext) -> str:
@@ -90,7 +97,7 @@ def gemm_bucket(name: str, dims: list | None, phase: int, ctx: SplitContext) -> 
     _, m, k, n = mkn
     if ctx.vocab and ctx.vocab in (m, k, n):
         return "loss"
-    if ctx.lora_r and ctx.lora_r in (m, k, n):
+    if ctx.lora_r and any(r in (m, k, n) for r in ctx.lora_ranks()):
         return "lora_gemm"
     if phase == BACKWARD and ctx.tokens and k == ctx.tokens:
         return "weight_grad_gemm"
@@ -358,6 +365,7 @@ def from_trace(acc, meta: dict, ftmeta: dict, run_config: dict | None, categoriz
         lora_r = None
     shapes = bool(acc.op_dims)
     ctx = infer_context(acc.op_dims, lora_r, method)
+    ctx.lora_fused = bool(run_config.get("method", {}).get("lora_fused_a", ftmeta.get("lora_fused_a")))
     ops = walk_ops(acc.threads, acc.op_dims, ctx, categorize)
     steps = sorted(acc.step_ranges)
     notes = list(ctx.notes)

@@ -124,6 +124,12 @@ def test_gemm_split_rules():
     assert gemm_bucket("aten::mm", [[4096, 4096], [4096, 32000]], FORWARD, ctx) == "loss"
     assert gemm_bucket("aten::bmm", [[32, 128, 64], [32, 64, 128]], FORWARD, ctx) == "attention"
     assert gemm_bucket("aten::mm", None, FORWARD, ctx) == "gemm"
+    # --lora-fused-a: q/k/v's shared A has rank 3r, gate/up's 2r; its weight gradient is LoRA's, not the base's
+    shared_a_grad = [[48, 4096], [4096, 4096]]
+    assert gemm_bucket("aten::mm", shared_a_grad, BACKWARD, ctx) == "weight_grad_gemm"
+    fused = SplitContext(lora_r=16, vocab=32000, tokens=4096, lora_fused=True)
+    assert gemm_bucket("aten::mm", shared_a_grad, BACKWARD, fused) == "lora_gemm"
+    assert gemm_bucket("aten::mm", [[4096, 4096], [4096, 32]], FORWARD, fused) == "lora_gemm"
 
 
 # ------------------------------------------------------------------ a real run, recorded on CPU
