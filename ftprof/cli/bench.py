@@ -125,6 +125,16 @@ def results_table(rows: list[dict], title: str, keys: list[str]) -> Table:
     return table
 
 
+def failure_lines(rows: list[dict]) -> list[str]:
+    """Why each failed experiment failed, one line each (its result.json's error): the table says only its status."""
+    out = []
+    for r in rows:
+        if r.get("status") not in ("ok", None) and r.get("error_message"):
+            kind = f"{r['error_type']}: " if r.get("error_type") else ""
+            out.append(f"{r['status']} {r.get('experiment', r.get('run_name'))}: {kind}{r['error_message']}")
+    return out
+
+
 def _num(row: dict, key: str):
     value = row.get(key)
     return None if value in (None, "") else float(value)
@@ -172,6 +182,8 @@ def bench_command(args: argparse.Namespace) -> int:
     rows = [dict(r, experiment=Path(r["run_dir"]).name) for r in read_runs([out_dir]).rows
             if Path(r["run_dir"]).name in names]
     console.print(results_table(rows, f"sweep {sweep.name}", sweep.varying))
+    for line in failure_lines(rows):
+        console.print(line, markup=False)
     for p in done.planned:
         if p.action == "busy":
             console.print(f"[yellow]not run[/yellow] {p.experiment.name}: {p.reason}")

@@ -75,7 +75,7 @@ def test_command_sh_replays_the_run(tmp_path):
 
 
 @pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
-def test_failures_are_rows_and_the_sweep_goes_on(tmp_path):
+def test_failures_are_rows_and_the_sweep_goes_on(tmp_path, capsys):
     # a model folder without a config.json fails inside the child (the sweep checks only that the folder exists,
     # without torch); the next experiment still runs
     model = tmp_path / "not_a_checkpoint"
@@ -83,6 +83,8 @@ def test_failures_are_rows_and_the_sweep_goes_on(tmp_path):
     path = _sweep(tmp_path, f"experiments:\n  - {{method: lora, model: '{model}'}}\n  - {{method: full}}\n")
     out = tmp_path / "out"
     assert main(["bench", str(path), "--output-dir", str(out)]) == 1  # some experiment failed
+    # the table says "error"; a line under it says why
+    assert any(line.startswith("error ") and "config.json" in line for line in capsys.readouterr().out.splitlines())
     statuses = {d.name.split("-")[0]: _status(d) for d in out.iterdir() if d.is_dir()}
     assert sorted(statuses.values()) == ["error", "ok"]
     bad = next(d for d in out.iterdir() if d.is_dir() and _status(d) == "error")
