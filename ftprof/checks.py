@@ -80,10 +80,10 @@ def cuda_only_problem(cfg: RunConfig) -> str | None:
 def check_device(cfg: RunConfig) -> None:
     """Options that need a GPU, on a run that cannot have one (--device cpu, or no NVIDIA driver here): one line
     before torch. (Where a GPU may be there, preflight checks once torch has found it.)"""
-    device = cfg.output.device
-    if device.startswith("cuda") and not host_has_cuda():
+    device, gpu_here = cfg.output.device, host_has_cuda()
+    if device.startswith("cuda") and not gpu_here:
         raise ConfigError(f"--device {device}: this machine has no NVIDIA GPU")
-    if device == "cpu" or not host_has_cuda():
+    if device == "cpu" or not gpu_here:
         problem = cuda_only_problem(cfg)
         if problem:
             raise ConfigError(problem)

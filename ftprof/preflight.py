@@ -76,7 +76,7 @@ def preflight(cfg: RunConfig) -> Preflight:
 
         check_liger(getattr(source.config, "model_type", None))
     if cfg.method.dequant_kernel == "triton":
-        _check_triton(device)
+        _check_triton()
     dtype = resolve_dtype_name(cfg.model.dtype, device)
     _check_distributed(cfg, device, dtype)
     notes: list[str] = []
@@ -139,7 +139,7 @@ def _triton_dequantizes(cfg: RunConfig, device) -> bool:
     return device.type == "cuda" and _triton_installed() and not cfg.model.compile_dequant
 
 
-def _check_triton(device) -> None:
+def _check_triton() -> None:
     if not _triton_installed():
         raise ConfigError("--dequant-kernel triton: Triton is not installed (pip install triton)")
 

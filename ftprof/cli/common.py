@@ -48,8 +48,8 @@ class OneLineErrorParser(argparse.ArgumentParser):
         unknown = next((w.split("=", 1)[0] for w in words if w.startswith("--")), None)
         if unknown is None:
             return ""
-        return did_you_mean(unknown.replace("_", "-"), _option_strings(self)) or did_you_mean(
-            unknown, _option_strings(self))
+        known = _option_strings(self)
+        return did_you_mean(unknown.replace("_", "-"), known) or did_you_mean(unknown, known)
 
     def parse_known_args(self, args=None, namespace=None):
         self._refuse_repeats(sys.argv[1:] if args is None else list(args))

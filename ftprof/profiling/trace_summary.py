@@ -412,7 +412,7 @@ def summarize(path: str | Path, run_config: dict | None = None) -> TraceSummary:
     info = meta.get("distributedInfo")
     summary.rank = int(info["rank"]) if isinstance(info, dict) and "rank" in info else None
     summary.verdict = _verdict(summary)
-    fused_a = (run_config or {}).get("method", {}).get("lora_fused_a")
+    fused_a = (run_config or {}).get("method", {}).get("lora_fused_a", ftmeta.get("lora_fused_a"))
     summary.diagnoses = diagnose(summary, dtype=dtype, checkpointing=checkpointing, fused_a=fused_a)
     return summary
 

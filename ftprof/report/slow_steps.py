@@ -8,6 +8,7 @@ import json
 import pandas as pd
 
 from ftprof.console import slow_step_line
+from ftprof.metrics import SLOW_STEP_RATIO
 
 SHOWN_PER_RUN = 5
 
@@ -33,8 +34,8 @@ def to_markdown(df: pd.DataFrame) -> str:
     if not runs:
         return ""
     lines = ["## Slow steps", "",
-             "Steps at least 1.2x their run's steady median, with the host cause that took most of the extra time "
-             "(README \"Definitions\"); warm-up steps only where a host cause explains them.", ""]
+             f"Steps at least {SLOW_STEP_RATIO:g}x their run's steady median, with the host cause that took most of "
+             "the extra time (README \"Definitions\"); warm-up steps only where a host cause explains them.", ""]
     for name, steps in runs:
         shown = "; ".join(slow_step_line(s) for s in steps[:SHOWN_PER_RUN])
         more = f"; {len(steps) - SHOWN_PER_RUN} more" if len(steps) > SHOWN_PER_RUN else ""

@@ -114,13 +114,11 @@ def option_defaults(method: str = "qlora") -> dict[str, Any]:
     compile_mode=default), or, for an option that changed what runs, what it ran with."""
     import dataclasses
 
-    from ftprof.config import METHODS, RunConfig
+    from ftprof.config import LORA_METHODS, METHODS, RunConfig
 
     cfg = RunConfig.from_flat({"method": method if method in METHODS else "qlora"})
     flat = cfg.to_flat() | dataclasses.asdict(cfg.method.resolved("bfloat16"))
     flat = {k: ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v for k, v in flat.items()}
-    from ftprof.config import LORA_METHODS
-
     return flat | BEFORE_OPTION | (LORA_BEFORE_OPTION if method in LORA_METHODS else {}) | \
         (QLORA_BEFORE_OPTION if method == "qlora" else {})
 
