@@ -1,4 +1,4 @@
-"""The common argument group, generated from the config dataclasses (each option is defined once, in config.py).
+"""The common argument group, generated from the config dataclasses (each option is defined once, in ftprof/config/).
 
 Options default to ``argparse.SUPPRESS``: the namespace holds only what the user typed, and the dataclass defaults
 fill the rest, so there is exactly one place where a default lives.

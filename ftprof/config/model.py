@@ -1,0 +1,78 @@
+"""The model section: what to load, its dtype, checkpointing, kernels and compilation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ftprof.config.options import CHECKPOINTING, COMPILE_MODES, DTYPES, KERNELS, SDPA_BACKENDS, one_of, option, require
+
+
+@dataclass
+class ModelConfig:
+    model: str = option("tiny", "built-in preset name, local checkpoint directory, or hub id", metavar="NAME|DIR|ID")
+    dtype: str = option("auto", "parameter/compute dtype; auto = float32 on CPU, bfloat16 on CUDA", choices=DTYPES)
+    checkpointing: Optional[str] = option(
+        None, "activation checkpointing: none; full (each decoder layer's forward recomputed in backward); "
+        "selective (matmul and attention outputs saved, the cheap ops between them recomputed); auto (the fastest "
+        "of these whose estimated peak fits the device's memory with a margin; result.json says which and why) "
+        "(default none)", choices=CHECKPOINTING)
+    checkpoint_layers: Optional[int] = option(
+        None, "with --checkpointing full or selective: checkpoint only the first N decoder layers; the others keep "
+        "their activations (faster, more memory). Default: all. auto picks N itself when selective does not fit")
+    gradient_checkpointing: Optional[bool] = option(None, "the HF spelling: --gradient-checkpointing = "
+                                                    "--checkpointing full, --no-gradient-checkpointing = none")
+    kernels: str = option("eager", "eager (PyTorch/transformers ops), or liger: Liger-Kernel's fused RMSNorm, "
+                          "SwiGLU, RoPE and fused linear cross entropy (Llama and Mistral; CUDA)", choices=KERNELS)
+    compile: bool = option(False, "torch.compile each decoder block (not the whole model); a block that does not "
+                           "compile runs eager, with a note; compile time is reported apart from step time")
+    compile_loss: bool = option(True, "with --compile: compile transformers' loss too (the fp32 upcast of the "
+                                "logits and cross entropy, forward and backward); not when --kernels liger computes "
+                                "the loss")
+    compile_dequant: bool = option(False, "with --compile: QLoRA's 4-bit weights are dequantized by torch ops that "
+                                   "inductor fuses inside the compiled block instead of by bitsandbytes' kernel "
+                                   "(same bits). Measured on an H200: the compiler then keeps every layer's 16-bit "
+                                   "weights for backward (+13 GiB, +0.8% tokens/s without checkpointing; -4.4% "
+                                   "under full checkpointing); off by default")
+    compile_tuning: bool = option(False, "with --compile: inductor tunes each Triton kernel it generates (block "
+                                  "sizes, warps) by coordinate descent, timing candidates on the device: what "
+                                  "max-autotune adds besides its GEMM templates (GEMMs stay cuBLAS); longer "
+                                  "compile. Changes nothing on CPU")
+    compile_mode: str = option("default", "with --compile: torch.compile's mode. max-autotune-no-cudagraphs "
+                               "benchmarks Triton GEMM templates (with fused epilogues) against cuBLAS for each "
+                               "matmul shape (slower to compile); reduce-overhead and max-autotune also replay "
+                               "each block as a CUDA graph", choices=COMPILE_MODES)
+    attn_implementation: str = option("sdpa", "attention kernel passed to transformers",
+                                      choices=("sdpa", "eager", "flash_attention_2"))
+    sdpa_backend: str = option("auto", "the kernel behind --attn-implementation sdpa: auto (PyTorch's own "
+                               "order), or flash, efficient, cudnn put first (CUDA only); result.json's "
+                               "sdpa_backend_used says which one ran", choices=SDPA_BACKENDS)
+
+    def __post_init__(self) -> None:
+        require(bool(self.model), "--model must not be empty")
+        one_of("--dtype", self.dtype, DTYPES)
+        one_of("--kernels", self.kernels, KERNELS)
+        one_of("--sdpa-backend", self.sdpa_backend, SDPA_BACKENDS)
+        one_of("--compile-mode", self.compile_mode, COMPILE_MODES)
+        require(self.compile or self.compile_mode == "default",
+                 f"--compile-mode {self.compile_mode} needs --compile")
+        require(self.compile or not self.compile_dequant, "--compile-dequant needs --compile")
+        require(self.compile or not self.compile_tuning, "--compile-tuning needs --compile")
+        if self.checkpointing is not None:
+            one_of("--checkpointing", self.checkpointing, CHECKPOINTING)
+        # One policy, two spellings: gradient_checkpointing is kept as the derived yes/no (None while auto decides).
+        if self.gradient_checkpointing is not None:
+            implied = "full" if self.gradient_checkpointing else "none"
+            given = self.checkpointing
+            require(given in (None, implied) or (self.gradient_checkpointing and given == "selective"),
+                     f"--{'no-' if not self.gradient_checkpointing else ''}gradient-checkpointing contradicts "
+                     f"--checkpointing {given}")
+            self.checkpointing = given or implied
+        self.checkpointing = self.checkpointing or "none"
+        self.gradient_checkpointing = None if self.checkpointing == "auto" else self.checkpointing != "none"
+        if self.checkpoint_layers is not None:
+            require(self.checkpoint_layers >= 1, f"--checkpoint-layers must be at least 1, got "
+                     f"{self.checkpoint_layers} (--checkpointing none checkpoints no layer)")
+            require(self.checkpointing in ("full", "selective"), "--checkpoint-layers applies to --checkpointing "
+                     f"full or selective, not {self.checkpointing}" + (" (auto picks the count itself)"
+                                                                       if self.checkpointing == "auto" else ""))

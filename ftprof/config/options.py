@@ -1,0 +1,52 @@
+"""The vocabulary of options: each choice list once, the field helper every section uses to describe its option,
+and the two checks that turn a bad value into one line naming the option."""
+
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Any
+
+from ftprof.errors import ConfigError, did_you_mean
+
+SCHEMA_VERSION = 1
+
+METHODS = ("full", "lora", "qlora", "gptq-lora")
+LORA_METHODS = ("lora", "qlora", "gptq-lora")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+OPTIMIZERS = ("adamw", "paged_adamw_8bit")
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Aliases accepted for memory logging: the names users of the earlier benchmark scripts know.
+MEMORY_LOGGING_ALIASES = {"nvidia": "nvml", "huggingface": "torch"}
+MEMORY_LOGGING = ("none", "torch", "nvml", "all")
+CHECKPOINTING = ("none", "full", "selective", "auto")
+KERNELS = ("eager", "liger")
+SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn")  # models/attention.py says what each means
+# torch.compile's modes, by torch's names; engine/compile.py says what each does to a decoder block.
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+DEQUANT_KERNELS = ("auto", "bitsandbytes", "triton")
+DATA_FORMATS = ("auto", "text", "instruction", "chat")
+TRAIN_ON = ("completion", "prompt")
+PARALLEL = ("fsdp", "ddp")
+RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")  # torchrun's
+PROFILER_ACTIVITIES = ("cpu", "cuda")
+
+
+def option(default: Any = None, help: str = "", *, choices: tuple | None = None, metavar: str | None = None,
+           default_factory: Any = None) -> Any:
+    """A dataclass field that also describes its command-line option."""
+    meta = {"help": help, "choices": choices, "metavar": metavar}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def require(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+def one_of(name: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name}: '{value}' is not one of {', '.join(map(str, allowed))}"
+                          f"{did_you_mean(value, allowed)}")

@@ -1,0 +1,58 @@
+"""The profiling section: torch.profiler's schedule and what it records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ftprof.config.options import PROFILER_ACTIVITIES, one_of, option, require
+
+
+@dataclass
+class ProfilingConfig:
+    """torch.profiler settings. Steps are optimizer steps. Any --prof-* option given to `train` turns profiling on."""
+
+    profile: bool = option(False, "run under torch.profiler (always on for `ftprof profile`)")
+    prof_wait_steps: int = option(1, "steps skipped at the start of each cycle")
+    prof_warmup_steps: int = option(1, "profiler warm-up steps per cycle (recorded, then discarded)")
+    prof_active_steps: int = option(2, "recorded steps per cycle")
+    prof_repeat: int = option(1, "profiling cycles")
+    prof_output_dir: Optional[str] = option(None, "artifact directory (default: <run dir>/profile)")
+    prof_activities: str = option("auto", "comma-separated: cpu, cuda; auto = cpu plus cuda when on a GPU")
+    prof_record_shapes: bool = option(False, "record operator input shapes and dtypes")
+    prof_with_stack: bool = option(False, "record Python stacks (flame-graph stacks file; larger traces)")
+    prof_profile_memory: bool = option(False, "record tensor allocations in the trace")
+    prof_memory_timeline: bool = option(False, "export a memory timeline (turns on shapes, stacks and memory)")
+    prof_memory_snapshot: bool = option(False, "record the CUDA allocator history over the active window and dump "
+                                        "a snapshot for pytorch.org/memory_viz")
+    prof_ranks: str = option("0", "ranks that profile: 'all' or comma-separated ranks")
+    prof_max_trace_mb: float = option(512.0, "trace size budget per cycle; past it the costly options are turned off")
+
+    def __post_init__(self) -> None:
+        require(self.prof_wait_steps >= 0, "--prof-wait-steps must be >= 0")
+        require(self.prof_warmup_steps >= 0, "--prof-warmup-steps must be >= 0")
+        require(self.prof_active_steps >= 1, "--prof-active-steps must be at least 1")
+        require(self.prof_repeat >= 1, "--prof-repeat must be at least 1")
+        require(self.prof_max_trace_mb > 0, "--prof-max-trace-mb must be positive")
+        if self.prof_activities != "auto":
+            for act in self.activities():
+                one_of("--prof-activities", act, PROFILER_ACTIVITIES)
+        if self.prof_ranks != "all":
+            parts = [r.strip() for r in str(self.prof_ranks).split(",")]
+            require(all(p.isdigit() for p in parts), f"--prof-ranks: '{self.prof_ranks}' is not 'all' or a "
+                     "comma-separated list of ranks")
+
+    def activities(self) -> tuple[str, ...]:
+        return tuple(a.strip() for a in self.prof_activities.split(",") if a.strip())
+
+    @property
+    def cycle_steps(self) -> int:
+        return self.prof_wait_steps + self.prof_warmup_steps + self.prof_active_steps
+
+    @property
+    def total_steps(self) -> int:
+        """Steps needed for every requested cycle to complete."""
+        return self.cycle_steps * self.prof_repeat
+
+    def profiles_rank(self, rank: int) -> bool:
+        return self.prof_ranks == "all" or rank in {int(r) for r in str(self.prof_ranks).split(",")}

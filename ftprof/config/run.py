@@ -1,0 +1,166 @@
+"""RunConfig: the sections together, built from and spelled as flat option names (sweep files, argparse
+namespaces, command lines)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ftprof.config.data import DataConfig
+from ftprof.config.distributed import DistributedConfig
+from ftprof.config.method import MethodConfig
+from ftprof.config.model import ModelConfig
+from ftprof.config.options import SCHEMA_VERSION, require
+from ftprof.config.output import OutputConfig
+from ftprof.config.profiling import ProfilingConfig
+from ftprof.config.train import TrainConfig
+from ftprof.errors import ConfigError, did_you_mean
+
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "method": MethodConfig, "train": TrainConfig,
+            "output": OutputConfig, "profiling": ProfilingConfig, "distributed": DistributedConfig}
+
+
+@dataclass
+class RunConfig:
+    """Everything one run needs. ``ftprof.train(RunConfig(...))`` runs it."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.model.checkpointing == "auto" and self.distributed.parallel == "fsdp" and \
+                (self.distributed.world_size > 1 or self.distributed.fsdp_cpu_offload):
+            raise ConfigError("--checkpointing auto estimates one unsharded process's memory: use it on one GPU "
+                              "without --fsdp-cpu-offload or with --parallel ddp, or pick a policy for FSDP runs")
+        if self.model.kernels == "liger" and "lm_head" in (self.method.lora_targets or ()):
+            raise ConfigError("--lora-targets lm_head: Liger's fused linear cross entropy computes the loss from "
+                              "lm_head's weight directly and would skip its adapter; use --kernels eager")
+        require(not (self.model.compile_dequant and self.method.dequant_kernel == "triton"),
+                 "--compile-dequant and --dequant-kernel triton each dequantize the 4-bit weights: pick one")
+        require(self.train.warmup_steps < self.train.max_steps or self.train.max_steps == 1,
+                 f"--warmup-steps ({self.train.warmup_steps}) must be below --max-steps ({self.train.max_steps}) "
+                 "so that some steps are measured")
+
+    @classmethod
+    def from_flat(cls, values: dict[str, Any]) -> RunConfig:
+        """Build from option names (snake_case long names, as in sweep files and argparse namespaces)."""
+        owner = flat_field_owners()
+        unknown = [k for k in values if k not in owner]
+        if unknown:
+            raise ConfigError(f"unknown option '{unknown[0]}'{did_you_mean(unknown[0], owner)}")
+        parts: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+        for key, value in values.items():
+            parts[owner[key]][key] = _check_type(key, value)
+        try:
+            return cls(**{s: SECTIONS[s](**kw) for s, kw in parts.items()})
+        except TypeError as exc:  # a wrong type that slipped past the parser, e.g. from Python callers
+            raise ConfigError(str(exc)) from None
+
+    def to_flat(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for section in SECTIONS:  # fields are plain values (tuples, not nested dataclasses): no deep copy needed
+            part = getattr(self, section)
+            out.update({f.name: getattr(part, f.name) for f in fields(part)})
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        version = data.get("schema_version", SCHEMA_VERSION)
+        require(version <= SCHEMA_VERSION, f"config schema_version {version} is newer than this ftprof "
+                 f"({SCHEMA_VERSION})")
+        flat: dict[str, Any] = {}
+        for section in SECTIONS:
+            flat.update(data.get(section, {}))
+        if isinstance(flat.get("lora_targets"), list):
+            flat["lora_targets"] = tuple(flat["lora_targets"])
+        return cls.from_flat(flat)
+
+    def cli_args(self) -> list[str]:
+        """The command-line words that rebuild this config (``ftprof train`` after the method: options that differ
+        from their defaults). The one place where a config is spelled as a command line: command.sh uses it; child
+        processes get the config as a file instead."""
+        defaults = _default_flat()
+        values = self.to_flat()
+        args = [values.pop("method")]
+        for key, value in values.items():
+            # profile and gradient_checkpointing are implied by other options (--prof-*, --checkpointing)
+            if value == defaults.get(key) or key in ("profile", "gradient_checkpointing") or value is None:
+                continue
+            args += option_words(key, value)
+        if values.get("profile") and not any(a.startswith("--prof-") for a in args):
+            args += ["--prof-active-steps", str(values["prof_active_steps"])]  # any --prof-* option turns it on
+        return args
+
+    def replace(self, **flat: Any) -> RunConfig:
+        """A copy with some options changed, by flat name."""
+        values = self.to_flat()
+        values.update(flat)
+        return RunConfig.from_flat(values)
+
+
+@functools.cache
+def _default_flat() -> dict[str, Any]:
+    return RunConfig().to_flat()
+
+
+def option_words(key: str, value: Any) -> list[str]:
+    """One option as command-line words: --flag / --no-flag for booleans, comma-joined lists, str() otherwise."""
+    flag = "--" + key.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag if value else "--no-" + key.replace("_", "-")]
+    if isinstance(value, (list, tuple)):
+        return [flag, ",".join(map(str, value))]
+    return [flag, str(value)]
+
+
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    """Each option's type hint, resolved once (typing.get_type_hints is slow; sweeps check thousands of values)."""
+    import typing
+
+    return {name: hint for cls in SECTIONS.values() for name, hint in typing.get_type_hints(cls).items()}
+
+
+def _check_type(key: str, value: Any) -> Any:
+    """Values from YAML or Python callers: the right type, or one line naming the option (ints pass as floats)."""
+    import types
+    import typing
+
+    hint = _field_types()[key]
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if value is None and type(None) in args:
+        return value
+    base = next(a for a in args if a is not type(None))
+    base = tuple if typing.get_origin(base) is tuple else base
+    if base is tuple and isinstance(value, (list, tuple, str)):
+        return value
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if base is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"--{key.replace('_', '-')} must be a finite number, got {value}")
+    if isinstance(value, base) and not (base is int and isinstance(value, bool)):
+        return value
+    name = getattr(base, "__name__", str(base))
+    raise ConfigError(f"option '{key}' must be {name}, got {type(value).__name__} ({value!r})")
+
+
+def flat_field_owners() -> dict[str, str]:
+    """Map each option name to its section."""
+    return dict(_owners())
+
+
+@functools.cache
+def _owners() -> dict[str, str]:
+    return {f.name: section for section, cls in SECTIONS.items() for f in fields(cls)}
