@@ -31,6 +31,8 @@ def test_report_to_spellings():
 
 def test_missing_package_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setitem(base.EXPORTERS, "mlflow", ("ftprof.exporters.mlflow", "no_such_mlflow_pkg", "mlflow-skinny"))
+    # tensorboard's check finds a module every Python has, so the one missing package is the one named
+    monkeypatch.setitem(base.EXPORTERS, "tensorboard", ("ftprof.exporters.tensorboard", "json", "tensorboard"))
     with pytest.raises(ConfigError, match="--report-to mlflow needs the 'no_such_mlflow_pkg' package: pip install"):
         check_exporters(("tensorboard", "mlflow"))
     with pytest.raises(ConfigError, match="no_such_mlflow_pkg"):
