@@ -1,5 +1,6 @@
-# Sourced by the GPU session scripts: the call's time budget (left), scratch space in memory when it is roomy
-# (16-bit checkpoints, GPTQ's cache), and machine.txt (GPU, driver, package versions) beside the results.
+# Sourced by the GPU scripts (fast_paths.sh, h200.sh): the time budget of one device run (left), scratch space in
+# memory when it is roomy (16-bit checkpoints, GPTQ's cache), and machine.txt (GPU, driver, package
+# versions) beside the results.
 # Expects $budget (seconds) and $out; writes runs/.
 t0=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - t0) )); }

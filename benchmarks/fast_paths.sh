@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # The GPU runs behind BENCHMARKS.md's fast-paths table, on one H200, from the repository root:
-#   benchmarks/fast_paths_session.sh tests OUT    # GPU tests: every fast path against eager (loss, gradients)
-#   benchmarks/fast_paths_session.sh sweep OUT    # examples/fast-paths.yaml (resumes), then the HF + Liger baseline
-#                                                 # (SWEEP=examples/fast-paths-round2.yaml for the second round)
-#   benchmarks/fast_paths_session.sh numerics OUT # llama-1b LoRA loss per step: eager, compiled blocks, and compiled
-#                                                 # blocks with inductor emulating eager's bf16 rounding
-#   benchmarks/fast_paths_session.sh profile OUT  # the fastest QLoRA configuration (llama-8b, compiled blocks, no
-#                                                 # checkpointing) profiled with shapes: where the time goes
-#   benchmarks/fast_paths_session.sh ab OUT       # PROFILING.md's A/B example: llama-1b QLoRA with checkpointing,
-#                                                 # eager against --kernels liger, profiled with shapes, then diffed
-# Each phase keeps to BUDGET_S seconds (a device call's limit) and always ends by packing its results into
-# OUT/PHASE.tgz (no traces).
+#   benchmarks/fast_paths.sh tests OUT    # GPU tests: every fast path against eager (loss, gradients)
+#   benchmarks/fast_paths.sh sweep OUT    # examples/fast-paths.yaml (resumes), then the HF + Liger baseline
+#                                         # (SWEEP=benchmarks/sweeps/fast-paths-round2.yaml for another sweep)
+#   benchmarks/fast_paths.sh numerics OUT # llama-1b LoRA loss per step: eager, compiled blocks, and compiled
+#                                         # blocks with inductor emulating eager's bf16 rounding
+#   benchmarks/fast_paths.sh profile OUT  # the fastest QLoRA configuration (llama-8b, compiled blocks, no
+#                                         # checkpointing) profiled with shapes: where the time goes
+#   benchmarks/fast_paths.sh ab OUT       # PROFILING.md's A/B example: llama-1b QLoRA with checkpointing,
+#                                         # eager against --kernels liger, profiled with shapes, then diffed
+# Each phase keeps to BUDGET_S seconds (the time limit of one run on the device) and always ends by packing its
+# results into OUT/PHASE.tgz (no traces).
 set -u
 phase=${1:?phase: tests, sweep, numerics, profile or ab}
 out=${2:?output folder}
 budget=${BUDGET_S:-550}
-. "$(dirname "$0")/session_common.sh"  # left(), scratch in memory, runs/machine.txt
+. "$(dirname "$0")/common.sh"  # left(), scratch in memory, runs/machine.txt
 case $phase in
   tests)
     timeout $(( $(left) - 20 )) python3 -m pytest -m gpu -q -p no:cacheprovider ${TESTS:-tests/gpu/test_gpu_fast_paths.py} \

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The GPU runs behind BENCHMARKS.md, as run on the GPU machine (two H200s), from the repository root:
-#   benchmarks/h200_session.sh targets OUT   # examples/h200-targets.yaml, then the HF Trainer + PEFT baselines
-#   benchmarks/h200_session.sh classic OUT   # examples/mistral-7b-classic.yaml (1 and 2 GPUs)
-# Each phase keeps to BUDGET_S seconds (a device call's limit) and always ends by packing its results, logs and
-# profile summaries (not the traces) into OUT/PHASE.tgz; a rerun resumes the sweep where it stopped.
+#   benchmarks/h200.sh targets OUT   # benchmarks/sweeps/h200-targets.yaml, then the HF Trainer + PEFT baselines
+#   benchmarks/h200.sh classic OUT   # benchmarks/sweeps/mistral-7b-classic.yaml (1 and 2 GPUs)
+# Each phase keeps to BUDGET_S seconds (the time limit of one run on the device) and always ends by packing its
+# results, logs and profile summaries (not the traces) into OUT/PHASE.tgz; a rerun resumes the sweep where it stopped.
 set -u
 phase=${1:?phase: targets or classic}
 out=${2:?output folder}
 budget=${BUDGET_S:-540}
 model=${BASELINE_MODEL:-llama-8b}
-. "$(dirname "$0")/session_common.sh"  # left(), scratch in memory, runs/machine.txt
+. "$(dirname "$0")/common.sh"  # left(), scratch in memory, runs/machine.txt
 
 baseline_lane() {  # GPU, then methods: one HF Trainer baseline after another on that GPU
   local gpu=$1; shift
@@ -24,17 +24,17 @@ baseline_lane() {  # GPU, then methods: one HF Trainer baseline after another on
 
 case $phase in
   targets)
-    # Leave ~150 s for the four baselines (two lanes of two); the sweep resumes on a later call if cut short.
-    timeout -s INT $(( $(left) - ${BASELINE_S:-150} )) python3 -m ftprof bench "${TARGETS:-examples/h200-targets.yaml}" \
+    # Leave ~150 s for the four baselines (two lanes of two); the sweep resumes on a later run if cut short.
+    timeout -s INT $(( $(left) - ${BASELINE_S:-150} )) python3 -m ftprof bench "${TARGETS:-benchmarks/sweeps/h200-targets.yaml}" \
       --output-dir runs/h200-targets > runs/bench-targets.log 2>&1
     baseline_lane 0 full qlora & baseline_lane 1 lora gptq-lora & wait ;;
   classic)
-    timeout -s INT $(( $(left) - ${AFTER_S:-20} )) python3 -m ftprof bench "${CLASSIC:-examples/mistral-7b-classic.yaml}" \
+    timeout -s INT $(( $(left) - ${AFTER_S:-20} )) python3 -m ftprof bench "${CLASSIC:-benchmarks/sweeps/mistral-7b-classic.yaml}" \
       --output-dir runs/mistral-7b-classic > runs/bench-classic.log 2>&1
     # With the time left: finish an interrupted targets sweep (carried back in runs/), then the GPU tests that
     # check correctness on the device (bf16 GPTQ-LoRA gradients, the QLoRA profile artifacts, FSDP offload).
     if [ -f runs/h200-targets/sweep.json ] && [ "$(left)" -gt 80 ]; then
-      timeout -s INT $(( $(left) - 20 )) python3 -m ftprof bench "${TARGETS:-examples/h200-targets.yaml}" \
+      timeout -s INT $(( $(left) - 20 )) python3 -m ftprof bench "${TARGETS:-benchmarks/sweeps/h200-targets.yaml}" \
         --output-dir runs/h200-targets > runs/bench-targets-resume.log 2>&1
     fi
     if [ "$(left)" -gt 80 ]; then
