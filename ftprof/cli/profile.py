@@ -103,7 +103,7 @@ def _is_summary(path: Path) -> bool:
 
 def _load(paths: list[Path], option: str) -> list:
     """Summaries (TraceSummary) of traces, or the dicts of summary .json files."""
-    from ftprof.profiling.trace_summary import summarize
+    from ftprof.analysis.pipeline import summarize
 
     out = []
     for path in paths:
@@ -124,8 +124,8 @@ def _has_events(summary) -> bool:
 
 
 def summarize_command(trace: str, baseline: str | None = None) -> int:
+    from ftprof.analysis import summary_output
     from ftprof.console import make_console
-    from ftprof.profiling import summary_output
     from ftprof.profiling.layout import summaries_dir
 
     paths = _inputs(trace, "--summarize")  # both sides checked before any trace is read
@@ -147,8 +147,8 @@ def summarize_command(trace: str, baseline: str | None = None) -> int:
 
 
 def _compare(console, base: list, new: list, base_paths: list[Path], paths: list[Path]) -> None:
-    from ftprof.profiling import diff_output
-    from ftprof.profiling.diff import diff_summaries
+    from ftprof.analysis import diff_output
+    from ftprof.analysis.diff import diff_summaries
     from ftprof.profiling.layout import summaries_dir
     from ftprof.results.store import write_json_atomic, write_text_atomic
 

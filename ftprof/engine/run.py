@@ -47,8 +47,9 @@ def make_profiler(trainer, built, log):
 
 def _summarize(trainer, result: RunResult, display) -> None:
     """Summarize every trace this run wrote; show the last one."""
-    from ftprof.profiling import layout, summary_output
-    from ftprof.profiling.trace_summary import summarize
+    from ftprof.analysis import summary_output
+    from ftprof.analysis.pipeline import summarize
+    from ftprof.profiling import layout
 
     profile_dir = _profile_dir(trainer)
     traces = layout.trace_files(profile_dir)

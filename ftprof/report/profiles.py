@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ftprof.profiling import buckets
-from ftprof.profiling.diff import diff_summaries
+from ftprof.analysis import buckets
+from ftprof.analysis.diff import diff_summaries
 from ftprof.results.run_dir import PROFILE
 
 SUMMARY = "summary.json"  # the run's last cycle (rank 0), beside the cycle folders

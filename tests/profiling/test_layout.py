@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
+from ftprof.analysis.pipeline import summarize
 from ftprof.config import ProfilingConfig
 from ftprof.profiling import layout
 from ftprof.profiling.torch_profiler import TorchProfiler
-from ftprof.profiling.trace_summary import summarize
 
 
 def _profile_a_tiny_loop(out_dir, repeat=1):

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import ftprof
-from ftprof.profiling.buckets import BACKWARD, FORWARD, SplitContext, gemm_bucket
+from ftprof.analysis.buckets import BACKWARD, FORWARD, SplitContext, gemm_bucket
+from ftprof.analysis.pipeline import summarize
 from ftprof.profiling.layout import encode_metadata
-from ftprof.profiling.trace_summary import summarize
 from tests.conftest import tiny_config
 
 
@@ -220,7 +220,7 @@ def test_selective_checkpointing_replays_carry_no_flops(tmp_path):
 
 
 def test_columns_flatten_a_breakdown_for_tables(tmp_path):
-    from ftprof.profiling.buckets import KEYS, columns
+    from ftprof.analysis.buckets import KEYS, columns
 
     t = GpuTrace()
     lora_step(t, 0.0)

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from ftprof.analysis.pipeline import summarize
+from ftprof.analysis.rules import categorize
 from ftprof.cli.main import main
-from ftprof.profiling.trace_summary import categorize, summarize
 
 
 def _kernel(name, ts, dur, **args):
@@ -105,7 +106,7 @@ def test_idle_is_charged_to_what_the_gpu_waited_for(tmp_path):
     idle = {d.code: d for d in s.diagnoses}["gpu_idle"]
     assert "88% of it at ftprof/backward -> ftprof/forward, 1 gaps, mostly gaps of 1 ms or more" in idle.message
     assert "--prefetch" in idle.message  # the option that addresses host work between the stages
-    from ftprof.profiling.summary_output import to_markdown
+    from ftprof.analysis.summary_output import to_markdown
 
     assert "| backward -> forward | 1.50 | 1 | 1.50 |" in to_markdown(s)
 
@@ -218,7 +219,7 @@ def test_summarize_never_overwrites_the_trace(tmp_path):
 
 def test_diagnoses_name_the_fast_path_options():
     """Each finding names the run option that addresses it (the fixture: a real H200 trace of an eager run)."""
-    from ftprof.profiling.trace_summary import summarize
+    from ftprof.analysis.pipeline import summarize
 
     summary = summarize(Path(__file__).parents[1] / "fixtures" / "tiny_gpu_trace.pt.trace.json.gz")
     messages = {d.code: d.message for d in summary.diagnoses}
@@ -247,7 +248,7 @@ def test_kernels_replayed_from_cuda_graphs_are_counted_and_named(tmp_path):
 
 
 def test_large_lora_gemm_share_names_the_fused_a_option(tmp_path):
-    from ftprof.profiling.trace_summary import diagnose
+    from ftprof.analysis.diagnoses import diagnose
 
     s = summarize(gpu_trace(tmp_path / "t.json"))
     s.breakdown = {"buckets": {"lora_gemm": {"ms_per_step": 40.0, "share": 0.074}}}
@@ -262,7 +263,7 @@ def test_large_lora_gemm_share_names_the_fused_a_option(tmp_path):
 
 def test_recomputation_is_the_measured_bucket_when_there_is_one(tmp_path):
     """With shapes, the buckets time the recomputed forward itself: the diagnosis gives that, not an estimate."""
-    from ftprof.profiling.trace_summary import diagnose
+    from ftprof.analysis.diagnoses import diagnose
 
     s = summarize(gpu_trace(tmp_path / "t.json"))
     s.stages_us = {"ftprof/forward": 300.0, "ftprof/backward": 600.0, "ftprof/optimizer_step": 100.0}

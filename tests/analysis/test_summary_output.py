@@ -2,11 +2,11 @@
 
 import json
 
+from ftprof.analysis import summary_output
+from ftprof.analysis.pipeline import summarize
 from ftprof.cli.main import main
-from ftprof.profiling import summary_output
 from ftprof.profiling.layout import encode_metadata
-from ftprof.profiling.trace_summary import summarize
-from tests.profiling.test_buckets import GpuTrace, lora_step
+from tests.analysis.test_buckets import GpuTrace, lora_step
 
 
 def _rank_trace(folder, rank, extra_us):

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from statistics import fmean, variance
 from typing import Any
 
-from ftprof.profiling.buckets import KERNELS_PER_BUCKET, KEYS
+from ftprof.analysis.buckets import KERNELS_PER_BUCKET, KEYS
 
 # Two-sided 95% quantiles of Student's t, by degrees of freedom (1..30); beyond 30, the normal's 1.96 is close enough.
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,

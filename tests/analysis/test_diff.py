@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from ftprof.analysis.diff import diff_summaries, t975, welch_ci
+from ftprof.analysis.pipeline import summarize
 from ftprof.cli.main import main
-from ftprof.profiling.diff import diff_summaries, t975, welch_ci
 from ftprof.profiling.layout import encode_metadata
-from ftprof.profiling.trace_summary import summarize
-from tests.profiling.test_buckets import GpuTrace, _write, lora_step
+from tests.analysis.test_buckets import GpuTrace, _write, lora_step
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "tiny_gpu_trace.pt.trace.json.gz"
 

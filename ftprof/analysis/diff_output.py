@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.table import Table
 
-from ftprof.profiling.diff import SummaryDiff
+from ftprof.analysis.diff import SummaryDiff
 
 
 def _ci(x: float | None) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Group
 from rich.table import Table
 
-from ftprof.profiling.trace_summary import TraceSummary
+from ftprof.analysis.summary import TraceSummary
 from ftprof.results.store import write_json_atomic, write_text_atomic
 
 
