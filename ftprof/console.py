@@ -142,9 +142,9 @@ class RunDisplay:
         if self.quiet:
             if self.silent:
                 return
-            line = f"ftprof: {res.method} {res.status}, run dir {res.run_dir}"
+            line = f"ftprof: {res.run.method} {res.status}, run dir {res.run_dir}"
             if res.status != "ok":
-                line += f": {res.error_type}: {res.error_message}"
+                line += f": {res.failure.error_type}: {res.failure.error_message}"
             self.console.print(line, markup=False)
             return
         self.console.print(summary_table(res))
@@ -153,7 +153,8 @@ class RunDisplay:
         for note in res.notes:
             self.console.print(f"[dim]note:[/dim] {note}")
         if res.status != "ok":
-            self.console.print(f"[bold red]{res.status}[/bold red]: {res.error_type}: {res.error_message}")
+            self.console.print(f"[bold red]{res.status}[/bold red]: {res.failure.error_type}: "
+                               f"{res.failure.error_message}")
 
 
 SLOW_STEPS_SHOWN = 3
@@ -169,9 +170,10 @@ def slow_step_line(step: dict) -> str:
 
 def slow_step_lines(res: RunResult) -> list[str]:
     """One line per slow step, the first few (result.json holds them all)."""
-    lines = [slow_step_line(s) for s in res.slow_steps[:SLOW_STEPS_SHOWN]]
-    if len(res.slow_steps) > SLOW_STEPS_SHOWN:
-        lines.append(f"{len(res.slow_steps) - SLOW_STEPS_SHOWN} more in result.json (slow_steps)")
+    slow = res.host_time.slow_steps
+    lines = [slow_step_line(s) for s in slow[:SLOW_STEPS_SHOWN]]
+    if len(slow) > SLOW_STEPS_SHOWN:
+        lines.append(f"{len(slow) - SLOW_STEPS_SHOWN} more in result.json (slow_steps)")
     return lines
 
 
@@ -181,23 +183,25 @@ CPU_NOTE = "CPU run: GPU-only figures (MFU, per-GPU throughput, allocator peaks)
 def summary_table(res: RunResult) -> Table:
     """The end-of-run table. A CPU run shows host memory only, and a caption saying why the GPU figures are gone."""
     ok = res.status == "ok"
-    on_cpu = str(res.device).startswith("cpu")
-    table = Table(title=f"ftprof {res.method} on {res.model} [{'green' if ok else 'red'}]{res.status}[/]",
+    run, speed, mem = res.run, res.throughput, res.memory
+    on_cpu = str(run.device).startswith("cpu")
+    table = Table(title=f"ftprof {run.method} on {run.model} [{'green' if ok else 'red'}]{res.status}[/]",
                   show_header=True, header_style="bold", caption=CPU_NOTE if on_cpu else None)
     table.add_column("metric")
     table.add_column("value", justify="right")
     rows = [
-        ("device", f"{res.device_name} x{res.world_size}"),
-        ("steps (steady / warm-up)", f"{res.steady_steps} / {len(res.warmup_step_times_s)}"),
-        ("tokens/s (global)", fmt_num(res.tokens_per_s)),
-        ("tokens/s per GPU", fmt_num(res.tokens_per_s_per_gpu)),
-        ("real tokens/s", fmt_num(res.real_tokens_per_s)),
-        ("step time p50 / p90 (s)", f"{fmt_num(res.step_time_p50_s, '.4f')} / {fmt_num(res.step_time_p90_s, '.4f')}"),
-        ("MFU / HFU", f"{fmt_pct(res.mfu)} / {fmt_pct(res.hfu)}"),
-        ("loss first -> last", f"{fmt_num(res.loss_first, '.4f')} -> {fmt_num(res.loss_last, '.4f')}"),
+        ("device", f"{run.device_name} x{run.world_size}"),
+        ("steps (steady / warm-up)", f"{speed.steady_steps} / {len(speed.warmup_step_times_s)}"),
+        ("tokens/s (global)", fmt_num(speed.tokens_per_s)),
+        ("tokens/s per GPU", fmt_num(speed.tokens_per_s_per_gpu)),
+        ("real tokens/s", fmt_num(speed.real_tokens_per_s)),
+        ("step time p50 / p90 (s)",
+         f"{fmt_num(speed.step_time_p50_s, '.4f')} / {fmt_num(speed.step_time_p90_s, '.4f')}"),
+        ("MFU / HFU", f"{fmt_pct(res.flops.mfu)} / {fmt_pct(res.flops.hfu)}"),
+        ("loss first -> last", f"{fmt_num(speed.loss_first, '.4f')} -> {fmt_num(speed.loss_last, '.4f')}"),
         ("torch peak allocated / reserved (GiB)",
-         f"{fmt_gib(res.torch_peak_allocated)} / {fmt_gib(res.torch_peak_reserved)}"),
-        ("host peak RSS (GiB)", fmt_gib(res.host_peak_rss)),
+         f"{fmt_gib(mem.torch_peak_allocated)} / {fmt_gib(mem.torch_peak_reserved)}"),
+        ("host peak RSS (GiB)", fmt_gib(mem.host_peak_rss)),
         ("run dir", res.run_dir),
     ]
     gpu_only = ("tokens/s per GPU", "MFU / HFU", "torch peak allocated / reserved (GiB)")

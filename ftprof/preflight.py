@@ -1,4 +1,5 @@
-"""Checks that need a little I/O (configs, paths, installed packages), run before anything big loads.
+"""Checks that need a little I/O (configs, paths, installed packages), run before anything big loads, and the
+run's plan they resolve (``preflight(cfg) -> RunPlan``).
 
 Each failure is a ConfigError with one line naming the problem.
 """
@@ -15,17 +16,31 @@ from ftprof.data import check_dataset
 from ftprof.errors import ConfigError
 from ftprof.exporters import check_exporters
 from ftprof.models.source import ModelSource, resolve_model_source
+from ftprof.ranks import DistInfo, env_info
 
 
 @dataclass
-class Preflight:
+class RunPlan:
+    """The run as it will go, resolved once before anything big loads: the configuration with defaults filled in,
+    where the model comes from, the device and dtype, and the facts about the run that every part asks."""
+
     source: ModelSource
     device: object  # torch.device
     dtype: str  # resolved dtype name
-    config: RunConfig  # with method defaults and dtype filled in
+    config: RunConfig  # with method defaults, dtype and profiling steps filled in
+    dist: DistInfo  # this process's place among the run's processes (rank 0 of 1 outside torchrun)
+    shards: bool  # whether FSDP2 wraps the model (engine.distributed.shards)
     notes: list[str] = field(default_factory=list)  # adjustments the user should hear about
     tokenizer: object = None  # loaded here for real data (None for synthetic runs: the trainer picks one)
     data: object = None  # ftprof.data.PreparedData for real data: tokenized, checked, with its stats
+
+    @property
+    def device_type(self) -> str:
+        return self.device.type  # "cuda" or "cpu"
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size  # processes in this run
 
 
 def _need_package(module: str, method: str, extra: str) -> None:
@@ -33,50 +48,20 @@ def _need_package(module: str, method: str, extra: str) -> None:
         raise ConfigError(f"method '{method}' needs the '{module}' package: pip install 'ftprof[{extra}]'")
 
 
-def preflight(cfg: RunConfig) -> Preflight:
+def preflight(cfg: RunConfig) -> RunPlan:
+    """Check ``cfg`` against what is installed, the model, the data and the device (a ConfigError with one line
+    naming the first problem), and resolve it into the run's plan."""
+    from ftprof.engine.distributed import shards
     from ftprof.runtime import resolve_device, resolve_dtype_name
 
-    method = cfg.method.method
-    if method == "qlora":
-        _need_package("bitsandbytes", method, "all")
-    if method == "gptq-lora":
-        _need_package("gptqmodel", method, "gptq")
-    if cfg.train.optimizer == "paged_adamw_8bit":
-        _need_package("bitsandbytes", "paged_adamw_8bit", "all")
-    check_exporters(cfg.output.report_to)
-
+    _check_packages(cfg)
     source = resolve_model_source(cfg.model.model)
-    if source.max_positions is not None and cfg.data.seq_len > source.max_positions:
-        raise ConfigError(f"--seq-len {cfg.data.seq_len} exceeds the {source.max_positions} positions of model "
-                          f"'{cfg.model.model}'")
-    if source.is_gptq_checkpoint and method != "gptq-lora":
-        raise ConfigError(f"--model '{cfg.model.model}' is a GPTQ checkpoint: use method gptq-lora")
-    qc = getattr(source.config, "quantization_config", None)
-    if qc is not None and not source.is_gptq_checkpoint and method != "qlora":
-        raise ConfigError(f"--model '{cfg.model.model}' is already quantized; method '{method}' needs a 16-bit "
-                          "checkpoint")
+    _check_model(cfg, source)
     check_dataset(cfg.data)
     _check_tokenizer(source, cfg.data.dataset)
-
     device = resolve_device(cfg.output.device)
-    problem = cuda_only_problem(cfg) if device.type != "cuda" else None
-    if problem:
-        raise ConfigError(problem)
-    _check_memory_limit(cfg.output.memory_limit_gib, device)
-    layers = getattr(source.config, "num_hidden_layers", None)
-    if cfg.model.checkpoint_layers is not None and layers and cfg.model.checkpoint_layers > layers:
-        raise ConfigError(f"--checkpoint-layers {cfg.model.checkpoint_layers}: '{cfg.model.model}' has {layers} "
-                          "decoder layers")
-    if cfg.model.sdpa_backend != "auto":
-        from ftprof.models.attention import check_backend
-
-        check_backend(cfg.model.sdpa_backend, device.type, cfg.model.attn_implementation)
-    if cfg.model.kernels == "liger":
-        from ftprof.models.kernels import check_liger
-
-        check_liger(getattr(source.config, "model_type", None))
-    if cfg.method.dequant_kernel == "triton":
-        _check_triton()
+    _check_device(cfg, device)
+    _check_model_options(cfg, source, device)
     dtype = resolve_dtype_name(cfg.model.dtype, device)
     _check_distributed(cfg, device, dtype)
     notes: list[str] = []
@@ -94,7 +79,60 @@ def preflight(cfg: RunConfig) -> Preflight:
         why = " once cut to --seq-len" if not cfg.data.packing else ""
         notes.append(f"--dataset: {data.stats['rows_dropped']} of {data.stats['rows_loaded']} rows dropped: no token "
                      f"to train on{why}")
-    return Preflight(source, device, dtype, resolved, notes, tokenizer, data)
+    dist = env_info()
+    return RunPlan(source, device, dtype, resolved, dist, shards(resolved, dist), notes, tokenizer, data)
+
+
+def _check_packages(cfg: RunConfig) -> None:
+    """The packages the method, the optimizer and the exporters need are installed."""
+    method = cfg.method.method
+    if method == "qlora":
+        _need_package("bitsandbytes", method, "all")
+    if method == "gptq-lora":
+        _need_package("gptqmodel", method, "gptq")
+    if cfg.train.optimizer == "paged_adamw_8bit":
+        _need_package("bitsandbytes", "paged_adamw_8bit", "all")
+    check_exporters(cfg.output.report_to)
+
+
+def _check_model(cfg: RunConfig, source: ModelSource) -> None:
+    """The model has the positions for the sequence, and weights the method can train."""
+    method, name = cfg.method.method, cfg.model.model
+    if source.max_positions is not None and cfg.data.seq_len > source.max_positions:
+        raise ConfigError(f"--seq-len {cfg.data.seq_len} exceeds the {source.max_positions} positions of model "
+                          f"'{name}'")
+    if source.is_gptq_checkpoint and method != "gptq-lora":
+        raise ConfigError(f"--model '{name}' is a GPTQ checkpoint: use method gptq-lora")
+    qc = getattr(source.config, "quantization_config", None)
+    if qc is not None and not source.is_gptq_checkpoint and method != "qlora":
+        raise ConfigError(f"--model '{name}' is already quantized; method '{method}' needs a 16-bit checkpoint")
+
+
+def _check_device(cfg: RunConfig, device) -> None:
+    """CUDA-only options on another device, and a memory limit above the device's memory."""
+    problem = cuda_only_problem(cfg) if device.type != "cuda" else None
+    if problem:
+        raise ConfigError(problem)
+    _check_memory_limit(cfg.output.memory_limit_gib, device)
+
+
+def _check_model_options(cfg: RunConfig, source: ModelSource, device) -> None:
+    """Options the model and the device must allow: checkpointed layers, the attention backend, fused kernels,
+    the Triton dequantization kernel."""
+    layers = getattr(source.config, "num_hidden_layers", None)
+    if cfg.model.checkpoint_layers is not None and layers and cfg.model.checkpoint_layers > layers:
+        raise ConfigError(f"--checkpoint-layers {cfg.model.checkpoint_layers}: '{cfg.model.model}' has {layers} "
+                          "decoder layers")
+    if cfg.model.sdpa_backend != "auto":
+        from ftprof.models.attention import check_backend
+
+        check_backend(cfg.model.sdpa_backend, device.type, cfg.model.attn_implementation)
+    if cfg.model.kernels == "liger":
+        from ftprof.models.kernels import check_liger
+
+        check_liger(getattr(source.config, "model_type", None))
+    if cfg.method.dequant_kernel == "triton":
+        _check_triton()
 
 
 def _prepare_data(cfg: RunConfig, source: ModelSource):

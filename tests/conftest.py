@@ -49,20 +49,19 @@ def assert_train_refuses(tmp_path, capsys, method: str, argv: list[str], fragmen
 
 
 def build_run(cfg: RunConfig):
-    """(preflight, Built) for a config: the model, optimizer and data a run would train, without the loop."""
+    """(RunPlan, Built) for a config: the model, optimizer and data a run would train, without the loop."""
     from ftprof.engine.build import build
     from ftprof.preflight import preflight
     from ftprof.profiling.memory import MemoryTracker
-    from ftprof.ranks import DistInfo
 
-    pre = preflight(cfg)
-    return pre, build(pre, DistInfo(), MemoryTracker(pre.device), lambda _: None)
+    plan = preflight(cfg)
+    return plan, build(plan, MemoryTracker(plan.device), lambda _: None)
 
 
-def run_one_step(pre, built) -> None:
+def run_one_step(plan, built) -> None:
     """Forward and backward of one step (no optimizer step), as the loop runs them."""
     from ftprof.engine.loop import train_step
     from ftprof.engine.trackers import FirstStepMemory
     from ftprof.profiling.memory import MemoryTracker
 
-    train_step(pre.config, built, pre.device, MemoryTracker(pre.device), FirstStepMemory(False), is_first=False)
+    train_step(plan.config, built, plan.device, MemoryTracker(plan.device), FirstStepMemory(False), is_first=False)

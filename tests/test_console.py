@@ -31,9 +31,10 @@ def test_console_into_a_file_neither_wraps_nor_cuts(monkeypatch):
 
 
 def _run(**kw):
+    """A result from result.json's keys."""
     base = dict(status="ok", run_dir="/r", method="lora", model="tiny", device="cpu", device_name="cpu",
                 tokens_per_s=1234.5, tokens_per_s_per_gpu=1234.5, host_peak_rss=2**30)
-    return RunResult(**{**base, **kw})
+    return RunResult.from_dict({**base, **kw})
 
 
 def _text(table) -> str:

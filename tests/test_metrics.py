@@ -139,6 +139,7 @@ def test_energy_is_read_over_the_last_unbroken_stretch_of_headline_steps():
 
 def test_rank_aggregation_uses_the_same_energy_and_peak_definitions():
     from ftprof.engine.aggregate import aggregate_result, aggregate_steps
+    from ftprof.results.parts import RunIdentity
     from ftprof.results.schema import RunResult
 
     phases = {1: "", 2: "active", 3: "", 4: ""}
@@ -148,12 +149,12 @@ def test_rank_aggregation_uses_the_same_energy_and_peak_definitions():
     gathered = [{"rank": r, "summary": {"step_time_p50_s": 0.5, "torch_peak_allocated": 100 * (r + 1),
                                         "torch_peak_reserved": 150 * (r + 1)},
                  "nvml": {"energy_j": 10.0, "device_used_peak": 5, "process_used_peak": 400}} for r in (0, 1)]
-    res = aggregate_result(RunResult(status="ok", run_dir="", method="lora", model="tiny", device="cuda",
-                                     device_name="x"), gathered, rows, "ddp")
+    res = aggregate_result(RunResult(status="ok", run_dir="", run=RunIdentity("lora", "tiny", "cuda", "x")), gathered,
+                           rows, "ddp")
     # ranks' energy summed, over the tokens of both ranks in steps 3-4 (the last unbroken unprofiled stretch)
-    assert res.energy_per_token_j == pytest.approx(20.0 / 400)
-    assert res.torch_peak_allocated == 200 and res.torch_peak_reserved == 300
-    assert res.non_torch_overhead == 400 - 300 and res.fragmentation == 100
+    assert res.nvml.energy_per_token_j == pytest.approx(20.0 / 400)
+    assert res.memory.torch_peak_allocated == 200 and res.memory.torch_peak_reserved == 300
+    assert res.memory.non_torch_overhead == 400 - 300 and res.memory.fragmentation == 100
 
 
 def test_run_peak_is_the_max_over_steps_and_stages():

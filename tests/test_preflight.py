@@ -42,7 +42,7 @@ def test_rows_dropped_from_a_dataset_are_said(tmp_path):
 
     rows = instruction_rows(6)
     rows[0]["instruction"] = " ".join(["the model trains"] * 40)  # the response falls past --seq-len 160
-    pre = preflight(tiny_config(tmp_path, "lora", dataset=write(tmp_path / "d.jsonl", rows), seq_len=160))
-    assert "--dataset: 1 of 6 rows dropped: no token to train on once cut to --seq-len" in pre.notes
+    plan = preflight(tiny_config(tmp_path, "lora", dataset=write(tmp_path / "d.jsonl", rows), seq_len=160))
+    assert "--dataset: 1 of 6 rows dropped: no token to train on once cut to --seq-len" in plan.notes
     kept = preflight(tiny_config(tmp_path, "lora", dataset=write(tmp_path / "e.jsonl", rows[1:]), seq_len=160))
     assert not any("dropped" in n for n in kept.notes)

@@ -19,7 +19,7 @@ def test_a_run_leaves_no_model_alive_in_the_process(tmp_path):
         sys.path.insert(0, {str(REPO)!r})
         from tests.conftest import tiny_config
         result = ftprof.train(tiny_config({str(tmp_path)!r}, "lora", max_steps=2))
-        assert result.status == "ok", result.error_message
+        assert result.status == "ok", result.failure.error_message
         gc.collect()
         alive = [o for o in gc.get_objects() if isinstance(o, torch.nn.Parameter)]
         print("alive parameters:", len(alive), sum(p.numel() for p in alive))

@@ -293,7 +293,7 @@ class BenchRunner:
                              f"recorded by ftprof bench: {reason}")
         if not (r.planned.run_dir / files.CONFIG).is_file():
             RunDirWriter(r.planned.run_dir).write_config(cfg.to_dict())
-        res.steps_completed = steps_recorded(r.planned.run_dir)
+        res.run.steps_completed = steps_recorded(r.planned.run_dir)
         RunDirWriter(r.planned.run_dir).write_result(res)
 
     def _unrunnable(self, p: Planned, reason: str) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from ftprof import metrics
+from ftprof.engine.result import record_steady_state
+from ftprof.results.parts import Distributed, NvmlSummary
 from ftprof.results.schema import RunResult
 
 RANK_FIELDS = ("tokens_per_s", "step_time_p50_s", "step_time_p90_s", "torch_peak_allocated", "torch_peak_reserved",
@@ -26,35 +28,37 @@ def aggregate_steps(per_rank: list[list[dict]]) -> list[dict]:
     return rows
 
 
+def rank_summary(res: RunResult) -> dict:
+    """What a rank sends rank 0 about itself: its RANK_FIELDS, as result.json names them."""
+    flat = res.to_dict()
+    return {key: flat[key] for key in RANK_FIELDS}
+
+
 def aggregate_result(res: RunResult, gathered: list[dict], rows: list[dict], parallel: str) -> RunResult:
     world = len(gathered)
-    res.world_size, res.parallel = world, parallel
-    res.per_rank = {str(g["rank"]): g["summary"] for g in gathered}
-    res.tokens_per_step = rows[-1]["tokens"] if rows else 0
+    res.run.world_size, res.run.parallel = world, parallel
+    res.throughput.tokens_per_step = rows[-1]["tokens"] if rows else 0
     steady, _ = metrics.steady_window(rows)
-    figures = metrics.steady_figures(steady, world, res.flops_per_token, res.recompute_flops_per_token,
-                                     res.peak_flops)
-    for key, value in (figures or {}).items():
-        setattr(res, key, value)
-    res.host_time = metrics.host_time(steady) or {}
-    res.slow_steps = metrics.slow_steps(rows)
+    record_steady_state(res, rows, steady, world)
     p50s = [g["summary"]["step_time_p50_s"] for g in gathered if g["summary"]["step_time_p50_s"]]
     peaks = [g["summary"]["torch_peak_allocated"] for g in gathered if g["summary"]["torch_peak_allocated"]]
-    res.step_time_skew = max(p50s) / min(p50s) - 1 if p50s else None
-    res.memory_skew = max(peaks) / min(peaks) - 1 if peaks else None
+    res.distributed = Distributed(per_rank={str(g["rank"]): g["summary"] for g in gathered},
+                                  step_time_skew=max(p50s) / min(p50s) - 1 if p50s else None,
+                                  memory_skew=max(peaks) / min(peaks) - 1 if peaks else None)
+    memory = res.memory
     if peaks:
-        res.torch_peak_allocated = max(peaks)
-        res.torch_peak_reserved = metrics.max_present(g["summary"]["torch_peak_reserved"] for g in gathered)
-        res.fragmentation = metrics.gap(res.torch_peak_reserved, res.torch_peak_allocated)
+        memory.torch_peak_allocated = max(peaks)
+        memory.torch_peak_reserved = metrics.max_present(g["summary"]["torch_peak_reserved"] for g in gathered)
+        memory.fragmentation = metrics.gap(memory.torch_peak_reserved, memory.torch_peak_allocated)
     nvml = [g["nvml"] for g in gathered if g["nvml"]]
     if nvml:
-        res.nvml_device_used_peak = metrics.max_present(n.get("device_used_peak") for n in nvml)
-        res.nvml_process_used_peak = metrics.max_present(n.get("process_used_peak") for n in nvml)
+        memory.nvml_device_used_peak = metrics.max_present(n.get("device_used_peak") for n in nvml)
+        memory.nvml_process_used_peak = metrics.max_present(n.get("process_used_peak") for n in nvml)
         # Each rank measured its energy over the same steps (metrics.energy_steps of its own rows): sum of the
         # ranks' energy over those steps' tokens, summed over ranks in the aggregated rows.
         energies = [n["energy_j"] for n in nvml if n.get("energy_j") is not None]
         energy = sum(energies) if energies else None
-        res.nvml = {"ranks": len(nvml), "energy_j": energy, "device_used_peak": res.nvml_device_used_peak}
-        res.energy_per_token_j = metrics.energy_per_token(energy, metrics.energy_steps(rows))
-        res.non_torch_overhead = metrics.gap(res.nvml_process_used_peak, res.torch_peak_reserved)
+        summary = {"ranks": len(nvml), "energy_j": energy, "device_used_peak": memory.nvml_device_used_peak}
+        res.nvml = NvmlSummary(summary, metrics.energy_per_token(energy, metrics.energy_steps(rows)))
+        memory.non_torch_overhead = metrics.gap(memory.nvml_process_used_peak, memory.torch_peak_reserved)
     return res

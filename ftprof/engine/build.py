@@ -19,9 +19,8 @@ from ftprof.models import attention, dequant, kernels
 from ftprof.models.materialize import materialize_sharded
 from ftprof.models.methods import LoadContext, get_strategy
 from ftprof.models.tokenizer import load_tokenizer as tokenizer_for
-from ftprof.preflight import Preflight
+from ftprof.preflight import RunPlan
 from ftprof.profiling.memory import MemoryTracker
-from ftprof.ranks import DistInfo
 from ftprof.runtime import torch_dtype
 
 
@@ -51,43 +50,43 @@ class Built:
     kept_dequantized: int  # QLoRA linears whose recomputation keeps the dequantized weight for backward
 
 
-def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[str], None]) -> Built:
-    cfg = pre.config
-    dtype = torch_dtype(pre.dtype)
+def build(plan: RunPlan, memory: MemoryTracker, log: Callable[[str], None]) -> Built:
+    cfg, rank = plan.config, plan.dist.rank
+    dtype = torch_dtype(plan.dtype)
     strategy = get_strategy(cfg.method.method)
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank
-    # Real data: the tokenizer and the tokenized rows come from preflight (ftprof.data.prepare).
-    tokenizer = pre.tokenizer if pre.tokenizer is not None else load_tokenizer(pre, log)
-    vocab = pre.source.config.vocab_size
+    # Real data: the tokenizer and the tokenized rows come with the plan (ftprof.data.prepare).
+    tokenizer = plan.tokenizer if plan.tokenizer is not None else load_tokenizer(plan, log)
+    vocab = plan.source.config.vocab_size
     # Each rank reads a different stream of batches (data parallelism).
-    batches = make_batches(cfg.data, tokenizer, vocab, cfg.train.seed + dist.rank, prepared=pre.data)
+    batches = make_batches(cfg.data, tokenizer, vocab, cfg.train.seed + rank, prepared=plan.data)
 
     def calibration() -> list[torch.Tensor]:
-        return calibration_rows(pre, tokenizer)
+        return calibration_rows(plan, tokenizer)
 
     # Under FSDP a preset is sharded while still on the meta device: no rank ever holds the whole model.
-    defer = distributed.shards(cfg, dist) and pre.source.kind == "preset" and strategy.can_defer_init
+    defer = plan.shards and plan.source.kind == "preset" and strategy.can_defer_init
     with memory.stage("load"):
-        model = strategy.load(LoadContext(cfg, pre.source, pre.device, dtype, tokenizer, calibration, log,
+        model = strategy.load(LoadContext(cfg, plan.source, plan.device, dtype, tokenizer, calibration, log,
                                           defer_init=defer))
     with memory.stage("method_setup"):
         model = strategy.apply(model, cfg)
-        autocast = precision(model, pre, dtype, strategy.uses_lora)
+        autocast = precision(model, plan, dtype, strategy.uses_lora)
         if hasattr(model, "config"):
             model.config.use_cache = False
         model.train()  # HF models start in eval mode, where gradient checkpointing silently does nothing
-        policy, layers, auto, selective = checkpointing.resolve_policy(model, autocast, pre, cfg.train.optimizer)
+        policy, layers, auto, selective = checkpointing.resolve_policy(model, autocast, plan, cfg.train.optimizer)
         if auto is not None:
             log(f"--checkpointing auto: {auto.reason}")
         kept, torch_dequant = route_dequantization(model, cfg, policy, layers, compiling=cfg.model.compile)
-        model = wrap_model(model, pre, dist, dtype, defer)
+        model = wrap_model(model, plan, dtype, defer)
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = make_optimizer(params, pre)
+        optimizer = make_optimizer(params, plan)
     compiled = None
     if cfg.model.compile:
         with memory.stage("compile"):
-            first = next(make_batches(cfg.data, tokenizer, vocab, cfg.train.seed + dist.rank))  # stream untouched
-            compiled = warm_up(model, params, {k: v.to(pre.device) for k, v in first.items()}, autocast, log,
+            first = next(make_batches(cfg.data, tokenizer, vocab, cfg.train.seed + rank))  # stream untouched
+            compiled = warm_up(model, params, {k: v.to(plan.device) for k, v in first.items()}, autocast, log,
                                policy, cfg.model.compile_mode,
                                compile_loss=cfg.model.compile_loss and not kernels.fuses_loss(cfg.model.kernels),
                                tuning=cfg.model.compile_tuning)
@@ -95,11 +94,11 @@ def build(pre: Preflight, dist: DistInfo, memory: MemoryTracker, log: Callable[[
             if torch_dequant and not compiled.compiled:  # torch-op dequantization pays only inside compiled code
                 route_dequantization(model, cfg, policy, layers, compiling=False)
     counts = metrics.count_params(model)
-    device_name = torch.cuda.get_device_name(pre.device) if pre.device.type == "cuda" else "cpu"
-    used = (attention.probe(pre.source.config, cfg.data.seq_len, pre.device, dtype)
+    device_name = torch.cuda.get_device_name(plan.device) if plan.device_type == "cuda" else "cpu"
+    used = (attention.probe(plan.source.config, cfg.data.seq_len, plan.device, dtype)
             if cfg.model.attn_implementation == "sdpa" else None)
     return Built(tokenizer, batches, model, params, optimizer, autocast, counts,
-                 count_flops(model, counts, pre, policy, layers), device_name, policy, layers, auto, compiled, used,
+                 count_flops(model, counts, plan, policy, layers), device_name, policy, layers, auto, compiled, used,
                  selective, kept)
 
 
@@ -119,15 +118,15 @@ def route_dequantization(model, cfg, policy: str, layers: int | None, compiling:
     return kept, rerouted if torch_ops else 0
 
 
-def load_tokenizer(pre: Preflight, log: Callable[[str], None]):
-    return tokenizer_for(pre.source, synthetic=pre.config.data.dataset == "synthetic", log=log)
+def load_tokenizer(plan: RunPlan, log: Callable[[str], None]):
+    return tokenizer_for(plan.source, synthetic=plan.config.data.dataset == "synthetic", log=log)
 
 
-def calibration_rows(pre: Preflight, tokenizer) -> list[torch.Tensor]:
+def calibration_rows(plan: RunPlan, tokenizer) -> list[torch.Tensor]:
     """GPTQ calibration sequences, from the run's own data stream (a fresh iterator, same seed)."""
-    cfg = pre.config
+    cfg = plan.config
     n = cfg.method.gptq_calibration_samples
-    stream = make_batches(cfg.data, tokenizer, pre.source.config.vocab_size, cfg.train.seed, prepared=pre.data)
+    stream = make_batches(cfg.data, tokenizer, plan.source.config.vocab_size, cfg.train.seed, prepared=plan.data)
     rows: list[torch.Tensor] = []
     while len(rows) < n:
         batch = next(stream)
@@ -136,22 +135,22 @@ def calibration_rows(pre: Preflight, tokenizer) -> list[torch.Tensor]:
     return rows[:n]
 
 
-def wrap_model(model, pre: Preflight, dist: DistInfo, dtype: torch.dtype, deferred: bool):
+def wrap_model(model, plan: RunPlan, dtype: torch.dtype, deferred: bool):
     """The data-parallel wrapper (and, for a preset sharded on the meta device, each rank's own weights)."""
-    cfg = pre.config
-    if dist.enabled or distributed.shards(cfg, dist):
-        model = distributed.wrap(model, cfg, pre.device, dtype)
+    cfg = plan.config
+    if plan.dist.enabled or plan.shards:
+        model = distributed.wrap(model, cfg, plan.device, dtype)
     if deferred:
-        std = float(getattr(pre.source.config, "initializer_range", 0.02))
+        std = float(getattr(plan.source.config, "initializer_range", 0.02))
         # FSDP2's CPU offload wants the shards in host memory from the start (seen on two H200s: it refuses
         # parameters materialized on the GPU).
         host = torch.device("cpu") if cfg.distributed.fsdp_cpu_offload else None
-        materialize_sharded(model, pre.device, std=std, seed=cfg.train.seed + dist.rank, params_on=host)
+        materialize_sharded(model, plan.device, std=std, seed=cfg.train.seed + plan.dist.rank, params_on=host)
     return model
 
 
-def make_optimizer(params: list[torch.nn.Parameter], pre: Preflight) -> torch.optim.Optimizer:
-    t = pre.config.train
+def make_optimizer(params: list[torch.nn.Parameter], plan: RunPlan) -> torch.optim.Optimizer:
+    t = plan.config.train
     if t.optimizer == "paged_adamw_8bit":
         import bitsandbytes as bnb
 
@@ -162,11 +161,11 @@ def make_optimizer(params: list[torch.nn.Parameter], pre: Preflight) -> torch.op
     return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, fused=fused or None)
 
 
-def precision(model, pre: Preflight, dtype: torch.dtype, uses_lora: bool) -> Callable:
+def precision(model, plan: RunPlan, dtype: torch.dtype, uses_lora: bool) -> Callable:
     """The forward's autocast context (a factory). Adapters are fp32 master weights: their matmuls run in the run
     dtype under autocast. The textbook recipe (kbit_prepare) runs without autocast, as it was written to: its fp32
     upcasts then cost what they cost."""
-    use_autocast = uses_lora and dtype != torch.float32 and not pre.config.method.kbit_prepare
+    use_autocast = uses_lora and dtype != torch.float32 and not plan.config.method.kbit_prepare
     if not use_autocast:
         return contextlib.nullcontext
     # PEFT casts each adapter's input to the adapter dtype (fp32) and autocast casts it straight back to bf16 for
@@ -175,17 +174,17 @@ def precision(model, pre: Preflight, dtype: torch.dtype, uses_lora: bool) -> Cal
     for module in model.modules():
         if hasattr(module, "cast_input_dtype_enabled"):
             module.cast_input_dtype_enabled = False
-    device_type = pre.device.type
+    device_type = plan.device_type
     return lambda: torch.autocast(device_type, dtype=dtype)
 
 
-def count_flops(model, counts: metrics.ParamCounts, pre: Preflight, policy: str,
+def count_flops(model, counts: metrics.ParamCounts, plan: RunPlan, policy: str,
                 checkpointed: int | None = None) -> FlopCounts:
     """Model FLOPs per token, and what checkpointing recomputes: the layers' forward under full checkpointing (the
     checkpointed layers' share of it when only some are); under selective the matmuls and attention are saved, so
     only elementwise work (no counted FLOPs) reruns."""
-    layers, attn_dim = metrics.attention_dims(pre.source.config)
-    seq = pre.config.data.seq_len
+    layers, attn_dim = metrics.attention_dims(plan.source.config)
+    seq = plan.config.data.seq_len
     recompute = 0.0
     if policy == "full":
         recompute = metrics.recompute_flops_per_token(metrics.recomputed_params(model), layers, attn_dim, seq)

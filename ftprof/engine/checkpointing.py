@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import asdict, dataclass, field
 
 import torch
 
 from ftprof import metrics
 from ftprof.models import dequant, kernels
+from ftprof.preflight import RunPlan
 from ftprof.profiling.memory import SavedActivations
+from ftprof.results.parts import AutoChoice  # what auto chose, as result.json records it
 from ftprof.runtime import torch_dtype
 
 SPEED_ORDER = ("none", "selective", "full")  # fastest first: less recomputation
@@ -131,24 +132,6 @@ def apply_policy(model, policy: str, selective: SelectivePolicy | None = None, l
             block.gradient_checkpointing = False  # the flag transformers' layer wrapper reads at each call
 
 
-@dataclass
-class AutoChoice:
-    """What ``auto`` chose and why (recorded in result.json as ``checkpointing_auto``)."""
-
-    policy: str
-    reason: str
-    layers: int | None = None  # under full: how many decoder layers are checkpointed (None: all)
-    estimated_peak: dict[str, int] = field(default_factory=dict)  # bytes, per policy
-    activations_per_token: dict[str, float] = field(default_factory=dict)
-    static_bytes: int = 0
-    available_bytes: int = 0
-    margin_bytes: int = 0
-    kept_weight_bytes: int = 0  # QLoRA under full: the recomputed layer's dequantized weights (in the full estimate)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
 def choose(estimated_peak: dict[str, int], available: int, layer_count: int = 0,
            recompute_extra: int = 0) -> tuple[str, int | None, int, str]:
     """(policy, checkpointed layers or None for all, margin, reason): the first of none, selective, full on the
@@ -238,42 +221,42 @@ def loss_transient_bytes(kernel_set: str, tokens: int, vocab: int) -> int:
     return 0 if kernels.fuses_loss(kernel_set) else metrics.logits_gradient_bytes(tokens, vocab)
 
 
-def choose_auto(model, autocast, pre, optimizer_name: str) -> AutoChoice:
-    cfg = pre.config
+def choose_auto(model, autocast, plan: RunPlan, optimizer_name: str) -> AutoChoice:
+    cfg = plan.config
     tokens_per_micro = cfg.data.batch_size * cfg.data.seq_len
-    vocab = pre.source.config.vocab_size
+    vocab = plan.source.config.vocab_size
     probe = min(PROBE_TOKENS, cfg.data.seq_len)
-    per_token = measure_activations(model, autocast, vocab, pre.device, probe, cfg.method.lora_r or 0)
+    per_token = measure_activations(model, autocast, vocab, plan.device, probe, cfg.method.lora_r or 0)
     static = static_bytes(model, optimizer_name)
     logits = loss_transient_bytes(cfg.model.kernels, tokens_per_micro, vocab)
     estimates = {p: int(static + per_token[p] * tokens_per_micro + logits) for p in SPEED_ORDER}
-    kept = kept_weight_bytes(model, pre)
+    kept = kept_weight_bytes(model, plan)
     estimates["full"] += kept
-    available = available_memory(pre.device, cfg.output.memory_limit_gib)
+    available = available_memory(plan.device, cfg.output.memory_limit_gib)
     policy, layers, margin, reason = choose(estimates, available, len(metrics.decoder_layers(model)), kept)
     return AutoChoice(policy, reason, layers, estimates, per_token, static, available, margin, kept)
 
 
-def kept_weight_bytes(model, pre) -> int:
+def kept_weight_bytes(model, plan: RunPlan) -> int:
     """What QLoRA's recomputation keeps for backward under full checkpointing: one layer's dequantized weights
     (models/dequant.py), or nothing."""
-    m = pre.config.method
+    m = plan.config.method
     if not dequant.keeps_weights(m):
         return 0
-    return dequant.largest_layer_bytes(metrics.decoder_layers(model), torch_dtype(m.compute_dtype or pre.dtype))
+    return dequant.largest_layer_bytes(metrics.decoder_layers(model), torch_dtype(m.compute_dtype or plan.dtype))
 
 
-def resolve_policy(model, autocast, pre, optimizer_name: str) -> tuple[str, int | None, AutoChoice | None,
-                                                                       SelectivePolicy | None]:
+def resolve_policy(model, autocast, plan: RunPlan, optimizer_name: str) -> tuple[str, int | None, AutoChoice | None,
+                                                                                SelectivePolicy | None]:
     """Apply the configured policy (choosing it first under auto). Returns (policy, how many layers are
     checkpointed or None for all, the auto choice or None, the selective policy object, whose counter sizes what
     selective checkpointing caches, or None)."""
-    policy = pre.config.model.checkpointing
-    layers = pre.config.model.checkpoint_layers
+    policy = plan.config.model.checkpointing
+    layers = plan.config.model.checkpoint_layers
     choice = None
     if policy == "auto":
-        choice = choose_auto(model, autocast, pre, optimizer_name)
+        choice = choose_auto(model, autocast, plan, optimizer_name)
         policy, layers = choice.policy, choice.layers
-    selective = SelectivePolicy(pre.config.method.lora_r or 0) if policy == "selective" else None
+    selective = SelectivePolicy(plan.config.method.lora_r or 0) if policy == "selective" else None
     apply_policy(model, policy, selective, layers)
     return policy, layers, choice, selective

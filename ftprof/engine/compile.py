@@ -31,32 +31,11 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 
 import torch
 
 from ftprof import metrics
-
-
-@dataclass
-class CompileOutcome:
-    blocks: int = 0
-    compiled: bool = False
-    compile_time_s: float | None = None  # the warm-up forward + backward, compilation included
-    fallback: str | None = None  # why the run went eager, if it did
-    scope: str = "block"  # what was compiled: "block", or "block children" of the blocks full checkpointing covers
-    mode: str = "default"  # torch.compile's mode (--compile-mode)
-    loss: bool = False  # whether the causal-LM loss was compiled too (--compile-loss; not when a kernel set fuses it)
-    tuning: bool = False  # inductor's coordinate-descent tuning of its Triton kernels (--compile-tuning)
-    dequant: int = 0  # QLoRA: 4-bit linears dequantized by torch ops in the compiled code (--compile-dequant)
-
-    @property
-    def cudagraphs(self) -> bool:
-        """Whether compiled blocks replay as CUDA graphs (torch's CUDA graph trees then need step marks)."""
-        return self.compiled and self.mode in ("reduce-overhead", "max-autotune")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from ftprof.results.parts import CompileOutcome  # what --compile did, as result.json records it
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""``ftprof.train(RunConfig) -> RunResult``: preflight, train, classify the outcome, write the run directory.
+"""``ftprof.train(RunConfig) -> RunResult``: preflight (the run's plan), train, classify the outcome, write the
+run directory.
 
 Bad input raises ConfigError before anything big loads. Failures during training (OOM, Ctrl-C, any error) do not
 raise: they become the result's status, and the run directory still holds everything recorded up to that point.
@@ -70,7 +71,7 @@ def _summarize(trainer, result: RunResult, display) -> None:
 def _oom_snapshot(trainer, result: RunResult) -> None:
     from ftprof.profiling.memory import dump_oom_snapshot
 
-    if trainer.device.type != "cuda":
+    if trainer.plan.device_type != "cuda":
         return
     path = _profile_dir(trainer) / f"oom_snapshot_rank{trainer.dist.rank}.pickle"
     if dump_oom_snapshot(path):
@@ -126,22 +127,22 @@ def train(cfg: RunConfig, *, quiet: bool | None = None, make_profiler_fn=None) -
 
         use_cuda = cfg.output.device != "cpu" and torch.cuda.is_available()
         distributed.init("cuda" if use_cuda else "cpu")
-    pre = preflight(cfg)
+    plan = preflight(cfg)
     if quiet is None:
-        quiet = cfg.output.quiet or not ranks.env_info().is_main
-    display = RunDisplay(pre.config, quiet=quiet)
-    for note in pre.notes:
+        quiet = cfg.output.quiet or not plan.dist.is_main
+    display = RunDisplay(plan.config, quiet=quiet)
+    for note in plan.notes:
         display.log(note)
     factory = make_profiler_fn or (lambda trainer, built: make_profiler(trainer, built, display.log))
     # --report-to exporters, main rank only: opened once the run is built, each step after the display, the result
     # at the end.
-    exporters = Exporters(pre.config.output.report_to, enabled=ranks.env_info().is_main)
+    exporters = Exporters(plan.config.output.report_to, enabled=plan.dist.is_main)
 
     def on_start(trainer) -> None:
-        exporters.start(pre.config.to_dict(), trainer.run_dir, Path(pre.config.output.output_dir).expanduser())
+        exporters.start(plan.config.to_dict(), trainer.run_dir, Path(plan.config.output.output_dir).expanduser())
         display.start(trainer)
 
-    trainer = Trainer(pre, log=display.log, on_start=on_start, on_step=exporters.chain(display.on_step),
+    trainer = Trainer(plan, log=display.log, on_start=on_start, on_step=exporters.chain(display.on_step),
                       make_profiler=factory)
     try:
         result = trainer.run()

@@ -27,10 +27,9 @@ from ftprof.engine.result import Recorded, assemble
 from ftprof.engine.trackers import FirstStepMemory, NvmlTracker, StepLog
 from ftprof.errors import ConfigError
 from ftprof.models import attention, kernels
-from ftprof.preflight import Preflight
+from ftprof.preflight import RunPlan
 from ftprof.profiling.memory import MemoryTracker
 from ftprof.profiling.noop import NullProfiler
-from ftprof.ranks import DistInfo
 from ftprof.results.env import collect_env
 from ftprof.results.run_dir import RunDirWriter, default_run_name, make_run_dir
 from ftprof.results.schema import RunResult, StepRecord
@@ -52,9 +51,9 @@ def classify_exception(exc: BaseException) -> Status:
     return Status.ERROR
 
 
-def open_run_dir(pre: Preflight, dist: DistInfo) -> RunDirWriter:
+def open_run_dir(plan: RunPlan) -> RunDirWriter:
     """The run directory, with config.json and env.json written by the main rank."""
-    cfg = pre.config
+    cfg, dist = plan.config, plan.dist
     run_name = cfg.output.run_name
     if dist.enabled and run_name is None:  # every rank must write into the same directory
         run_name = ranks.all_gather_object(default_run_name(cfg.method.method, cfg.model.model))[0]
@@ -72,26 +71,25 @@ ProfilerFactory = Callable[["Trainer", Built], object]
 class Trainer:
     """Holds one run's parts; every attribute exists from construction on (``built`` is None until built)."""
 
-    def __init__(self, pre: Preflight, *, log: Callable[[str], None] = print,
+    def __init__(self, plan: RunPlan, *, log: Callable[[str], None] = print,
                  on_start: Callable[[Trainer], None] = lambda trainer: None,
                  on_step: Callable[[StepRecord], None] = lambda record: None,
                  make_profiler: ProfilerFactory | None = None):
-        self.pre = pre
-        self.cfg = pre.config
-        self.device = pre.device
-        self.dist = ranks.env_info()
+        self.plan = plan
+        self.cfg = plan.config
+        self.device = plan.device
+        self.dist = plan.dist
         self.log, self.on_start, self.on_step = log, on_start, on_step
         self.make_profiler = make_profiler or (lambda trainer, built: NullProfiler())
         self.started_at = now_iso()
-        if self.device.type == "cuda":
+        if plan.device_type == "cuda":
             torch.cuda.set_device(self.device)  # libraries that use "the current device" (bitsandbytes) agree
         gc.collect()  # leftovers of earlier runs in this process must not count as this run's memory
-        self.writer = open_run_dir(pre, self.dist)
+        self.writer = open_run_dir(plan)
         self.run_dir = self.writer.path
         self.memory = MemoryTracker(self.device)
         self.steps = StepLog(self.writer, self.memory, self.device, self.cfg.train.max_steps)
-        self.first = FirstStepMemory(measure_activations=not distributed.shards(self.cfg, self.dist),
-                                     device_type=self.device.type)
+        self.first = FirstStepMemory(measure_activations=not plan.shards, device_type=plan.device_type)
         self.nvml = NvmlTracker(self.cfg, self.device, self.run_dir, self.dist.rank if self.dist.enabled else None,
                                 self.steps)
         self.profiler = NullProfiler()
@@ -105,16 +103,16 @@ class Trainer:
         try:
             with contextlib.ExitStack() as trackers:
                 trackers.enter_context(memory_cap(self.device, self.cfg.output.memory_limit_gib))
-                if distributed.shards(self.cfg, self.dist) and not self.dist.enabled:  # offload on one GPU
+                if self.plan.shards and not self.dist.enabled:  # --fsdp-cpu-offload on one GPU
                     trackers.enter_context(distributed.single_process_group(self.device))
                 trackers.enter_context(self.nvml)
                 trackers.enter_context(self.memory)
                 self.kernels_applied = trackers.enter_context(
-                    kernels.patched(self.cfg.model.kernels, self.pre.source.config.model_type, self.cfg.model.compile))
+                    kernels.patched(self.cfg.model.kernels, self.plan.source.config.model_type, self.cfg.model.compile))
                 trackers.enter_context(attention.preferred(self.cfg.model.sdpa_backend))
                 trackers.enter_context(eager_rounding(self.cfg.model.compile))
                 t0 = time.perf_counter()
-                self.built = build(self.pre, self.dist, self.memory, self.log)
+                self.built = build(self.plan, self.memory, self.log)
                 self.setup_time_s = time.perf_counter() - t0
                 self.profiler = trackers.enter_context(self.make_profiler(self, self.built))
                 trackers.enter_context(self.steps)
@@ -130,7 +128,7 @@ class Trainer:
         return self.result(status, error)
 
     def result(self, status: Status, exc: BaseException | None = None) -> RunResult:
-        recorded = Recorded(self.pre, str(self.run_dir), self.started_at, now_iso(), self.built, self.setup_time_s,
+        recorded = Recorded(self.plan, str(self.run_dir), self.started_at, now_iso(), self.built, self.setup_time_s,
                             self.steps, self.memory, self.first, self.nvml, self.profiler, self.kernels_applied)
         res = assemble(recorded, status, exc)
         if self.dist.enabled and status is Status.OK:
@@ -138,15 +136,15 @@ class Trainer:
         elif self.dist.enabled:
             # No collective after a failure (a rank that is gone would hang it): say how many ranks ran, and that
             # the figures are this rank's alone.
-            res.world_size, res.parallel = self.dist.world_size, self.cfg.distributed.parallel
+            res.run.world_size, res.run.parallel = self.plan.world_size, self.cfg.distributed.parallel
             res.notes.append(f"figures are rank {self.dist.rank}'s: the ranks' figures are combined only when "
                              "the run finishes")
         return res
 
     def aggregate_ranks(self, res: RunResult) -> RunResult:
         """Collective: every rank sends its figures; rank 0 returns the run's aggregate (others: their own)."""
-        payload = {"rank": self.dist.rank, "steps": self.steps.dicts(),
-                   "summary": {k: getattr(res, k) for k in aggregate.RANK_FIELDS}, "nvml": res.nvml}
+        payload = {"rank": self.dist.rank, "steps": self.steps.dicts(), "summary": aggregate.rank_summary(res),
+                   "nvml": res.nvml.summary}
         gathered = ranks.all_gather_object(payload)
         if not self.dist.is_main:
             return res
@@ -166,5 +164,5 @@ class Trainer:
         """Free the model and optimizer now, so a next run in the same process starts from an empty device."""
         self.built = None
         gc.collect()  # PEFT wrappers hold reference cycles: without this the weights outlive the run
-        if self.device.type == "cuda":
+        if self.plan.device_type == "cuda":
             torch.cuda.empty_cache()

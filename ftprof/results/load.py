@@ -38,17 +38,14 @@ _KINDS = {"str": (str,), "int": (int,), "float": (int, float), "dict": (dict,), 
 
 @functools.cache
 def _expected_types() -> dict[str, tuple[tuple[type, ...], bool]]:
-    """RunResult's fields: the JSON types each may hold, and whether null is allowed."""
-    from dataclasses import fields
-
+    """result.json's keys: the JSON types each may hold, and whether null is allowed."""
     from ftprof.results.schema import RunResult
 
     out = {}
-    for f in fields(RunResult):
-        text = str(f.type)
+    for key, text in RunResult.flat_annotations().items():
         optional = text.startswith("Optional[")
         base = text.removeprefix("Optional[").split("[")[0].rstrip("]")
-        out[f.name] = (_KINDS.get(base, (object,)), optional)
+        out[key] = (_KINDS.get(base, (object,)), optional)
     return out
 
 

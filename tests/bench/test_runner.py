@@ -167,10 +167,11 @@ def test_nvml_sampler_reads_the_gpu(tmp_path):
                                       "output_dir": str(tmp_path), "quiet": True})
     result = ftprof.train(cfg)
     assert result.status == "ok"
-    assert result.nvml_device_used_peak >= result.torch_peak_reserved
-    assert result.nvml_process_used_peak > 0 and result.non_torch_overhead > 0
-    assert result.nvml["samples"] > 3 and result.nvml.get("energy_j", 0) > 0
-    assert 0 < result.energy_per_token_j < 1.0  # joules per token: an H200 does far better than 1 J/token
+    memory, nvml = result.memory, result.nvml
+    assert memory.nvml_device_used_peak >= memory.torch_peak_reserved
+    assert memory.nvml_process_used_peak > 0 and memory.non_torch_overhead > 0
+    assert nvml.summary["samples"] > 3 and nvml.summary.get("energy_j", 0) > 0
+    assert 0 < nvml.energy_per_token_j < 1.0  # joules per token: an H200 does far better than 1 J/token
 
 
 def test_gpu_slots_of_the_experiments_size(tmp_path):

@@ -26,7 +26,7 @@ def test_baseline_script_reports_throughput(tmp_path):
     from tests.conftest import tiny_config
 
     result = ftprof.train(tiny_config(tmp_path, "lora", batch_size=2, seq_len=32, max_steps=2))
-    assert row["flops_per_token"] == result.flops_per_token
+    assert row["flops_per_token"] == result.flops.flops_per_token
 
 
 @pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset

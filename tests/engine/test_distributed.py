@@ -20,13 +20,13 @@ def test_two_process_run_on_cpu(tmp_path, method, parallel):
     cfg = tiny_config(tmp_path, method, nproc_per_node=2, parallel=parallel, max_steps=5, warmup_steps=1,
                       run_name="d", lr=3e-3)
     result = ftprof.train(cfg)
-    assert result.status == "ok", result.error_message
-    assert result.world_size == 2 and result.parallel == parallel
+    assert result.status == "ok", result.failure.error_message
+    assert result.run.world_size == 2 and result.run.parallel == parallel
     run = tmp_path / "d"
     names = {p.name for p in run.iterdir()}
     assert {"steps.csv", "steps_rank0.csv", "steps_rank1.csv", "result.json", "result_rank0.json",
             "result_rank1.json"} <= names
-    assert set(result.per_rank) == {"0", "1"}
+    assert set(result.distributed.per_rank) == {"0", "1"}
     # global throughput is the sum over ranks: tokens of both ranks over the slowest rank's time
     with open(run / "steps.csv") as fh:
         steps = list(csv.DictReader(fh))
@@ -35,10 +35,10 @@ def test_two_process_run_on_cpu(tmp_path, method, parallel):
     assert int(steps[-1]["tokens"]) == 2 * int(rank0[-1]["tokens"])
     steady = [s for s in steps if s["warmup"] == "False"]
     expected = sum(int(s["tokens"]) for s in steady) / sum(float(s["step_time_s"]) for s in steady)
-    assert result.tokens_per_s == pytest.approx(expected)
-    assert result.tokens_per_s_per_gpu == pytest.approx(result.tokens_per_s / 2)
-    assert result.step_time_skew is not None and result.step_time_skew >= 0
-    assert result.loss_last < result.loss_first
+    assert result.throughput.tokens_per_s == pytest.approx(expected)
+    assert result.throughput.tokens_per_s_per_gpu == pytest.approx(result.throughput.tokens_per_s / 2)
+    assert result.distributed.step_time_skew is not None and result.distributed.step_time_skew >= 0
+    assert result.throughput.loss_last < result.throughput.loss_first
 
 
 def test_aggregate_steps_takes_the_slowest_rank():
@@ -88,7 +88,7 @@ def test_gptq_lora_two_processes_quantize_once(tmp_path, monkeypatch):
     monkeypatch.setenv("FTPROF_CACHE_DIR", str(cache))
     result = ftprof.train(tiny_config(tmp_path / "runs", "gptq-lora", nproc_per_node=2, parallel="ddp", max_steps=3,
                                       run_name="g", gptq_calibration_samples=4))
-    assert result.status == "ok", result.error_message
+    assert result.status == "ok", result.failure.error_message
     entries = [p for p in (cache / "gptq").iterdir()]
     assert len(entries) == 1 and not entries[0].name.startswith(".")  # one checkpoint, no leftover temp dirs
 
@@ -98,7 +98,7 @@ def test_profile_every_rank_with_checkpointing_under_fsdp(tmp_path):
     cfg = tiny_config(tmp_path, "lora", nproc_per_node=2, parallel="fsdp", max_steps=4, run_name="p", profile=True,
                       prof_ranks="all", prof_active_steps=1, gradient_checkpointing=True)
     result = ftprof.train(cfg)
-    assert result.status == "ok", result.error_message
+    assert result.status == "ok", result.failure.error_message
     prof = tmp_path / "p" / "profile" / "cycle1"  # one folder per cycle, one trace per rank
     traces = sorted(p.name for p in prof.iterdir())
     assert traces == ["trace_rank0_cycle1.pt.trace.json.gz", "trace_rank1_cycle1.pt.trace.json.gz"]
@@ -106,10 +106,11 @@ def test_profile_every_rank_with_checkpointing_under_fsdp(tmp_path):
 
     ranks = {json.loads(gzip.open(prof / t).read())["distributedInfo"]["rank"] for t in traces}
     assert ranks == {0, 1}
-    assert (prof.parent / "summary.md").exists() and result.recompute_flops_per_token > 0  # beside the cycles
+    assert (prof.parent / "summary.md").exists() and result.flops.recompute_flops_per_token > 0  # beside the cycles
     summary = json.loads((prof.parent / "summary.json").read_text())
     recompute = next(d for d in summary["diagnoses"] if d["code"] == "recomputation")
-    expected = result.recompute_flops_per_token / (result.flops_per_token + result.recompute_flops_per_token)
+    flops = result.flops
+    expected = flops.recompute_flops_per_token / (flops.flops_per_token + flops.recompute_flops_per_token)
     assert recompute["evidence"]["flops_share"] == pytest.approx(expected)
 
 
@@ -128,8 +129,9 @@ def test_qlora_under_fsdp_keeps_the_recomputed_weights_of_checkpointed_layers(tm
     the module, as bitsandbytes' own forward does."""
     result = ftprof.train(tiny_config(tmp_path, "qlora", nproc_per_node=2, checkpointing="full", max_steps=3,
                                       warmup_steps=1))
-    assert result.status == "ok", result.error_message
-    assert result.world_size == 2 and result.kept_dequantized == 14  # 7 projections x 2 layers, each rank
+    assert result.status == "ok", result.failure.error_message
+    assert result.run.world_size == 2
+    assert result.checkpointing.kept_dequantized == 14  # 7 projections x 2 layers, each rank
 
 
 def test_fsdp2_in_one_process_trains_as_the_plain_model(tmp_path):

@@ -21,28 +21,28 @@ def policy_runs(tmp_path_factory):
 
 
 def test_policies_train_the_same_numbers(policy_runs):
-    losses = {p: (r.loss_first, r.loss_last) for p, r in policy_runs.items()}
+    losses = {p: (r.throughput.loss_first, r.throughput.loss_last) for p, r in policy_runs.items()}
     assert all(r.status == "ok" for r in policy_runs.values())
     assert losses["selective"] == pytest.approx(losses["none"], rel=1e-5)
     assert losses["full"] == pytest.approx(losses["none"], rel=1e-5)
 
 
 def test_selective_keeps_less_than_none_and_more_than_full(policy_runs):
-    saved = {p: r.memory_breakdown["activations_saved"] for p, r in policy_runs.items()}
+    saved = {p: r.memory.memory_breakdown.activations_saved for p, r in policy_runs.items()}
     assert saved["full"] < saved["selective"] < saved["none"], saved
-    assert {p: r.checkpointing_policy for p, r in policy_runs.items()} == {p: p for p in policy_runs}
+    assert {p: r.checkpointing.checkpointing_policy for p, r in policy_runs.items()} == {p: p for p in policy_runs}
     # HFU counts what is recomputed: the layers' matmuls under full, none under selective
-    assert policy_runs["full"].recompute_flops_per_token > 0
-    assert policy_runs["selective"].recompute_flops_per_token == 0
+    assert policy_runs["full"].flops.recompute_flops_per_token > 0
+    assert policy_runs["selective"].flops.recompute_flops_per_token == 0
 
 
 def test_auto_records_its_choice_and_estimates(tmp_path):
     result = ftprof.train(tiny_config(tmp_path, "lora", checkpointing="auto", max_steps=2, run_name="a"))
-    auto = result.checkpointing_auto
-    assert result.status == "ok" and result.checkpointing_policy == auto["policy"] == "none"  # tiny fits anywhere
-    est = auto["estimated_peak"]
-    assert est["none"] > est["selective"] > est["full"] > auto["static_bytes"] > 0
-    assert "fits" in auto["reason"]
+    auto = result.checkpointing.checkpointing_auto
+    assert result.status == "ok" and result.checkpointing.checkpointing_policy == auto.policy == "none"  # tiny fits
+    est = auto.estimated_peak
+    assert est["none"] > est["selective"] > est["full"] > auto.static_bytes > 0
+    assert "fits" in auto.reason
     assert json.loads((tmp_path / "a" / "config.json").read_text())["model"]["checkpointing"] == "auto"
 
 
@@ -75,13 +75,14 @@ def test_partial_checkpointing_sits_between_full_and_none(policy_runs, tmp_path)
     saved activations between full's and none's."""
     run = ftprof.train(tiny_config(tmp_path, "lora", checkpointing="full", checkpoint_layers=1, max_steps=3,
                                    seq_len=64, lr=3e-3))
-    assert run.status == "ok", run.error_message
-    assert run.checkpointing_policy == "full" and run.checkpointed_layers == 1
-    assert (run.loss_first, run.loss_last) == pytest.approx((policy_runs["none"].loss_first,
-                                                             policy_runs["none"].loss_last), rel=1e-5)
-    assert run.recompute_flops_per_token == pytest.approx(policy_runs["full"].recompute_flops_per_token / 2)
-    saved = {p: r.memory_breakdown["activations_saved"] for p, r in policy_runs.items()}
-    assert saved["full"] < run.memory_breakdown["activations_saved"] < saved["none"], saved
+    assert run.status == "ok", run.failure.error_message
+    assert run.checkpointing.checkpointing_policy == "full" and run.checkpointing.checkpointed_layers == 1
+    none = policy_runs["none"].throughput
+    assert (run.throughput.loss_first, run.throughput.loss_last) == pytest.approx((none.loss_first, none.loss_last),
+                                                                                  rel=1e-5)
+    assert run.flops.recompute_flops_per_token == pytest.approx(policy_runs["full"].flops.recompute_flops_per_token / 2)
+    saved = {p: r.memory.memory_breakdown.activations_saved for p, r in policy_runs.items()}
+    assert saved["full"] < run.memory.memory_breakdown.activations_saved < saved["none"], saved
 
 
 def test_compile_under_partial_checkpointing_compiles_checkpointed_blocks_by_children():
@@ -120,8 +121,9 @@ def test_compile_tuning_spells_the_mode_out_as_options():
 def test_compile_tuning_is_recorded_and_matches_eager_on_cpu(tmp_path):
     eager = ftprof.train(tiny_config(tmp_path / "e", "lora", max_steps=2))
     tuned = ftprof.train(tiny_config(tmp_path / "t", "lora", max_steps=2, compile=True, compile_tuning=True))
-    assert tuned.status == "ok" and tuned.compile["tuning"] is True
-    assert tuned.loss_last == pytest.approx(eager.loss_last, rel=1e-3 if tuned.compile["compiled"] else 1e-6)
+    assert tuned.status == "ok" and tuned.compile.outcome.tuning is True
+    assert tuned.throughput.loss_last == pytest.approx(eager.throughput.loss_last,
+                                                       rel=1e-3 if tuned.compile.outcome.compiled else 1e-6)
 
 
 @pytest.mark.slow
@@ -129,15 +131,15 @@ def test_compile_tuning_is_recorded_and_matches_eager_on_cpu(tmp_path):
 def test_compile_matches_eager_on_cpu(tmp_path, mode):
     eager = ftprof.train(tiny_config(tmp_path / "e", "lora", max_steps=3))
     compiled = ftprof.train(tiny_config(tmp_path / "c", "lora", max_steps=3, compile=True, compile_mode=mode))
-    assert compiled.status == "ok" and compiled.compile["blocks"] == 2
-    assert compiled.compile["mode"] == mode
-    if compiled.compile["compiled"]:
-        assert compiled.compile_time_s > 0
-        assert compiled.compile["loss"]  # transformers' loss (upcast + cross entropy) is compiled with the blocks
-        assert compiled.loss_last == pytest.approx(eager.loss_last, rel=1e-3)
+    assert compiled.status == "ok" and compiled.compile.outcome.blocks == 2
+    assert compiled.compile.outcome.mode == mode
+    if compiled.compile.outcome.compiled:
+        assert compiled.compile.compile_time_s > 0
+        assert compiled.compile.outcome.loss  # transformers' loss (upcast + cross entropy) is compiled with the blocks
+        assert compiled.throughput.loss_last == pytest.approx(eager.throughput.loss_last, rel=1e-3)
     else:  # no working C++ toolchain for inductor here: the run fell back to eager and said why
-        assert compiled.compile["fallback"] and any("--compile" in n for n in compiled.notes)
-        assert compiled.loss_last == pytest.approx(eager.loss_last, rel=1e-6)
+        assert compiled.compile.outcome.fallback and any("--compile" in n for n in compiled.notes)
+        assert compiled.throughput.loss_last == pytest.approx(eager.throughput.loss_last, rel=1e-6)
 
 
 def test_a_failed_compile_puts_blocks_and_loss_back_to_eager(tmp_path):
@@ -147,7 +149,7 @@ def test_a_failed_compile_puts_blocks_and_loss_back_to_eager(tmp_path):
     from ftprof.engine.compile import causal_lm, compile_targets, warm_up
     from tests.conftest import build_run
 
-    pre, built = build_run(tiny_config(tmp_path, "lora"))
+    plan, built = build_run(tiny_config(tmp_path, "lora"))
     eager_loss = causal_lm(built.model).loss_function
     vocab = causal_lm(built.model).config.vocab_size
     bad = {"input_ids": torch.full((1, 8), vocab + 5), "labels": torch.zeros((1, 8), dtype=torch.long)}
@@ -165,7 +167,7 @@ def test_a_loss_that_does_not_compile_runs_eager_and_the_blocks_stay_compiled(tm
     from ftprof.engine.compile import causal_lm, compile_targets, warm_up
     from tests.conftest import build_run
 
-    pre, built = build_run(tiny_config(tmp_path, "lora"))
+    plan, built = build_run(tiny_config(tmp_path, "lora"))
     lm = causal_lm(built.model)
     eager = lm.loss_function
 
@@ -195,13 +197,13 @@ def test_compile_compiles_the_loss_the_model_calls(tmp_path):
     from ftprof.engine.compile import causal_lm
     from tests.conftest import build_run
 
-    pre, built = build_run(tiny_config(tmp_path / "on", "lora", compile=True, max_steps=1))
+    plan, built = build_run(tiny_config(tmp_path / "on", "lora", compile=True, max_steps=1))
     lm = causal_lm(built.model)
     assert isinstance(lm, PreTrainedModel) and type(lm).__name__ == "LlamaForCausalLM"
     if built.compiled.compiled:  # else no C++ compiler here: the fallback test covers the way back
         assert built.compiled.loss
         assert hasattr(lm.loss_function, "_torchdynamo_orig_callable")  # what torch.compile returns
-    pre, built = build_run(tiny_config(tmp_path / "off", "lora", compile=True, compile_loss=False, max_steps=1))
+    plan, built = build_run(tiny_config(tmp_path / "off", "lora", compile=True, compile_loss=False, max_steps=1))
     assert not built.compiled.loss  # --no-compile-loss: the blocks alone, to measure what the loss's compile buys
     assert not hasattr(causal_lm(built.model).loss_function, "_torchdynamo_orig_callable")
 
@@ -212,14 +214,15 @@ def test_compile_under_full_checkpointing_keeps_the_checkpoint(tmp_path, policy_
     the run keeps as little for backward as eager full checkpointing and trains the same numbers."""
     run = ftprof.train(tiny_config(tmp_path, "lora", checkpointing="full", compile=True, max_steps=3, seq_len=64,
                                    lr=3e-3))
-    assert run.status == "ok", run.error_message
-    assert run.compile["compiled"], run.compile
-    assert run.compile["scope"] == "block children" and run.compile["blocks"] == 2
-    saved = {p: r.memory_breakdown["activations_saved"] for p, r in policy_runs.items()}
-    assert run.memory_breakdown["activations_saved"] <= saved["full"] * 1.1 < saved["none"], (run.memory_breakdown,
-                                                                                             saved)
-    assert (run.loss_first, run.loss_last) == pytest.approx((policy_runs["full"].loss_first,
-                                                             policy_runs["full"].loss_last), rel=1e-3)
+    assert run.status == "ok", run.failure.error_message
+    assert run.compile.outcome.compiled, run.compile.outcome
+    assert run.compile.outcome.scope == "block children" and run.compile.outcome.blocks == 2
+    saved = {p: r.memory.memory_breakdown.activations_saved for p, r in policy_runs.items()}
+    activations = run.memory.memory_breakdown.activations_saved
+    assert activations <= saved["full"] * 1.1 < saved["none"], (activations, saved)
+    full = policy_runs["full"].throughput
+    assert (run.throughput.loss_first, run.throughput.loss_last) == pytest.approx((full.loss_first, full.loss_last),
+                                                                                  rel=1e-3)
 
 
 @pytest.mark.parametrize("argv, fragment", [

@@ -32,7 +32,7 @@ def test_prefetched_batches_come_in_stream_order_with_their_token_counts():
 def test_a_run_trains_the_same_with_and_without_prefetching(tmp_path):
     runs = {p: ftprof.train(tiny_config(tmp_path / str(p), "lora", prefetch=p, max_steps=4)) for p in (True, False)}
     assert runs[True].status == runs[False].status == "ok"
-    assert runs[True].loss_last == pytest.approx(runs[False].loss_last, rel=1e-6)
+    assert runs[True].throughput.loss_last == pytest.approx(runs[False].throughput.loss_last, rel=1e-6)
     losses = {p: (Path(r.run_dir) / "steps.csv").read_text().splitlines() for p, r in runs.items()}
     column = lambda rows: [row.split(",")[1] for row in rows[1:]]  # noqa: E731 - step,loss,...
     assert column(losses[True]) == column(losses[False]) and len(column(losses[True])) == 4

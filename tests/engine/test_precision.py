@@ -24,9 +24,9 @@ class MatmulDtypes(TorchDispatchMode):
 
 
 def matmul_dtypes(cfg) -> list[torch.dtype]:
-    pre, built = build_run(cfg)
+    plan, built = build_run(cfg)
     with MatmulDtypes() as mode:
-        run_one_step(pre, built)
+        run_one_step(plan, built)
     return mode.dtypes
 
 
@@ -68,9 +68,9 @@ class Conversions(TorchDispatchMode):
 
 def _conversions(tmp_path, method) -> int:
     cfg = tiny_config(tmp_path / method, method, dtype="bfloat16", max_steps=2)
-    pre, built = build_run(cfg)
+    plan, built = build_run(cfg)
     with Conversions(min_numel=cfg.data.batch_size * cfg.data.seq_len * 64) as mode:  # tiny's hidden size: 64
-        run_one_step(pre, built)
+        run_one_step(plan, built)
     return mode.count
 
 

@@ -26,7 +26,7 @@ def _run(tmp_path, method, **flat):
     values = dict(max_steps=2, warmup_steps=1, batch_size=2, seq_len=96)
     values.update(flat)
     result = ftprof.train(tiny_config(tmp_path, method, **values))
-    assert result.status == "ok", result.error_tail
+    assert result.status == "ok", result.failure.error_tail
     return result
 
 
@@ -35,11 +35,12 @@ def _run(tmp_path, method, **flat):
 def test_checkpoint_trains_on_chat_data_with_every_method(tmp_path, checkpoint, chat_file, method):
     extra = {"gptq_calibration_samples": 4} if method == "gptq-lora" else {}
     result = _run(tmp_path, method, model=checkpoint, dataset=chat_file, **extra)
-    assert result.data["format"] == "chat" and result.data["rows"] == 16
-    assert 0 < result.real_tokens_per_s < result.tokens_per_s  # padding and prompts carry no labels
+    assert result.data.format == "chat" and result.data.rows == 16
+    speed = result.throughput
+    assert 0 < speed.real_tokens_per_s < speed.tokens_per_s  # padding and prompts carry no labels
     saved = json.loads((tmp_path / result.run_dir.split("/")[-1] / "result.json").read_text())
-    assert saved["data"]["fingerprint"] == result.data["fingerprint"]
-    assert saved["data"]["padding_fraction"] == pytest.approx(result.data["padding_fraction"])
+    assert saved["data"]["fingerprint"] == result.data.fingerprint
+    assert saved["data"]["padding_fraction"] == pytest.approx(result.data.padding_fraction)
 
 
 @pytest.mark.parametrize("name, rows, packing", [
@@ -49,11 +50,11 @@ def test_checkpoint_trains_on_chat_data_with_every_method(tmp_path, checkpoint, 
 def test_every_data_format_trains(tmp_path, name, rows, packing):
     path = write(tmp_path / name, rows)
     result = _run(tmp_path / "runs", "lora", dataset=path, packing=packing, seq_len=160)
-    assert result.data["rows"] == len(rows)
+    assert result.data.rows == len(rows)
     if packing:
-        assert result.data["padding_fraction"] == 0 and result.tokens_per_step == 2 * 160
+        assert result.data.padding_fraction == 0 and result.throughput.tokens_per_step == 2 * 160
     else:
-        assert result.data["padding_fraction"] > 0
+        assert result.data.padding_fraction > 0
 
 
 @pytest.mark.slow  # a subprocess: ~11 s on 2 busy cores

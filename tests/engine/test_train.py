@@ -17,9 +17,9 @@ def test_method_trains_and_loss_falls(tmp_path, method):
     cfg = tiny_config(tmp_path, method, max_steps=25, seq_len=64, batch_size=8, lr=LEARNING_RATES[method],
                       warmup_steps=2)
     result = ftprof.train(cfg)
-    assert result.status == "ok", result.error_tail
-    assert result.steps_completed == 25 and result.steady_steps == 23
-    assert result.loss_last < 0.85 * result.loss_first
+    assert result.status == "ok", result.failure.error_tail
+    assert result.run.steps_completed == 25 and result.throughput.steady_steps == 23
+    assert result.throughput.loss_last < 0.85 * result.throughput.loss_first
     run = tmp_path / result.run_dir.split("/")[-1]
     assert run.is_dir()
     for name in ("config.json", "env.json", "steps.csv", "result.json", "memory_stages.csv"):
@@ -63,8 +63,8 @@ def test_env_records_versions_and_allocator(tmp_path):
 
 def test_gradient_checkpointing_and_accumulation(tmp_path):
     result = ftprof.train(tiny_config(tmp_path, "lora", gradient_checkpointing=True, grad_accum=3, max_steps=3))
-    assert result.status == "ok" and result.tokens_per_step == 3 * 4 * 32
-    assert result.recompute_flops_per_token > 0
+    assert result.status == "ok" and result.throughput.tokens_per_step == 3 * 4 * 32
+    assert result.flops.recompute_flops_per_token > 0
 
 
 def test_failure_is_a_recorded_status(tmp_path):
@@ -81,22 +81,22 @@ def test_text_dataset_from_python_api(tmp_path):
     data.write_text("\n".join(json.dumps({"text": f"the model trains on tokens {i}"}) for i in range(20)))
     result = ftprof.train(tiny_config(tmp_path, "full", dataset=str(data), packing=False, run_name="text"))
     assert result.status == "ok"
-    assert result.real_tokens_per_s < result.tokens_per_s  # padding is not real tokens
+    assert result.throughput.real_tokens_per_s < result.throughput.tokens_per_s  # padding is not real tokens
 
 
 @pytest.mark.parametrize("method", ["full", "lora", "qlora"])
 def test_memory_breakdown_is_exact(tmp_path, method):
     cfg = tiny_config(tmp_path, method, max_steps=2, warmup_steps=1)
     result = ftprof.train(cfg)
-    b = result.memory_breakdown
-    n_trainable = result.params_trainable
+    b = result.memory.memory_breakdown.to_dict()
+    n_trainable = result.flops.params_trainable
     assert b["weights_trainable"] == 4 * n_trainable  # fp32 on CPU
     assert b["gradients"] == 4 * n_trainable
     assert b["optimizer_state"] >= 2 * 4 * n_trainable  # AdamW: exp_avg and exp_avg_sq (plus step counters)
     if method == "full":
         assert b["weights_frozen"] < 4 * 1024  # only buffers (rotary tables)
     elif method == "lora":
-        assert b["weights_frozen"] >= 4 * (result.params_total - n_trainable)
+        assert b["weights_frozen"] >= 4 * (result.flops.params_total - n_trainable)
     else:  # 4-bit: half a byte per quantized weight plus its block constants, everything else in fp32
         import bitsandbytes as bnb
 
@@ -116,7 +116,7 @@ def test_checkpointing_really_shrinks_saved_activations(tmp_path):
     plain = ftprof.train(tiny_config(tmp_path / "a", "lora", max_steps=2, warmup_steps=1, seq_len=128))
     ckpt = ftprof.train(tiny_config(tmp_path / "b", "lora", max_steps=2, warmup_steps=1, seq_len=128,
                                     gradient_checkpointing=True))
-    saved, saved_ckpt = (r.memory_breakdown["activations_saved"] for r in (plain, ckpt))
+    saved, saved_ckpt = (r.memory.memory_breakdown.activations_saved for r in (plain, ckpt))
     assert saved > 0 and saved_ckpt < 0.6 * saved
 
 

@@ -46,15 +46,15 @@ class FakeCudaCounters:
 def test_a_peak_in_a_middle_step_is_the_run_peak(tmp_path, monkeypatch):
     FakeCudaCounters(low=100, high=1000, high_step=3).install(monkeypatch)
     result = ftprof.train(tiny_config(tmp_path, "lora", max_steps=5, warmup_steps=1, run_name="r"))
-    assert result.status == "ok", result.error_message
+    assert result.status == "ok", result.failure.error_message
     with open(tmp_path / "r" / "steps.csv") as fh:
         peaks = [int(row["mem_peak_allocated"]) for row in csv.DictReader(fh)]
     assert peaks == [100, 100, 1000, 100, 100]
-    assert result.torch_peak_allocated == 1000
-    assert result.torch_peak_reserved == 1010
-    assert result.memory_stages["mem_steady_state_peak"] == 1000
-    assert result.memory_breakdown["training_peak"] == 1000
-    assert result.fragmentation == 10
+    assert result.memory.torch_peak_allocated == 1000
+    assert result.memory.torch_peak_reserved == 1010
+    assert result.memory.memory_stages["mem_steady_state_peak"] == 1000
+    assert result.memory.memory_breakdown.training_peak == 1000
+    assert result.memory.fragmentation == 10
 
 
 def test_a_failed_build_still_records_a_result(tmp_path):

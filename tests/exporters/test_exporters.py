@@ -58,7 +58,7 @@ def tracked_run(tmp_path_factory):
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     result = ftprof.train(tiny_config(out, "lora", max_steps=3, warmup_steps=1, run_name="tracked",
                                       report_to=",".join(installed)))
-    assert result.status == "ok", result.error_tail
+    assert result.status == "ok", result.failure.error_tail
     return out, result
 
 
@@ -72,11 +72,11 @@ def test_tensorboard_events_read_back(tracked_run):
     scalars = acc.Tags()["scalars"]
     loss = acc.Scalars("train/loss")
     assert [e.step for e in loss] == [1, 2, 3]
-    assert loss[-1].value == pytest.approx(result.loss_last, rel=1e-6)
+    assert loss[-1].value == pytest.approx(result.throughput.loss_last, rel=1e-6)
     assert {"train/step_time_s", "train/tokens_per_s", "memory/peak_allocated_gib", "host/gc_s",
             "host/compile_s"} <= set(scalars)
     assert acc.Scalars("host/data_s")[0].value > 0  # step 1 made its own batch
-    assert acc.Scalars("result/tokens_per_s")[0].value == pytest.approx(result.tokens_per_s, rel=1e-6)
+    assert acc.Scalars("result/tokens_per_s")[0].value == pytest.approx(result.throughput.tokens_per_s, rel=1e-6)
     assert "config" in " ".join(acc.Tags()["tensors"])
 
 
@@ -92,8 +92,8 @@ def test_mlflow_run_reads_back(tracked_run):
     assert run.data.params["method.method"] == "lora" and run.data.params["data.seq_len"] == "32"
     history = client.get_metric_history(run.info.run_id, "train/loss")
     assert [m.step for m in history] == [1, 2, 3]
-    assert history[-1].value == pytest.approx(result.loss_last, rel=1e-6)
-    assert run.data.metrics["result/tokens_per_s"] == pytest.approx(result.tokens_per_s, rel=1e-6)
+    assert history[-1].value == pytest.approx(result.throughput.loss_last, rel=1e-6)
+    assert run.data.metrics["result/tokens_per_s"] == pytest.approx(result.throughput.tokens_per_s, rel=1e-6)
     assert run.data.metrics["result/host_peak_rss"] > 0
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.json", "result.json"} <= artifacts

@@ -24,10 +24,10 @@ def test_checkpoint_on_chat_data(tmp_path, checkpoint, method, packing):
                                    batch_size=4, max_steps=6, warmup_steps=2, device="cuda", quiet=True,
                                    output_dir=str(tmp_path), report_to="tensorboard", **extra))
     result = ftprof.train(cfg)
-    assert result.status == "ok", result.error_tail
-    assert result.data["format"] == "chat" and result.data["rows"] == 64
-    assert (result.data["padding_fraction"] == 0) == packing
-    assert 0 < result.real_tokens_per_s < result.tokens_per_s
+    assert result.status == "ok", result.failure.error_tail
+    assert result.data.format == "chat" and result.data.rows == 64
+    assert (result.data.padding_fraction == 0) == packing
+    assert 0 < result.throughput.real_tokens_per_s < result.throughput.tokens_per_s
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(tmp_path / result.run_dir.split("/")[-1] / "tensorboard"))

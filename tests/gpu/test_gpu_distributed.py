@@ -38,15 +38,15 @@ def _keep(result, label):
 def test_two_gpus(tmp_path, method, parallel):
     result = ftprof.train(_cfg(tmp_path, method, parallel=parallel))
     _keep(result, f"{method}-{parallel}-2gpu")
-    assert result.status == "ok", result.error_message
-    assert result.world_size == 2 and set(result.per_rank) == {"0", "1"}
-    assert result.tokens_per_s == pytest.approx(2 * result.tokens_per_s_per_gpu)
-    ranks = result.per_rank.values()
+    assert result.status == "ok", result.failure.error_message
+    assert result.run.world_size == 2 and set(result.distributed.per_rank) == {"0", "1"}
+    assert result.throughput.tokens_per_s == pytest.approx(2 * result.throughput.tokens_per_s_per_gpu)
+    ranks = result.distributed.per_rank.values()
     assert all(r["torch_peak_allocated"] > 0 for r in ranks)
-    assert result.torch_peak_allocated == max(r["torch_peak_allocated"] for r in ranks)
-    assert result.memory_skew is not None and result.step_time_skew is not None
-    assert result.nvml_device_used_peak and result.nvml["ranks"] == 2
-    assert 0 < result.mfu < 1
+    assert result.memory.torch_peak_allocated == max(r["torch_peak_allocated"] for r in ranks)
+    assert result.distributed.memory_skew is not None and result.distributed.step_time_skew is not None
+    assert result.memory.nvml_device_used_peak and result.nvml.summary["ranks"] == 2
+    assert 0 < result.flops.mfu < 1
 
 
 def test_fsdp_checkpointing_and_cpu_offload(tmp_path):
@@ -55,6 +55,6 @@ def test_fsdp_checkpointing_and_cpu_offload(tmp_path):
     off = ftprof.train(_cfg(tmp_path / "b", "full", gradient_checkpointing=True, fsdp_cpu_offload=True))
     for r, label in ((base, "full-fsdp-ckpt-2gpu"), (off, "full-fsdp-ckpt-offload-2gpu")):
         _keep(r, label)
-        assert r.status == "ok", r.error_message
+        assert r.status == "ok", r.failure.error_message
     assert base.recompute_flops_per_token > 0 and base.hfu > base.mfu
     assert off.torch_peak_allocated < base.torch_peak_allocated

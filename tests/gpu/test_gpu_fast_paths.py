@@ -69,18 +69,18 @@ def _losses(result) -> list[float]:
 def test_fast_path_loss_matches_eager(tmp_path, eager_runs, method, name):
     result = ftprof.train(fast_config(tmp_path, method, **FAST_PATHS[name]))
     eager = eager_runs[method]
-    assert result.status == "ok", result.error_message
+    assert result.status == "ok", result.failure.error_message
     if "compile" in name:
-        assert result.compile["compiled"], result.compile
-        assert result.compile["mode"] == FAST_PATHS[name].get("compile_mode", "default")
-        assert result.compile["loss"] == ("liger" not in name)  # Liger's fused loss is not compiled over
+        assert result.compile.outcome.compiled, result.compile.outcome
+        assert result.compile.outcome.mode == FAST_PATHS[name].get("compile_mode", "default")
+        assert result.compile.outcome.loss == ("liger" not in name)  # Liger's fused loss is not compiled over
         dequantizing = "dequant" in name and method == "qlora"  # torch-op dequantization, asked for
-        assert (result.compile["dequant"] > 0) == dequantizing, result.compile
-        assert result.compile["tuning"] == ("tuning" in name), result.compile
+        assert (result.compile.outcome.dequant > 0) == dequantizing, result.compile.outcome
+        assert result.compile.outcome.tuning == ("tuning" in name), result.compile.outcome
         # the compile warm-up compiled everything: no steady step traced, recompiled or recorded a CUDA graph
-        assert result.host_time["compile_s"] == 0, result.slow_steps
+        assert result.host_time.totals.compile_s == 0, result.host_time.slow_steps
     if "cudnn" in name:  # SDPA really runs cuDNN's attention for this shape (not a silent fallback)
-        assert result.sdpa_backend_used == "cudnn", (result.sdpa_backend_used, result.notes)
+        assert result.compile.sdpa_backend_used == "cudnn", (result.compile.sdpa_backend_used, result.notes)
     a, b = _losses(eager), _losses(result)
     assert len(a) == len(b) == 30
     worst = max(abs(y - x) / abs(x) for x, y in zip(a, b, strict=True))
@@ -89,8 +89,8 @@ def test_fast_path_loss_matches_eager(tmp_path, eager_runs, method, name):
 
 def _lora_grads(cfg) -> dict[str, torch.Tensor]:
     with kernels.patched(cfg.model.kernels, "llama", cfg.model.compile):
-        pre, built = build_run(cfg)
-        run_one_step(pre, built)
+        plan, built = build_run(cfg)
+        run_one_step(plan, built)
     return {n: p.grad.float().clone() for n, p in built.model.named_parameters() if p.requires_grad}
 
 
@@ -164,9 +164,9 @@ def test_triton_dequantization_gives_bitsandbytes_bits(quant_type, nested, dtype
 @pytest.mark.parametrize("name", list(TRITON_DEQUANT))
 def test_triton_dequantization_trains_as_bitsandbytes(tmp_path, eager_runs, name):
     result = ftprof.train(fast_config(tmp_path, "qlora", dequant_kernel="triton", **TRITON_DEQUANT[name]))
-    assert result.status == "ok", result.error_message
+    assert result.status == "ok", result.failure.error_message
     if "compile" in name:
-        assert result.compile["compiled"], result.compile
+        assert result.compile.outcome.compiled, result.compile.outcome
     a, b = _losses(eager_runs["qlora"]), _losses(result)
     worst = max(abs(y - x) / abs(x) for x, y in zip(a, b, strict=True))
     assert worst < (1e-3 if name == "eager" else 0.01), f"worst step {worst:.4f}\neager {a}\nfast  {b}"
@@ -177,6 +177,6 @@ def test_compiled_triton_dequantization_keeps_no_weights(tmp_path):
     weight between them (llama-1b's would be 2.5 GB): the peak stays within 0.25 GiB of bitsandbytes'."""
     runs = {k: ftprof.train(fast_config(tmp_path / k, "qlora", compile=True, max_steps=4, dequant_kernel=k))
             for k in ("bitsandbytes", "triton")}
-    assert all(r.status == "ok" and r.compile["compiled"] for r in runs.values())
-    extra = runs["triton"].torch_peak_allocated - runs["bitsandbytes"].torch_peak_allocated
+    assert all(r.status == "ok" and r.compile.outcome.compiled for r in runs.values())
+    extra = runs["triton"].memory.torch_peak_allocated - runs["bitsandbytes"].memory.torch_peak_allocated
     assert extra < 0.25 * (1 << 30), extra / (1 << 30)

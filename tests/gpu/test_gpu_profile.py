@@ -41,7 +41,7 @@ def _summary(tmp_path, result):
 
 def test_qlora_profile_on_gpu_has_kernels_snapshot_and_timeline(tmp_path):
     result = ftprof.train(_cfg(tmp_path, prof_memory_snapshot=True, prof_memory_timeline=True))
-    assert result.status == "ok", result.error_tail
+    assert result.status == "ok", result.failure.error_tail
     run_dir, summary = _summary(tmp_path, result)
     _keep(result, run_dir, "qlora-ftprof-timeline")
     assert summary["device_kind"] == "gpu" and summary["categories_us"]["gemm"] > 0
@@ -61,7 +61,7 @@ def test_qlora_profile_on_gpu_has_kernels_snapshot_and_timeline(tmp_path):
 @pytest.mark.parametrize("label, extra", [("qlora-ftprof", {}), ("qlora-textbook", {"kbit_prepare": True})])
 def test_fp32_gemm_diagnosis_tells_the_recipes_apart(tmp_path, label, extra):
     result = ftprof.train(_cfg(tmp_path, **extra))
-    assert result.status == "ok", result.error_tail
+    assert result.status == "ok", result.failure.error_tail
     run_dir, summary = _summary(tmp_path, result)
     _keep(result, run_dir, label)
     codes = {d["code"]: d for d in summary["diagnoses"]}
@@ -76,7 +76,7 @@ def test_fp32_gemm_diagnosis_tells_the_recipes_apart(tmp_path, label, extra):
 def test_profile_every_method_on_gpu(tmp_path, method):
     result = ftprof.train(_cfg(tmp_path, method, gptq_calibration_samples=8) if method == "gptq-lora"
                           else _cfg(tmp_path, method))
-    assert result.status == "ok", result.error_tail
+    assert result.status == "ok", result.failure.error_tail
     run_dir, summary = _summary(tmp_path, result)
     _keep(result, run_dir, f"{method}-profile")
     assert summary["device_kind"] == "gpu" and summary["busy_us"] > 0
@@ -87,7 +87,7 @@ def test_buckets_and_holistic_trace_analysis_on_qlora_with_checkpointing(tmp_pat
     """The fine-tuning buckets of a real GPU trace reconcile with the run's HFU count, and HTA reads the cycle
     folder as it is (temporal and kernel breakdowns)."""
     result = ftprof.train(_cfg(tmp_path, gradient_checkpointing=True, prof_record_shapes=True))
-    assert result.status == "ok", result.error_tail
+    assert result.status == "ok", result.failure.error_tail
     run_dir, summary = _summary(tmp_path, result)
     _keep(result, run_dir, "qlora-checkpointing-buckets")
     bd = summary["breakdown"]
@@ -114,7 +114,7 @@ def test_memory_snapshot_renders_with_memory_viz(tmp_path):
     from torch.cuda import _memory_viz
 
     result = ftprof.train(_cfg(tmp_path, "lora", prof_memory_snapshot=True))
-    assert result.status == "ok", result.error_tail
+    assert result.status == "ok", result.failure.error_tail
     run_dir = tmp_path / result.run_dir.split("/")[-1]
     snapshot = pickle.loads((run_dir / "profile" / "memory_snapshot_rank0_cycle1.pickle").read_bytes())
     html = _memory_viz.trace_plot(snapshot)

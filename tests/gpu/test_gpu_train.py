@@ -43,15 +43,16 @@ def runs(tmp_path_factory):
 def test_llama_1b_trains_on_gpu(tmp_path, method, runs):
     result = ftprof.train(gpu_config(tmp_path, method))
     _record(result)
-    assert result.status == "ok", result.error_tail
+    assert result.status == "ok", result.failure.error_tail
     runs[method] = result
-    assert torch.isfinite(torch.tensor(result.loss_last))
-    assert result.device_name and "cuda" in result.device
-    assert result.torch_peak_allocated > 0 and result.torch_peak_reserved >= result.torch_peak_allocated
-    assert result.memory_stages["mem_load_delta"] > 0
-    assert result.tokens_per_s > 0 and result.step_time_p50_s > 0
-    if result.peak_flops is not None:
-        assert 0.01 < result.mfu < 1.0
+    assert torch.isfinite(torch.tensor(result.throughput.loss_last))
+    assert result.run.device_name and "cuda" in result.run.device
+    memory = result.memory
+    assert memory.torch_peak_allocated > 0 and memory.torch_peak_reserved >= memory.torch_peak_allocated
+    assert result.memory.memory_stages["mem_load_delta"] > 0
+    assert result.throughput.tokens_per_s > 0 and result.throughput.step_time_p50_s > 0
+    if result.flops.peak_flops is not None:
+        assert 0.01 < result.flops.mfu < 1.0
     env = json.loads((tmp_path / result.run_dir.split("/")[-1] / "env.json").read_text())
     assert env["gpus"] and env["gpus"][0]["name"]
     assert env["pytorch_alloc_conf"] == "expandable_segments:True"
@@ -62,12 +63,12 @@ def test_quantized_bases_hold_less_weight_memory(runs):
     # where the 4-bit kernels' transients currently make QLoRA's peak ~1 GiB above LoRA's on llama-1b: issue 7.)
     if not {"full", "lora", "qlora"} <= set(runs):
         pytest.skip("needs the full, lora and qlora runs of this module")
-    load = {m: r.memory_stages["mem_load_delta"] for m, r in runs.items()}
+    load = {m: r.memory.memory_stages["mem_load_delta"] for m, r in runs.items()}
     assert load["qlora"] < 0.5 * load["lora"]
     assert load["lora"] == pytest.approx(load["full"], rel=0.05)
     if "gptq-lora" in load:
         assert load["gptq-lora"] < 0.5 * load["lora"]
-    assert runs["lora"].torch_peak_allocated < runs["full"].torch_peak_allocated
+    assert runs["lora"].memory.torch_peak_allocated < runs["full"].memory.torch_peak_allocated
 
 
 def test_qlora_bf16_path_has_no_fp32_gemms_on_gpu(tmp_path):
@@ -90,7 +91,7 @@ def test_oom_is_recorded_as_oom_device(tmp_path):
                                      warmup_steps=1))
     _record(result)
     assert result.status == "oom_device"
-    assert result.error_type == "OutOfMemoryError"
+    assert result.failure.error_type == "OutOfMemoryError"
     run_dir = tmp_path / result.run_dir.split("/")[-1]
     saved = json.loads((run_dir / "result.json").read_text())
     assert saved["status"] == "oom_device"
@@ -105,8 +106,8 @@ def test_fsdp_cpu_offload_on_one_gpu(tmp_path):
     off = ftprof.train(gpu_config(tmp_path / "off", "full", gradient_checkpointing=True, fsdp_cpu_offload=True))
     for r in (base, off):
         _record(r)
-        assert r.status == "ok", r.error_message
-        assert r.loss_last < 0.5 * r.loss_first
+        assert r.status == "ok", r.failure.error_message
+        assert r.throughput.loss_last < 0.5 * r.throughput.loss_first
     assert off.world_size == 1 and off.parallel == "fsdp"
     static = sum(base.memory_breakdown[k] for k in ("weights_trainable", "gradients", "optimizer_state"))
     assert off.memory_breakdown["offloaded"] == pytest.approx(static, rel=0.01)

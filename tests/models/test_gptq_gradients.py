@@ -9,7 +9,7 @@ from tests.conftest import build_run, tiny_config
 
 
 def _gptq_lora_layers(tmp_path, device="cpu", dtype="float32"):
-    pre, built = build_run(tiny_config(tmp_path, "gptq-lora", device=device, dtype=dtype,
+    plan, built = build_run(tiny_config(tmp_path, "gptq-lora", device=device, dtype=dtype,
                                        gptq_calibration_samples=4))
     layers = [m for m in built.model.modules() if type(m).__name__ == "GPTQLoraLinear"]
     assert layers, "no GPTQ LoRA layers found"
@@ -69,14 +69,14 @@ def test_quantizers_round_within_their_bounds(tmp_path, quantizer, monkeypatch):
     from ftprof.models.presets import preset_config
 
     monkeypatch.chdir(tmp_path)
-    pre, built = build_run(tiny_config(tmp_path, "gptq-lora", gptq_calibration_samples=4,
+    plan, built = build_run(tiny_config(tmp_path, "gptq-lora", gptq_calibration_samples=4,
                                        gptq_quantizer=quantizer, seed=7 if quantizer == "rtn" else 8))
-    assert pre.config.method.gptq_quantizer == quantizer
+    assert plan.config.method.gptq_quantizer == quantizer
     # GPTQModel's per-module logs go beside the checkpoint, not into the working directory
     assert not (tmp_path / "logs").exists()
     assert any((entry / "quantize_logs").is_dir() for entry in cache_root().iterdir())
     original = build_random_model(preset_config("tiny"), torch.device("cpu"), torch.float32,
-                                  seed=pre.config.train.seed)
+                                  seed=plan.config.train.seed)
     worst = 0.0
     for name, module in built.model.named_modules():
         if type(module).__name__ != "GPTQLoraLinear":

@@ -21,7 +21,7 @@ class CountOps(TorchDispatchMode):
 def loss_and_grads(tmp_path, method: str, nonzero_b: bool = False, **flat):
     """One batch's loss, LoRA gradients and dispatched ops for the tiny preset with ``flat`` options; with
     ``nonzero_b``, B starts random (PEFT's zeros would leave A without a gradient)."""
-    pre, built = build_run(tiny_config(tmp_path, method, seq_len=16, **flat))
+    plan, built = build_run(tiny_config(tmp_path, method, seq_len=16, **flat))
     if nonzero_b:
         with torch.no_grad():
             for name, p in built.model.named_parameters():
@@ -50,7 +50,7 @@ def test_fused_adapters_compute_what_peft_computes(tmp_path, method):
 
 
 def test_disabled_adapters_run_peft_forward(tmp_path):
-    pre, built = build_run(tiny_config(tmp_path, "lora", seq_len=16))
+    plan, built = build_run(tiny_config(tmp_path, "lora", seq_len=16))
     batch, model = next(built.batches), built.model
     lora_b = [m for n, m in model.named_modules() if n.endswith("lora_B.default")]
     with torch.no_grad():

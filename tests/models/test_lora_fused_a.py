@@ -28,7 +28,7 @@ def test_shared_a_computes_what_peft_computes(tmp_path, method):
 
 def test_a_member_called_alone_applies_its_own_a(tmp_path):
     """k_proj without q_proj before it (or on another input) must not take a stale slice."""
-    pre, built = build_run(tiny_config(tmp_path, "lora", lora_fused_a=True, seq_len=16))
+    plan, built = build_run(tiny_config(tmp_path, "lora", lora_fused_a=True, seq_len=16))
     attn = metrics.decoder_layers(built.model)[0].self_attn
     x, other = torch.randn(2, 8, attn.q_proj.base_layer.in_features), torch.randn(2, 8, attn.q_proj.in_features)
     with torch.no_grad():
@@ -57,11 +57,11 @@ def test_one_compiled_graph_serves_every_layer(tmp_path):
     counters.clear()
     fused = ftprof.train(tiny_config(tmp_path / "f", "lora", model=model, max_steps=3, seq_len=32, compile=True,
                                      lora_fused_a=True))
-    assert fused.status == "ok" and fused.compile["blocks"] == 6
-    if fused.compile["compiled"]:
+    assert fused.status == "ok" and fused.compile.outcome.blocks == 6
+    if fused.compile.outcome.compiled:
         # The first block (its input needs no gradient), the others, and the loss: not one graph per layer.
         assert counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])
-        assert fused.loss_last == pytest.approx(eager.loss_last, rel=1e-3)
+        assert fused.throughput.loss_last == pytest.approx(eager.throughput.loss_last, rel=1e-3)
 
 
 def test_the_option_is_on_by_default_except_beside_addmm_or_the_textbook_recipe():

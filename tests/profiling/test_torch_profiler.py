@@ -30,7 +30,7 @@ def test_profile_writes_openable_artifacts(tmp_path):
     cfg = tiny_config(tmp_path, "lora", max_steps=8, warmup_steps=1, profile=True, prof_with_stack=True,
                       prof_record_shapes=True, prof_memory_timeline=True)
     result = ftprof.train(cfg)
-    assert result.status == "ok", result.error_tail
+    assert result.status == "ok", result.failure.error_tail
     prof_dir = _run_dir(tmp_path, result) / "profile"
     trace = json.loads(gzip.open(prof_dir / "cycle1" / "trace_rank0_cycle1.pt.trace.json.gz").read())
     assert trace["distributedInfo"]["rank"] == 0
@@ -66,7 +66,7 @@ def test_max_steps_raised_so_cycles_complete(tmp_path):
     cfg = tiny_config(tmp_path, "full", max_steps=3, warmup_steps=1, profile=True, prof_active_steps=2,
                       prof_repeat=2)
     result = ftprof.train(cfg)
-    assert result.steps_completed == 8
+    assert result.run.steps_completed == 8
     assert any("--max-steps raised from 3 to 8" in n for n in result.notes)
     prof_dir = _run_dir(tmp_path, result) / "profile"
     # one folder per cycle, holding only that cycle's traces (what HTA and TensorBoard read)
@@ -140,7 +140,7 @@ def test_profile_each_method_on_cpu(tmp_path, method):
     result = ftprof.profile(tiny_config(tmp_path, method, max_steps=5, prof_active_steps=1,
                                         gptq_calibration_samples=4) if method == "gptq-lora"
                             else tiny_config(tmp_path, method, max_steps=5, prof_active_steps=1))
-    assert result.status == "ok", result.error_tail
+    assert result.status == "ok", result.failure.error_tail
     prof = _run_dir(tmp_path, result) / "profile"
     trace = json.loads(gzip.open(prof / "cycle1" / "trace_rank0_cycle1.pt.trace.json.gz").read())
     assert any(e.get("name") == "ftprof/backward" for e in trace["traceEvents"])
