@@ -115,6 +115,12 @@ class QLoRA(LoRA):
     def load(self, ctx: LoadContext) -> nn.Module:
         m = ctx.cfg.method
         compute, storage = torch_dtype(m.compute_dtype), torch_dtype(m.quant_storage)
+        if ctx.device.type == "cpu":
+            from ftprof.models.bnb_cpu import fix_cpu_dequantize
+
+            if fix_cpu_dequantize():
+                ctx.log("note: bitsandbytes' native CPU 4-bit dequantization gives wrong values on this CPU for "
+                        "rows that are not whole blocks; its pure-torch reference dequantizes instead")
         if ctx.source.kind != "preset":
             from transformers import BitsAndBytesConfig
 

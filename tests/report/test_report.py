@@ -295,6 +295,9 @@ def test_slow_steps_get_a_section_naming_run_step_and_cause(results, tmp_path):
     root = tmp_path / "runs"
     for name in ("a", "b"):
         shutil.copytree(results / name, root / name)
+    quiet = _result(root, "a")
+    quiet["slow_steps"] = []  # a real run on a busy machine can have a slow step: this copy has none
+    (root / "a" / "result.json").write_text(json.dumps(quiet))
     result = _result(root, "b")
     result["slow_steps"] = [{"step": 7, "warmup": False, "step_time_s": 1.549, "extra_s": 0.563,
                              "cause": "torch.compile", "cause_s": 0.512}]
