@@ -158,6 +158,29 @@ def load_sweep(path: str | Path) -> Sweep:
 
 
 def _expand(path: Path, data: dict[str, Any]) -> Sweep:
+    base, matrix, extra, exclude = _sections(path, data)
+    repeats = data.get("repeats", 1)
+    if repeats < 1:
+        raise _fail(path, "repeats", "must be at least 1")
+    timeout = float(data.get("timeout_s", 1800))
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise _fail(path, "timeout_s", f"must be positive and finite (seconds), got {timeout}")
+    memory = _sweep_memory_logging(path, data)
+    launcher = launcher_from_file(path, data.get("launcher"))
+    cells = _cells(path, base, matrix, extra, exclude)
+    differs = _differing_keys([values for _, values in cells])
+    order = ["method"] + list(matrix) + sorted(differs)  # method first, then the matrix's own order
+    varying = list(dict.fromkeys(k for k in order if k in differs))
+    experiments = _experiments(path, cells, varying, memory, repeats)
+    sweep_name = str(data.get("name") or path.stem)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", sweep_name):
+        raise _fail(path, "name", f"'{sweep_name}' must be a plain directory name")
+    return Sweep(sweep_name, path, experiments, memory, timeout, repeats, varying, launcher)
+
+
+def _sections(path: Path, data: dict[str, Any]) -> tuple[dict, dict, list, list]:
+    """base, matrix, experiments and exclude, each checked: known option names, lists only in the matrix, and
+    exclude rules that name matrix keys."""
     base = data.get("base", {}) or {}
     matrix = data.get("matrix", {}) or {}
     extra = data.get("experiments", []) or []
@@ -171,20 +194,22 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
         unknown = [k for k in rule if k not in matrix]
         if unknown:
             raise _fail(path, f"exclude[{i}].{unknown[0]}", "is not a matrix key, so it cannot exclude anything")
-    repeats = data.get("repeats", 1)
-    if repeats < 1:
-        raise _fail(path, "repeats", "must be at least 1")
-    timeout = float(data.get("timeout_s", 1800))
-    if not math.isfinite(timeout) or timeout <= 0:
-        raise _fail(path, "timeout_s", f"must be positive and finite (seconds), got {timeout}")
+    return base, matrix, extra, exclude
+
+
+def _sweep_memory_logging(path: Path, data: dict[str, Any]) -> str:
+    """The sweep's memory logging: MEMORY_LOGGING in the environment, else the file's, else all."""
     memory = os.environ.get("MEMORY_LOGGING") or data.get("memory_logging", "all")
     memory = MEMORY_LOGGING_ALIASES.get(memory, memory)
     if memory not in MEMORY_LOGGING:
         src = "MEMORY_LOGGING" if os.environ.get("MEMORY_LOGGING") else "memory_logging"
         raise _fail(path, src, f"'{memory}' is not one of {', '.join(MEMORY_LOGGING)} (or nvidia, huggingface)")
+    return memory
 
-    launcher = launcher_from_file(path, data.get("launcher"))
 
+def _cells(path: Path, base: dict, matrix: dict, extra: list, exclude: list) -> list[tuple[str, dict[str, Any]]]:
+    """(where in the file, option values) of every cell: the matrix's product less the excluded, then the
+    explicit experiments, each over the base."""
     cells: list[tuple[str, dict[str, Any]]] = []
     keys = list(matrix)
     for combo in itertools.product(*(matrix[k] for k in keys)) if keys else ():
@@ -196,34 +221,40 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
     cells += [(f"experiments[{i}]", {**base, **cell}) for i, cell in enumerate(extra)]
     if not cells:
         raise _fail(path, "", "the sweep has no experiments (empty matrix and experiments, or all excluded)")
+    return cells
 
-    differs = _differing_keys([values for _, values in cells])
-    order = ["method"] + keys + sorted(differs)  # method first, then the matrix's own order
-    varying = list(dict.fromkeys(k for k in order if k in differs))
+
+def _experiments(path: Path, cells: list[tuple[str, dict[str, Any]]], varying: list[str], memory: str,
+                 repeats: int) -> list[Experiment]:
+    """One validated experiment per cell and repeat, named by the options that vary; a duplicate cell is an
+    error."""
     experiments: list[Experiment] = []
     seen: dict[str, str] = {}
     data_checked: set[str] = set()  # each dataset's content is read once, however many cells use it
     for where, values in cells:
         values.setdefault("method", "qlora")
-        try:
-            # A cell's own memory_logging (say, to measure the NVML sampler's cost) wins over the sweep's;
-            # MEMORY_LOGGING in the environment wins over both.
-            own = None if os.environ.get("MEMORY_LOGGING") else values.get("memory_logging")
-            own = MEMORY_LOGGING_ALIASES.get(own, own)
-            config = RunConfig.from_flat({**values, "memory_logging": own or memory, "quiet": True})
-            check_config(config)  # LoRA targets, seq_len against the model, dataset present: before anything runs
-            if repr(config.data) not in data_checked:
-                check_dataset(config.data)  # its content too (an empty file, a broken JSON line)
-                data_checked.add(repr(config.data))
-        except ConfigError as exc:
-            raise _fail(path, where, str(exc)) from None
+        config = _cell_config(path, where, values, memory, data_checked)
         name = f"{_slug(values, varying or ['method'])}-{_digest(values)}"
         if name in seen:
             raise _fail(path, where, f"duplicates {seen[name]}")
         seen[name] = where
         for r in range(repeats):
             experiments.append(Experiment(name if repeats == 1 else f"{name}-r{r + 1}", values, config))
-    sweep_name = str(data.get("name") or path.stem)
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", sweep_name):
-        raise _fail(path, "name", f"'{sweep_name}' must be a plain directory name")
-    return Sweep(sweep_name, path, experiments, memory, timeout, repeats, varying, launcher)
+    return experiments
+
+
+def _cell_config(path: Path, where: str, values: dict[str, Any], memory: str, data_checked: set[str]) -> RunConfig:
+    """A cell's RunConfig, checked before anything runs, or one line naming the cell."""
+    try:
+        # A cell's own memory_logging (say, to measure the NVML sampler's cost) wins over the sweep's;
+        # MEMORY_LOGGING in the environment wins over both.
+        own = None if os.environ.get("MEMORY_LOGGING") else values.get("memory_logging")
+        own = MEMORY_LOGGING_ALIASES.get(own, own)
+        config = RunConfig.from_flat({**values, "memory_logging": own or memory, "quiet": True})
+        check_config(config)  # LoRA targets, seq_len against the model, dataset present: before anything runs
+        if repr(config.data) not in data_checked:
+            check_dataset(config.data)  # its content too (an empty file, a broken JSON line)
+            data_checked.add(repr(config.data))
+    except ConfigError as exc:
+        raise _fail(path, where, str(exc)) from None
+    return config
