@@ -141,10 +141,9 @@ def _num(row: dict, key: str):
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    from ftprof.bench.flow import output_dir_for, run_sweep
+    from ftprof.bench.flow import output_dir_for
     from ftprof.bench.runner import gpu_slots, plan
     from ftprof.bench.sweep import load_sweep
-    from ftprof.results.load import read_runs
 
     sweep = load_sweep(args.sweep)
     launcher = sweep.launcher.merged({key: getattr(args, key) for key in LAUNCHER_OPTIONS}
@@ -164,6 +163,17 @@ def bench_command(args: argparse.Namespace) -> int:
         console.print(experiment_table(sweep, out_dir))
     elif not slots:
         console.print("[dim]no GPU: experiments run one at a time; NVML sampling is skipped[/dim]")
+    done = _run_with_display(console, sweep, out_dir, args, slots, launcher)
+    _print_outcome(console, done, out_dir, sweep)
+    code = done.exit_code()
+    _print_next_step(console, done, args, launcher.type, code)
+    return code
+
+
+def _run_with_display(console, sweep, out_dir: Path, args: argparse.Namespace, slots: list, launcher):
+    """Run (or watch) the sweep with a live progress display that starts once the plan is known."""
+    from ftprof.bench.flow import run_sweep
+
     displays: list[BenchDisplay] = []
 
     def start_display(planned) -> None:
@@ -171,13 +181,19 @@ def bench_command(args: argparse.Namespace) -> int:
         displays[0].live.start()
 
     try:
-        done = run_sweep(sweep, out_dir, force=args.force, retry_failed=args.retry_failed, wait=args.wait,
+        return run_sweep(sweep, out_dir, force=args.force, retry_failed=args.retry_failed, wait=args.wait,
                          slots=slots, on_plan=start_display, launcher=launcher, watch=not args.no_watch,
                          cancel=args.cancel, on_event=lambda kind, p: displays[0].event(kind, p),
                          on_wait=lambda who: console.print(f"[yellow]waiting[/yellow] for {who} to release {out_dir}"))
     finally:
         if displays:
             displays[0].live.stop()
+
+
+def _print_outcome(console, done, out_dir: Path, sweep) -> None:
+    """The end-of-sweep table of this sweep's experiments, why each failed one failed, and what did not run."""
+    from ftprof.results.load import read_runs
+
     names = {p.experiment.name for p in done.planned}
     rows = [dict(r, experiment=Path(r["run_dir"]).name) for r in read_runs([out_dir]).rows
             if Path(r["run_dir"]).name in names]
@@ -188,19 +204,21 @@ def bench_command(args: argparse.Namespace) -> int:
         if p.action == "busy":
             console.print(f"[yellow]not run[/yellow] {p.experiment.name}: {p.reason}")
     console.print(f"[dim]wrote {done.summary}[/dim]")
-    code = done.exit_code()
-    if done.interrupted and launcher.type == "slurm":
+
+
+def _print_next_step(console, done, args: argparse.Namespace, launcher_type: str, code: int) -> None:
+    """One line on what to do next: resume, watch the jobs, or retry the failed experiments."""
+    if done.interrupted and launcher_type == "slurm":
         console.print("[yellow]stopped watching[/yellow]: "
                       + ("the jobs were cancelled; " if args.cancel else "submitted jobs keep running; ")
                       + f"`ftprof bench --status {args.sweep}` shows where they stand")
     elif done.interrupted:
         console.print(f"[yellow]interrupted[/yellow]: {resume_advice(args.force)}")
-    elif launcher.type == "slurm" and args.no_watch:
+    elif launcher_type == "slurm" and args.no_watch:
         console.print(f"submitted; `ftprof bench --status {args.sweep}` shows where the jobs stand")
     elif done.failed():
         console.print(f"[red]{len(done.failed())} experiment(s) failed[/red] (exit status {code}); "
                       "--retry-failed reruns them")
-    return code
 
 
 LAUNCHER_OPTIONS = ("partition", "account", "qos", "time", "gpus_per_node", "nodes", "cpus_per_task", "mem",
