@@ -134,10 +134,6 @@ def test_rerouted_backward_dequantizes_without_keeping(tmp_path, dequantizer):
     """Not checkpointed and not kept: the torch-op and Triton routes save the packed weight only, like
     bitsandbytes, and give bitsandbytes' gradients."""
     plan, built = build_run(tiny_config(tmp_path, "qlora", seq_len=24))  # 96 tokens: no activation has a weight's shape
-    # Compared in fp32: with every linear's input needing a gradient, bitsandbytes takes its training matmul
-    # (dequantize, then an fp32 matmul) everywhere. Otherwise the first layer's inputs, which need none, go through
-    # its CPU inference kernel, which rounds them to bf16 on CPUs with AVX512-BF16: not what is tested here.
-    built.model.enable_input_require_grads()
     blocks = metrics.decoder_layers(built.model)
     kept, torch_ops = dequant.route(blocks, kept=0, dequantizer=dequantizer)
     assert (kept, torch_ops) == (0, 14)
