@@ -161,6 +161,7 @@ def test_a_failed_compile_puts_blocks_and_loss_back_to_eager(tmp_path):
     assert causal_lm(built.model).loss_function is eager_loss
 
 
+@pytest.mark.slow  # torch.compile: inductor builds C++ kernels (tens of seconds on 2 cores)
 def test_a_loss_that_does_not_compile_runs_eager_and_the_blocks_stay_compiled(tmp_path):
     import contextlib
 
@@ -189,6 +190,7 @@ def test_a_loss_that_does_not_compile_runs_eager_and_the_blocks_stay_compiled(tm
     assert all(p.grad is None for p in built.params)
 
 
+@pytest.mark.slow  # torch.compile: inductor builds C++ kernels (tens of seconds on 2 cores)
 def test_compile_compiles_the_loss_the_model_calls(tmp_path):
     """Under PEFT the loss is set on the transformers model itself (the one whose forward reads it), not on PEFT's
     wrapper, which forwards attribute reads but keeps what is set on it."""

@@ -58,6 +58,7 @@ def test_only_checkpointed_layers_keep_their_weights(tmp_path):
     assert unchecked.kept_dequantized == 0  # without checkpointing each kept weight would stay until backward
 
 
+@pytest.mark.slow  # several CPU runs: over 5 s on the 2-core machine
 def test_a_run_records_what_it_kept_and_trains_as_before(tmp_path):
     runs = {keep: ftprof.train(tiny_config(tmp_path / str(keep), "qlora", checkpointing="full", max_steps=3,
                                            keep_dequantized=keep)) for keep in (True, False)}
@@ -117,6 +118,7 @@ def test_the_dequantize_op_passes_torch_library_checks(nested):
     torch.library.opcheck(torch.ops.ftprof.dequantize_4bit.default, args)
 
 
+@pytest.mark.slow  # torch.compile: inductor builds C++ kernels (tens of seconds on 2 cores)
 def test_compiled_qlora_dequantizes_with_torch_ops_and_trains_as_eager(tmp_path):
     flat = dict(checkpointing="none", max_steps=3, seq_len=32)
     eager = ftprof.train(tiny_config(tmp_path / "eager", "qlora", **flat))

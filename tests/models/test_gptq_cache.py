@@ -71,6 +71,7 @@ def test_quantization_runs_in_a_child_process_and_keeps_its_log(tmp_path, monkey
     assert (entries[0] / "quantize.log").read_text().strip()  # the child's output, kept off the terminal
 
 
+@pytest.mark.slow  # GPTQ quantization: seconds to a minute on the 2-core machine
 def test_a_failing_quantizer_child_is_one_clear_error(tmp_path):
     spec = {"bits": 4, "group_size": 128, "quantizer": "rtn", "backend": "torch", "device": "cpu",
             "calibration": str(tmp_path / "missing.pt"), "logs": str(tmp_path / "logs")}

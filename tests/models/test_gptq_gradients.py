@@ -115,6 +115,7 @@ def test_backward_keeps_no_dequantized_weight(tmp_path):
     assert all(p.grad is not None for p in built.params)
 
 
+@pytest.mark.slow  # GPTQ quantization: seconds to a minute on the 2-core machine
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_lean_backward_only_without_checkpointing(tmp_path, checkpointing):
     """Under checkpointing a dequantized weight lives only while its layer is recomputed: no re-dequantization."""

@@ -53,6 +53,7 @@ def test_profile_writes_openable_artifacts(tmp_path):
     assert all(path.startswith("profile/") for k, path in result.artifacts.items() if "cycle" in k)
 
 
+@pytest.mark.slow  # several CPU runs: over 5 s on the 2-core machine
 def test_steps_record_profiler_phase(tmp_path):
     result = ftprof.train(tiny_config(tmp_path, "full", max_steps=6, profile=True))
     import csv
@@ -62,6 +63,7 @@ def test_steps_record_profiler_phase(tmp_path):
     assert phases == ["wait", "warmup", "active", "active", "", ""]
 
 
+@pytest.mark.slow  # several CPU runs: over 5 s on the 2-core machine
 def test_max_steps_raised_so_cycles_complete(tmp_path):
     cfg = tiny_config(tmp_path, "full", max_steps=3, warmup_steps=1, profile=True, prof_active_steps=2,
                       prof_repeat=2)
@@ -135,7 +137,9 @@ def test_profile_command_end_to_end(tmp_path, capsys):
     assert "ui.perfetto.dev" in tail and "tensorboard --logdir" in tail and "TraceAnalysis(trace_dir=" in tail
 
 
-@pytest.mark.parametrize("method", ["full", "lora", "qlora", pytest.param("gptq-lora", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("method", ["full", pytest.param("lora", marks=pytest.mark.slow),
+                                    pytest.param("qlora", marks=pytest.mark.slow),
+                                    pytest.param("gptq-lora", marks=pytest.mark.slow)])
 def test_profile_each_method_on_cpu(tmp_path, method):
     result = ftprof.profile(tiny_config(tmp_path, method, max_steps=5, prof_active_steps=1,
                                         gptq_calibration_samples=4) if method == "gptq-lora"
