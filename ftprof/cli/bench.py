@@ -6,9 +6,7 @@ import argparse
 import shlex
 from pathlib import Path
 
-from rich.console import Console, Group
-from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.console import Console
 from rich.table import Table
 
 from ftprof.console import fmt_gib, fmt_num, make_console
@@ -54,58 +52,6 @@ def bench_parser(subparsers) -> argparse.ArgumentParser:
                        help="on Ctrl-C, cancel the submitted jobs (without it they keep running)")
     parser.set_defaults(func=bench_command)
     return parser
-
-
-class BenchDisplay:
-    """Overall progress bar, the experiments running now, the last result."""
-
-    def __init__(self, console: Console, total: int):
-        self.console = console
-        self.progress = Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 console=console)
-        self.task = self.progress.add_task("bench", total=total)
-        self.running: list[str] = []
-        self.jobs: dict[str, str] = {}  # Slurm: experiment -> job state
-        self.last = ""
-        self.live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
-
-    def _render(self) -> Group:
-        lines = [f"[cyan]running[/cyan] {name}" for name in self.running]
-        if self.jobs:
-            counts: dict[str, int] = {}
-            for state in self.jobs.values():
-                counts[state] = counts.get(state, 0) + 1
-            lines.append("slurm: " + ", ".join(f"{n} {state.lower()}" for state, n in sorted(counts.items())))
-        if self.last:
-            lines.append(self.last)
-        return Group(self.progress, *lines)
-
-    def event(self, kind: str, payload) -> None:
-        if kind == "start":
-            self.running.append(payload.experiment.name)
-        elif kind == "skip":
-            self.progress.advance(self.task)
-            self.last = f"[dim]skipped {payload.experiment.name} ({payload.previous})[/dim]"
-        elif kind == "submit":
-            planned, job_id = payload
-            self.jobs[planned.experiment.name] = "SUBMITTED"
-            self.last = f"[dim]submitted {planned.experiment.name} as job {job_id}[/dim]"
-        elif kind == "state":
-            planned, job = payload
-            self.jobs[planned.experiment.name] = job.state
-            if job.state == "RUNNING" and job.nodes:
-                self.last = f"[cyan]running[/cyan] {planned.experiment.name} (job {job.job_id} on {job.nodes})"
-        elif kind == "finish":
-            if payload.name in self.jobs:
-                self.jobs[payload.name] = "DONE" if payload.status == "ok" else "FAILED"
-            if payload.name in self.running:
-                self.running.remove(payload.name)
-            self.progress.advance(self.task)
-            style = status_style(payload.status)
-            tps = payload.result.get("tokens_per_s")
-            self.last = (f"last: {payload.name} [{style}]{payload.status}[/{style}] in {payload.seconds:.0f} s"
-                         + (f", {tps:,.0f} tok/s" if tps else ""))
-        self.live.update(self._render())
 
 
 def results_table(rows: list[dict], title: str, keys: list[str]) -> Table:
@@ -171,14 +117,16 @@ def bench_command(args: argparse.Namespace) -> int:
 
 
 def _run_with_display(console, sweep, out_dir: Path, args: argparse.Namespace, slots: list, launcher):
-    """Run (or watch) the sweep with a live progress display that starts once the plan is known."""
+    """Run (or watch) the sweep with its display (live on a terminal, plain lines otherwise), started once the plan
+    is known."""
     from ftprof.bench.flow import run_sweep
+    from ftprof.cli.bench_display import bench_display
 
-    displays: list[BenchDisplay] = []
+    displays: list = []
 
     def start_display(planned) -> None:
-        displays.append(BenchDisplay(console, len(planned)))
-        displays[0].live.start()
+        displays.append(bench_display(console, len(planned)))
+        displays[0].start()
 
     try:
         return run_sweep(sweep, out_dir, force=args.force, retry_failed=args.retry_failed, wait=args.wait,
@@ -187,7 +135,7 @@ def _run_with_display(console, sweep, out_dir: Path, args: argparse.Namespace, s
                          on_wait=lambda who: console.print(f"[yellow]waiting[/yellow] for {who} to release {out_dir}"))
     finally:
         if displays:
-            displays[0].live.stop()
+            displays[0].stop()
 
 
 def _print_outcome(console, done, out_dir: Path, sweep) -> None:
