@@ -12,6 +12,7 @@ import contextlib
 import io
 import logging
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 
@@ -33,6 +34,36 @@ logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "No CU
 # bitsandbytes suggests the optional `kernels` package for faster CPU 4-bit matmuls on every CPU QLoRA run.
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+
+# Off a terminal (a pipe, a file, a bench experiment's log) a progress bar is a stream of carriage returns and
+# redrawn frames: the libraries' bars are turned off there (ftprof prints its own plain progress lines). tqdm reads
+# TQDM_* when it is imported, huggingface_hub and datasets read theirs at import too: hence at ftprof.runtime's
+# import, which comes before theirs (the engine imports torch, transformers and datasets later).
+_OFF_TERMINAL_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+                     "TQDM_DISABLE": "1", "LOGBAR_ANIMATION": "0"}
+
+
+def is_terminal(stream=None) -> bool:
+    """Whether ``stream`` (default sys.stderr, where progress bars go) is a terminal."""
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except ValueError:  # a closed stream
+        return False
+
+
+def no_progress_bars_off_terminal(stream=None) -> bool:
+    """Turn third-party progress bars off unless ``stream`` is a terminal (a value the user set stays). Returns
+    whether they were turned off."""
+    if is_terminal(stream):
+        return False
+    for key, value in _OFF_TERMINAL_ENV.items():
+        os.environ.setdefault(key, value)
+    return True
+
+
+no_progress_bars_off_terminal()
 
 _setting: AllocatorSetting | None = None
 _tampering: dict[str, str] = {}

@@ -47,8 +47,14 @@ class PreparedData:
 
 @contextlib.contextmanager
 def _progress_bars(show: bool):
-    """datasets' progress bars (loading, tokenizing) only when the run is not quiet."""
+    """datasets' progress bars (loading, tokenizing, filtering) only when the run is not quiet and stderr is a
+    terminal: into a file or a pipe they are carriage-return frames (a bench experiment's log, a one-line data
+    error preceded by them)."""
     from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    from ftprof.runtime import is_terminal
+
+    show = show and is_terminal()
 
     was_disabled = are_progress_bars_disabled()
     if not show:

@@ -27,6 +27,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
 from ftprof.config import ProfilingConfig
 from ftprof.profiling import layout
+from ftprof.profiling.kineto_noise import quiet_kineto
 
 SNAPSHOT_MAX_ENTRIES = 100_000  # bounded allocator history: enough for a few steps of a large model
 
@@ -84,6 +85,7 @@ class TorchProfiler:
         self._snapshot_on = False
         self._artifacts: dict[str, str] = {}
         self.trace_bytes: list[int] = []
+        self._gpu = torch.cuda.is_available()  # Kineto's "no GPU" error is noise only where there is none
 
     # ------------------------------------------------------------------ schedule
     def phase(self, index: int) -> str:
@@ -104,7 +106,8 @@ class TorchProfiler:
         if self._prof is not None:  # an unfinished cycle (error or interruption): stop without exporting
             self._prof.on_trace_ready = None
             try:
-                self._prof.stop()
+                with quiet_kineto(self._gpu):
+                    self._prof.stop()
             except Exception:  # noqa: BLE001 - never mask the original error
                 pass
             self._prof = None
@@ -120,10 +123,12 @@ class TorchProfiler:
             self._done_steps % self.cfg.cycle_steps == 0)
         if finished_active:
             self._stop_snapshot()
-        self._prof.step()  # at the end of the active window this calls _export (on_trace_ready)
+        with quiet_kineto(self._gpu):
+            self._prof.step()  # at the end of the active window this calls _export (on_trace_ready)
         self._add_metadata()
         if self._done_steps % self.cfg.cycle_steps == 0:
-            self._prof.stop()
+            with quiet_kineto(self._gpu):
+                self._prof.stop()
             self._prof = None
             if self._cycle < self.cfg.prof_repeat:
                 self._guard_trace_size()
@@ -143,7 +148,8 @@ class TorchProfiler:
         self._prof = profile(activities=acts, schedule=self._schedule, on_trace_ready=self._export,
                              record_shapes=s.record_shapes, with_stack=s.with_stack,
                              profile_memory=s.profile_memory, **extra)
-        self._prof.start()
+        with quiet_kineto(self._gpu):
+            self._prof.start()
         self._meta_added = False
         self._add_metadata()
 
