@@ -16,7 +16,7 @@ baseline_lane() {  # GPU, then methods: one HF Trainer baseline after another on
   for method in "$@"; do
     local t=$(( $(left) - 15 )); [ "$t" -gt 30 ] || return 0
     CUDA_VISIBLE_DEVICES=$gpu timeout "$t" python3 benchmarks/hf_baseline.py --method "$method" --model "$model" \
-      --batch-size 4 --seq-len 2048 --max-steps 12 --warmup-steps 4 --gradient-checkpointing \
+      --batch-size 4 --seq-len 2048 --max-steps 12 --measure-warmup-steps 4 --gradient-checkpointing \
       > "runs/hf_baseline_$method.out" 2> "runs/hf_baseline_$method.err"
     tail -1 "runs/hf_baseline_$method.out" | grep '^{' >> runs/hf_baseline.jsonl
   done

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from ftprof.config import RunConfig
+from ftprof.config.evaluation import eval_data_config
 from ftprof.data.source import check_dataset, locate
 from ftprof.errors import ConfigError
 from ftprof.models.modules import lora_target_problem, max_positions
@@ -39,6 +40,11 @@ def check_config(cfg: RunConfig) -> None:
         raise ConfigError(f"--seq-len {cfg.data.seq_len} exceeds the {limit} positions of model '{cfg.model.model}'")
     if cfg.data.dataset != "synthetic":
         locate(cfg.data)  # a file or save_to_disk folder that exists, or a hub name (its content: check_dataset)
+    if cfg.eval.eval_dataset is not None:
+        try:
+            locate(eval_data_config(cfg.data, cfg.eval))
+        except ConfigError as exc:
+            raise ConfigError(f"--eval-dataset: {str(exc).removeprefix('--dataset: ')}") from None
     prof = cfg.profiling
     if prof.profile and prof.prof_ranks != "all":
         world = cfg.distributed.world_size
@@ -107,4 +113,6 @@ def check_host(cfg: RunConfig) -> None:
 def check_before_run(cfg: RunConfig) -> None:
     check_config(cfg)
     check_dataset(cfg.data)  # reads a data file through (a .jsonl line by line): before torch is imported
+    if cfg.eval.eval_dataset is not None:
+        check_dataset(eval_data_config(cfg.data, cfg.eval))
     check_host(cfg)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 from dataclasses import dataclass, field
 
 from ftprof.checks import cuda_only_problem
 from ftprof.config import RunConfig
+from ftprof.config.evaluation import eval_data_config
 from ftprof.data import check_dataset
 from ftprof.errors import ConfigError
 from ftprof.exporters import check_exporters
@@ -33,6 +35,7 @@ class RunPlan:
     notes: list[str] = field(default_factory=list)  # adjustments the user should hear about
     tokenizer: object = None  # loaded here for real data (None for synthetic runs: the trainer picks one)
     data: object = None  # ftprof.data.PreparedData for real data: tokenized, checked, with its stats
+    eval_data: object = None  # ftprof.data.PreparedData of --eval-dataset / --eval-split (None: none, or synthetic)
 
     @property
     def device_type(self) -> str:
@@ -65,13 +68,7 @@ def preflight(cfg: RunConfig) -> RunPlan:
     dtype = resolve_dtype_name(cfg.model.dtype, device)
     _check_distributed(cfg, device, dtype)
     notes: list[str] = []
-    train = cfg.train
-    prof = cfg.profiling
-    if prof.profile and train.max_steps < prof.total_steps:
-        notes.append(f"--max-steps raised from {train.max_steps} to {prof.total_steps} so that all "
-                     f"{prof.prof_repeat} profiling cycle(s) of {prof.cycle_steps} steps complete")
-        train = dataclasses.replace(train, max_steps=prof.total_steps)
-    resolved = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype), train=train,
+    resolved = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype),
                                    method=cfg.method.resolved(dtype, preset=source.kind == "preset",
                                                               triton=_triton_dequantizes(cfg, device)))
     tokenizer, data = _prepare_data(cfg, source)
@@ -79,8 +76,36 @@ def preflight(cfg: RunConfig) -> RunPlan:
         why = " once cut to --seq-len" if not cfg.data.packing else ""
         notes.append(f"--dataset: {data.stats['rows_dropped']} of {data.stats['rows_loaded']} rows dropped: no token "
                      f"to train on{why}")
+    eval_data = _prepare_eval_data(cfg, tokenizer)
     dist = env_info()
-    return RunPlan(source, device, dtype, resolved, dist, shards(resolved, dist), notes, tokenizer, data)
+    resolved = _steps_for_profiling(_steps_from_epochs(resolved, data, dist.world_size, notes), notes)
+    return RunPlan(source, device, dtype, resolved, dist, shards(resolved, dist), notes, tokenizer, data, eval_data)
+
+
+def _steps_from_epochs(cfg: RunConfig, data, world: int, notes: list[str]) -> RunConfig:
+    """--num-train-epochs as steps: ceil(sequences / (batch x grad accum x processes)) per epoch, times the
+    epochs, rounded up. (Each rank draws its own shuffled order, so an epoch is that many sequences' worth of
+    batches per rank, not each row exactly once across ranks.)"""
+    t = cfg.train
+    if t.num_train_epochs is None or data is None:
+        return cfg
+    per_epoch = math.ceil(data.stats["sequences"] / (cfg.data.batch_size * t.grad_accum * world))
+    steps = max(1, math.ceil(per_epoch * t.num_train_epochs))
+    notes.append(f"--num-train-epochs {t.num_train_epochs:g}: {steps} steps ({per_epoch} per epoch of "
+                 f"{data.stats['sequences']} sequences)")
+    if not (t.measure_warmup_steps < steps or steps == 1):
+        raise ConfigError(f"--measure-warmup-steps ({t.measure_warmup_steps}) must be below the {steps} steps of "
+                          f"--num-train-epochs {t.num_train_epochs:g} so that some steps are measured")
+    return dataclasses.replace(cfg, train=dataclasses.replace(t, max_steps=steps))
+
+
+def _steps_for_profiling(cfg: RunConfig, notes: list[str]) -> RunConfig:
+    train, prof = cfg.train, cfg.profiling
+    if prof.profile and train.max_steps < prof.total_steps:
+        notes.append(f"--max-steps raised from {train.max_steps} to {prof.total_steps} so that all "
+                     f"{prof.prof_repeat} profiling cycle(s) of {prof.cycle_steps} steps complete")
+        return dataclasses.replace(cfg, train=dataclasses.replace(train, max_steps=prof.total_steps))
+    return cfg
 
 
 def _check_packages(cfg: RunConfig) -> None:
@@ -147,6 +172,20 @@ def _prepare_data(cfg: RunConfig, source: ModelSource):
 
     tokenizer = load_tokenizer(source, synthetic=False)
     return tokenizer, prepare_dataset(cfg.data, tokenizer, cfg.model.model, progress=not cfg.output.quiet)
+
+
+def _prepare_eval_data(cfg: RunConfig, tokenizer):
+    """The eval rows (--eval-dataset, or --dataset's --eval-split), tokenized as the training rows are."""
+    e = cfg.eval
+    if e.eval_dataset is None and e.eval_split is None:
+        return None  # none, or synthetic data's own held-out batches
+    from ftprof.data import prepare_dataset
+
+    data = eval_data_config(cfg.data, e)
+    try:
+        return prepare_dataset(data, tokenizer, cfg.model.model, progress=not cfg.output.quiet)
+    except ConfigError as exc:
+        raise ConfigError(f"eval data: {exc}") from None
 
 
 # Files that make a directory loadable by AutoTokenizer (fast tokenizer, or the slow ones' vocabularies).

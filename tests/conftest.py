@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config, items):
 
 def tiny_config(tmp_path, method="full", **flat) -> RunConfig:
     """A quick run on the tiny preset: CPU, quiet, into tmp_path."""
-    values = dict(method=method, model="tiny", seq_len=32, batch_size=4, max_steps=4, warmup_steps=1,
+    values = dict(method=method, model="tiny", seq_len=32, batch_size=4, max_steps=4, measure_warmup_steps=1,
                   output_dir=str(tmp_path), quiet=True, device="cpu")
     values.update(flat)
     return RunConfig.from_flat(values)

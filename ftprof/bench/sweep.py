@@ -9,6 +9,7 @@
     memory_logging: all         # nvml | torch | all | none (MEMORY_LOGGING in the environment overrides it)
     timeout_s: 1800             # per experiment
     launcher: {type: slurm, partition: gpu, time: 60}   # where experiments run (ftprof/bench/launcher.py)
+    schema_version: 2           # without it, 1: warmup_steps is read as measure_warmup_steps, the lr is constant
 
 Every problem is reported as one line naming the file and where in it (``sweep.yaml: matrix.batch_size: ...``).
 """
@@ -29,12 +30,20 @@ import yaml
 
 from ftprof.bench.launcher import LauncherSettings, launcher_from_file
 from ftprof.checks import check_config
-from ftprof.config import MEMORY_LOGGING, MEMORY_LOGGING_ALIASES, RunConfig, flat_field_owners
+from ftprof.config import (
+    MEMORY_LOGGING,
+    MEMORY_LOGGING_ALIASES,
+    SCHEMA_VERSION,
+    RunConfig,
+    flat_field_owners,
+    migrate_flat,
+)
 from ftprof.data.source import check_dataset
 from ftprof.errors import ConfigError, did_you_mean
 
 TOP_KEYS = {"name": str, "base": dict, "matrix": dict, "experiments": list, "exclude": list, "repeats": int,
-            "memory_logging": str, "timeout_s": (int, float), "description": str, "launcher": dict}
+            "memory_logging": str, "timeout_s": (int, float), "description": str, "launcher": dict,
+            "schema_version": int}
 # Keys a sweep may set that are not train options (bench handles them itself).
 SWEEP_ONLY = {"output_dir", "run_name", "quiet"}  # set by bench per experiment; a sweep may not set them
 
@@ -171,7 +180,12 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
     differs = _differing_keys([values for _, values in cells])
     order = ["method"] + list(matrix) + sorted(differs)  # method first, then the matrix's own order
     varying = list(dict.fromkeys(k for k in order if k in differs))
-    experiments = _experiments(path, cells, varying, memory, repeats)
+    # A sweep file without schema_version is read as version 1 (warmup_steps: the measurement warm-up, constant
+    # learning rate): the options a cell runs with are migrated, its name (from the values as written) is not.
+    version = data.get("schema_version", 1)
+    if not 1 <= version <= SCHEMA_VERSION:
+        raise _fail(path, "schema_version", f"must be 1 to {SCHEMA_VERSION}, got {version}")
+    experiments = _experiments(path, cells, varying, memory, repeats, version)
     sweep_name = str(data.get("name") or path.stem)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", sweep_name):
         raise _fail(path, "name", f"'{sweep_name}' must be a plain directory name")
@@ -225,7 +239,7 @@ def _cells(path: Path, base: dict, matrix: dict, extra: list, exclude: list) -> 
 
 
 def _experiments(path: Path, cells: list[tuple[str, dict[str, Any]]], varying: list[str], memory: str,
-                 repeats: int) -> list[Experiment]:
+                 repeats: int, version: int = SCHEMA_VERSION) -> list[Experiment]:
     """One validated experiment per cell and repeat, named by the options that vary; a duplicate cell is an
     error."""
     experiments: list[Experiment] = []
@@ -233,7 +247,7 @@ def _experiments(path: Path, cells: list[tuple[str, dict[str, Any]]], varying: l
     data_checked: set[str] = set()  # each dataset's content is read once, however many cells use it
     for where, values in cells:
         values.setdefault("method", "qlora")
-        config = _cell_config(path, where, values, memory, data_checked)
+        config = _cell_config(path, where, migrate_flat(values, version), memory, data_checked)
         name = f"{_slug(values, varying or ['method'])}-{_digest(values)}"
         if name in seen:
             raise _fail(path, where, f"duplicates {seen[name]}")

@@ -16,14 +16,16 @@ from typing import Any
 from ftprof.config import METHODS, SECTIONS, RunConfig, inapplicable_options
 
 SECTION_TITLES = {"model": "model", "data": "data", "method": "method options (LoRA, bitsandbytes, GPTQ)",
-                  "train": "training", "output": "output and device",
+                  "train": "training", "eval": "evaluation", "save": "saving what was trained",
+                  "output": "output and device",
                   "profiling": "profiling (torch.profiler; any --prof-* option turns profiling on)",
                   "distributed": "several GPUs (torchrun; FSDP2 or DDP)"}
 POSITIONAL = {"method"}  # given as a subcommand argument, not an option
-# The HF Trainer's spellings, accepted as aliases where they mean the same thing as ours. (Its --warmup-steps is a
-# learning-rate warm-up, unlike ours, so it gets no alias.)
+# The HF Trainer's (and TRL's) spellings, accepted as aliases where they mean the same thing as ours.
 HF_ALIASES = {"lr": "--learning-rate", "batch_size": "--per-device-train-batch-size",
-              "grad_accum": "--gradient-accumulation-steps"}
+              "grad_accum": "--gradient-accumulation-steps", "seq_len": "--max-seq-length"}
+# The HF Trainer's precision flags: each stands for one --dtype value (given with --dtype: an option given twice).
+HF_DTYPE_FLAGS = {"--bf16": "bfloat16", "--fp16": "float16"}
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -140,6 +142,11 @@ def add_common_arguments(parser: argparse.ArgumentParser, skip: set[str] = froze
         for f in fields(cls):
             if f.name not in POSITIONAL and f.name not in skip:
                 add_field_option(group, f, hints, aliases, hidden=f.name in hidden)
+            if f.name == "dtype" and "dtype" not in skip:
+                for flag, dtype in HF_DTYPE_FLAGS.items():
+                    group.add_argument(flag, dest="dtype", action="store_const", const=dtype,
+                                       default=argparse.SUPPRESS, help=argparse.SUPPRESS if "dtype" in hidden
+                                       else f"--dtype {dtype} (the HF Trainer's flag)")
 
 
 METHOD_HELP = {"full": "every weight trained (AdamW state for all of them)",

@@ -1,26 +1,62 @@
-"""`ftprof train <method>`: fine-tune with one method and record throughput, loss and memory."""
+"""`ftprof train <method>`: fine-tune with one method and record throughput, loss and memory.
+
+``--config run.yaml`` gives the options (and the method) from a file; options on the command line override it.
+"""
 
 from __future__ import annotations
 
 import argparse
 
-from ftprof.cli.common import add_method_subparsers, config_from_args
+from ftprof.cli.common import add_common_arguments, add_method_subparsers, config_from_args, path_argument
+from ftprof.config import METHODS, SECTIONS
+from ftprof.errors import ConfigError
+
+CONFIG_HELP = ("a YAML file of options (the keys of a sweep file's base, method among them); options given here "
+               "override it")
 
 
 def train_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "train", help="fine-tune a causal LM with one method and record per-step throughput, loss and memory",
         description="Fine-tune a causal LM (built-in preset, local checkpoint or hub id) with one method; writes "
-                    "config.json, env.json, steps.csv and result.json to a run directory.")
-    add_method_subparsers(parser, "train", train_command)
+                    "config.json, env.json, steps.csv and result.json to a run directory. The method may come "
+                    "from --config instead.")
+    parser.add_argument("--config", metavar="FILE", type=path_argument, default=None, help=CONFIG_HELP)
+    # Without a method (`ftprof train --config run.yaml --lr 1e-4`) this parser takes the options itself; they stay
+    # out of its --help (`ftprof train METHOD --help` lists them).
+    everything = {f for cls in SECTIONS.values() for f in cls.__dataclass_fields__}
+    add_common_arguments(parser, hidden=everything)
+    subs = add_method_subparsers(parser, "train", train_command, required=False)
+    for sub in subs.values():
+        sub.add_argument("--config", metavar="FILE", type=path_argument, default=argparse.SUPPRESS, help=CONFIG_HELP)
     parser.set_defaults(func=train_command)
     return parser
+
+
+def config_with_file(args: argparse.Namespace):
+    """The RunConfig from --config's file (if any) under the options given on the command line."""
+    from ftprof.config.file import load_run_file
+
+    values = load_run_file(args.config) if getattr(args, "config", None) else {}
+    given = {k: v for k, v in vars(args).items() if v is not None or k != "method"}
+    method = given.get("method") or values.get("method")
+    if method is None:
+        raise ConfigError(f"give a method ({', '.join(METHODS)}), or 'method' in --config")
+    merged = argparse.Namespace(**{**values, **given, "method": method})
+    if "max_steps" in given and "num_train_epochs" in given:
+        raise ConfigError("--max-steps and --num-train-epochs both say how long to train: give one")
+    # The command line's length of training wins over the file's (in a file, epochs win over max_steps).
+    if "num_train_epochs" in given:
+        vars(merged).pop("max_steps", None)
+    if "max_steps" in given:
+        vars(merged).pop("num_train_epochs", None)
+    return config_from_args(merged)
 
 
 def train_command(args: argparse.Namespace) -> int:
     from ftprof.checks import check_before_run
 
-    cfg = config_from_args(args)
+    cfg = config_with_file(args)
     check_before_run(cfg)  # bad input: one line, exit 2, before torch is imported
     if cfg.output.quiet:
         from ftprof.console import silence_third_party

@@ -11,6 +11,7 @@ dataset exist, does the sequence fit the model) live in ``ftprof.preflight``.
 
 from ftprof.config.data import DataConfig, template_fields
 from ftprof.config.distributed import DistributedConfig
+from ftprof.config.evaluation import EvalConfig
 from ftprof.config.method import METHOD_OPTION_GROUPS, MethodConfig, inapplicable_options
 from ftprof.config.model import ModelConfig
 from ftprof.config.options import (
@@ -22,6 +23,7 @@ from ftprof.config.options import (
     DTYPES,
     KERNELS,
     LORA_METHODS,
+    LR_SCHEDULERS,
     MEMORY_LOGGING,
     MEMORY_LOGGING_ALIASES,
     METHODS,
@@ -37,14 +39,15 @@ from ftprof.config.options import (
 )
 from ftprof.config.output import OutputConfig, normalize_report_to
 from ftprof.config.profiling import ProfilingConfig
-from ftprof.config.run import SECTIONS, RunConfig, flat_field_owners, option_words
+from ftprof.config.run import SECTIONS, RunConfig, flat_field_owners, migrate_flat, option_words
+from ftprof.config.saving import SaveConfig
 from ftprof.config.train import TrainConfig
 
 __all__ = [
     "CHECKPOINTING", "COMPILE_MODES", "DATA_FORMATS", "DEFAULT_LORA_TARGETS", "DEQUANT_KERNELS", "DTYPES", "KERNELS",
-    "LORA_METHODS", "MEMORY_LOGGING", "MEMORY_LOGGING_ALIASES", "METHODS", "METHOD_OPTION_GROUPS", "OPTIMIZERS",
-    "PARALLEL", "PROFILER_ACTIVITIES", "RDZV_BACKENDS", "SCHEMA_VERSION", "SDPA_BACKENDS", "SECTIONS", "TRACKERS",
-    "TRAIN_ON", "DataConfig", "DistributedConfig", "MethodConfig", "ModelConfig", "OutputConfig", "ProfilingConfig",
-    "RunConfig", "TrainConfig", "flat_field_owners", "inapplicable_options", "normalize_report_to", "option",
-    "option_words", "template_fields",
+    "LORA_METHODS", "LR_SCHEDULERS", "MEMORY_LOGGING", "MEMORY_LOGGING_ALIASES", "METHODS", "METHOD_OPTION_GROUPS",
+    "OPTIMIZERS", "PARALLEL", "PROFILER_ACTIVITIES", "RDZV_BACKENDS", "SCHEMA_VERSION", "SDPA_BACKENDS", "SECTIONS",
+    "TRACKERS", "TRAIN_ON", "DataConfig", "DistributedConfig", "EvalConfig", "MethodConfig", "ModelConfig",
+    "OutputConfig", "ProfilingConfig", "RunConfig", "SaveConfig", "TrainConfig", "flat_field_owners",
+    "inapplicable_options", "migrate_flat", "normalize_report_to", "option", "option_words", "template_fields",
 ]

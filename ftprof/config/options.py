@@ -8,12 +8,15 @@ from typing import Any
 
 from ftprof.errors import ConfigError, did_you_mean
 
-SCHEMA_VERSION = 1
+# 2: warmup_steps became the learning-rate warm-up (the measurement warm-up is measure_warmup_steps), and the
+# learning rate follows lr_scheduler_type (before: constant). RunConfig.from_dict reads version 1 with its meaning.
+SCHEMA_VERSION = 2
 
 METHODS = ("full", "lora", "qlora", "gptq-lora")
 LORA_METHODS = ("lora", "qlora", "gptq-lora")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 OPTIMIZERS = ("adamw", "paged_adamw_8bit")
+LR_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")  # transformers' names and meanings
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Aliases accepted for memory logging: the names users of the earlier benchmark scripts know.
 MEMORY_LOGGING_ALIASES = {"nvidia": "nvml", "huggingface": "torch"}

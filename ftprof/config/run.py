@@ -11,16 +11,19 @@ from typing import Any
 
 from ftprof.config.data import DataConfig
 from ftprof.config.distributed import DistributedConfig
+from ftprof.config.evaluation import EvalConfig
 from ftprof.config.method import MethodConfig
 from ftprof.config.model import ModelConfig
 from ftprof.config.options import SCHEMA_VERSION, require
 from ftprof.config.output import OutputConfig
 from ftprof.config.profiling import ProfilingConfig
+from ftprof.config.saving import SaveConfig
 from ftprof.config.train import TrainConfig
 from ftprof.errors import ConfigError, did_you_mean
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "method": MethodConfig, "train": TrainConfig,
-            "output": OutputConfig, "profiling": ProfilingConfig, "distributed": DistributedConfig}
+            "eval": EvalConfig, "save": SaveConfig, "output": OutputConfig, "profiling": ProfilingConfig,
+            "distributed": DistributedConfig}
 
 
 @dataclass
@@ -31,6 +34,8 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     method: MethodConfig = field(default_factory=MethodConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    save: SaveConfig = field(default_factory=SaveConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
@@ -46,9 +51,23 @@ class RunConfig:
                               "lm_head's weight directly and would skip its adapter; use --kernels eager")
         require(not (self.model.compile_dequant and self.method.dequant_kernel == "triton"),
                  "--compile-dequant and --dequant-kernel triton each dequantize the 4-bit weights: pick one")
-        require(self.train.warmup_steps < self.train.max_steps or self.train.max_steps == 1,
-                 f"--warmup-steps ({self.train.warmup_steps}) must be below --max-steps ({self.train.max_steps}) "
-                 "so that some steps are measured")
+        self._check_steps()
+
+    def _check_steps(self) -> None:
+        """Epochs need a dataset; some steps must be measured; eval on real data needs eval rows."""
+        t, synthetic = self.train, self.data.dataset == "synthetic"
+        require(t.num_train_epochs is None or not synthetic,
+                 "--num-train-epochs: synthetic data is an endless stream with no epochs; use --max-steps")
+        if t.num_train_epochs is None:  # with epochs, preflight checks once it knows the steps
+            require(t.measure_warmup_steps < t.max_steps or t.max_steps == 1,
+                     f"--measure-warmup-steps ({t.measure_warmup_steps}) must be below --max-steps ({t.max_steps}) "
+                     "so that some steps are measured")
+        e = self.eval
+        require(not (e.eval_steps is not None and not synthetic and e.eval_dataset is None and e.eval_split is None),
+                 "--eval-steps: say what to evaluate on with --eval-dataset or --eval-split")
+        require(not (synthetic and (e.eval_split is not None or e.eval_dataset is not None)),
+                 "--eval-dataset/--eval-split: the model trains on the synthetic token stream; evaluate it on that "
+                 "stream with --eval-steps alone, or train on a --dataset")
 
     @classmethod
     def from_flat(cls, values: dict[str, Any]) -> RunConfig:
@@ -77,12 +96,15 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
-        version = data.get("schema_version", SCHEMA_VERSION)
+        """A config.json's content, read with the meaning its schema_version gave it (files without one are
+        version 1)."""
+        version = data.get("schema_version", 1)
         require(version <= SCHEMA_VERSION, f"config schema_version {version} is newer than this ftprof "
                  f"({SCHEMA_VERSION})")
         flat: dict[str, Any] = {}
         for section in SECTIONS:
             flat.update(data.get(section, {}))
+        flat = migrate_flat(flat, version)
         if isinstance(flat.get("lora_targets"), list):
             flat["lora_targets"] = tuple(flat["lora_targets"])
         return cls.from_flat(flat)
@@ -108,6 +130,18 @@ class RunConfig:
         values = self.to_flat()
         values.update(flat)
         return RunConfig.from_flat(values)
+
+
+def migrate_flat(values: dict[str, Any], version: int) -> dict[str, Any]:
+    """Flat options written under an older schema_version, in today's names. Version 1: ``warmup_steps`` was the
+    measurement warm-up (today's ``measure_warmup_steps``) and the learning rate was constant."""
+    if version >= 2:
+        return dict(values)
+    out = dict(values)
+    if "warmup_steps" in out:
+        out["measure_warmup_steps"] = out.pop("warmup_steps")
+    out.setdefault("lr_scheduler_type", "constant")
+    return out
 
 
 @functools.cache

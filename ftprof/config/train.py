@@ -1,19 +1,38 @@
-"""The training section: steps, measurement warm-up, optimizer and seed."""
+"""The training section: how long (steps or epochs), the learning rate and its schedule, the measurement warm-up,
+optimizer and seed.
+
+Names and meanings follow the HF Trainer where it has the option: ``--warmup-steps``/``--warmup-ratio`` are the
+learning-rate warm-up, ``--lr-scheduler-type`` its schedule. The steps left out of the speed statistics are the
+measurement warm-up, ``--measure-warmup-steps`` (before schema_version 2 that was ``warmup_steps``:
+``RunConfig.from_dict`` reads old files with that meaning).
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Optional
 
-from ftprof.config.options import OPTIMIZERS, one_of, option, require
+from ftprof.config.options import LR_SCHEDULERS, OPTIMIZERS, one_of, option, require
 
 
 @dataclass
 class TrainConfig:
     grad_accum: int = option(1, "micro-batches per optimizer step")
-    max_steps: int = option(10, "optimizer steps to run")
-    warmup_steps: int = option(2, "measurement warm-up: first steps left out of the steady-state figures (reported "
-                               "separately); not a learning-rate warm-up, the learning rate is constant")
-    lr: float = option(2e-4, "learning rate (constant)")
+    max_steps: int = option(10, "optimizer steps to run (with --num-train-epochs: computed from the epochs)")
+    num_train_epochs: Optional[float] = option(
+        None, "train for this many passes over the dataset instead of --max-steps: steps = ceil(sequences / "
+        "(batch size x grad accum x processes)) x epochs (rounded up); real data only", metavar="EPOCHS")
+    measure_warmup_steps: int = option(2, "measurement warm-up: the first steps, left out of the steady-state "
+                                       "figures (reported separately)")
+    lr: float = option(2e-4, "peak learning rate")
+    lr_scheduler_type: str = option("linear", "learning-rate schedule after the warm-up, as the HF Trainer names "
+                                    "them: linear (decay to 0 at the last step), cosine (half a cosine to 0), "
+                                    "constant (no warm-up), constant_with_warmup", choices=LR_SCHEDULERS)
+    warmup_steps: int = option(0, "learning-rate warm-up: steps over which the learning rate rises linearly from 0 "
+                               "(the HF Trainer's meaning; the measurement warm-up is --measure-warmup-steps)")
+    warmup_ratio: float = option(0.0, "learning-rate warm-up as a fraction of the run's steps (rounded up); "
+                                 "instead of --warmup-steps")
     weight_decay: float = option(0.0, "AdamW weight decay")
     max_grad_norm: float = option(0.0, "clip gradients to this norm; 0 disables clipping")
     optimizer: str = option("adamw", "adamw (fused on CUDA) or bitsandbytes' paged 8-bit AdamW", choices=OPTIMIZERS)
@@ -22,8 +41,25 @@ class TrainConfig:
     def __post_init__(self) -> None:
         require(self.grad_accum >= 1, f"--grad-accum must be at least 1, got {self.grad_accum}")
         require(self.max_steps >= 1, f"--max-steps must be at least 1, got {self.max_steps}")
-        require(self.warmup_steps >= 0, f"--warmup-steps must be >= 0, got {self.warmup_steps}")
+        if self.num_train_epochs is not None:
+            require(math.isfinite(self.num_train_epochs) and self.num_train_epochs > 0,
+                     f"--num-train-epochs must be a positive number, got {self.num_train_epochs}")
+        require(self.measure_warmup_steps >= 0,
+                 f"--measure-warmup-steps must be >= 0, got {self.measure_warmup_steps}")
         require(self.lr > 0, f"--lr must be positive, got {self.lr}")
+        one_of("--lr-scheduler-type", self.lr_scheduler_type, LR_SCHEDULERS)
+        require(self.warmup_steps >= 0, f"--warmup-steps must be >= 0, got {self.warmup_steps}")
+        require(0 <= self.warmup_ratio < 1, f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio}")
+        require(not (self.warmup_steps and self.warmup_ratio),
+                 "--warmup-steps and --warmup-ratio both set a learning-rate warm-up: give one")
+        require(self.lr_scheduler_type != "constant" or not (self.warmup_steps or self.warmup_ratio),
+                 "--lr-scheduler-type constant has no warm-up (as in transformers): use constant_with_warmup")
         require(self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}")
         require(self.max_grad_norm >= 0, f"--max-grad-norm must be >= 0, got {self.max_grad_norm}")
         one_of("--optimizer", self.optimizer, OPTIMIZERS)
+
+    def lr_warmup_steps(self, total: int | None = None) -> int:
+        """The learning-rate warm-up in steps for a run of ``total`` steps (``--warmup-ratio`` rounds up, as in
+        transformers)."""
+        total = self.max_steps if total is None else total
+        return self.warmup_steps or math.ceil(total * self.warmup_ratio)

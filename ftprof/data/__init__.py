@@ -14,7 +14,7 @@ import importlib
 
 _EXPORTS = {
     "IGNORE_INDEX": "formats", "count_tokens": "batches", "make_batches": "batches",
-    "synthetic_batches": "synthetic",
+    "eval_batches": "batches", "synthetic_batches": "synthetic", "synthetic_eval_batches": "synthetic",
     "check_dataset": "source",
     "PreparedData": "prepare", "prepare_dataset": "prepare",
 }

@@ -15,7 +15,8 @@ from ftprof.data.formats import IGNORE_INDEX
 from ftprof.data.prepare import PreparedData, prepare_dataset
 from ftprof.data.synthetic import synthetic_batches
 
-__all__ = ["IGNORE_INDEX", "count_tokens", "make_batches", "packed_batches", "packed_rows", "padded_batches"]
+__all__ = ["IGNORE_INDEX", "count_tokens", "eval_batches", "make_batches", "packed_batches", "packed_rows",
+           "padded_batches"]
 
 
 def packed_rows(prepared: PreparedData, seq: int) -> tuple[np.ndarray, np.ndarray]:
@@ -80,3 +81,28 @@ def count_tokens(batch: dict[str, torch.Tensor]) -> tuple[int, int]:
     """(tokens, real_tokens): all positions fed to the model; positions that carry a label after the causal shift."""
     labels = batch["labels"]
     return labels.numel(), int((labels[:, 1:] != IGNORE_INDEX).sum())
+
+
+def eval_batches(prepared: PreparedData, data: DataConfig, pad: int, limit: int | None = None) -> list[dict]:
+    """The eval split in order, in batches of the training shape (packed or padded as training is); the last batch
+    is filled with empty rows (no label, masked), so every row counts once and no batch changes shape."""
+    seq, bsz = data.seq_len, data.batch_size
+    if data.packing:
+        ids, labels = packed_rows(prepared, seq)
+        rows = [(ids[i], labels[i]) for i in range(len(ids))]
+    else:
+        off = prepared.offsets
+        rows = [(prepared.ids[off[j]:min(off[j + 1], off[j] + seq)], prepared.labels[off[j]:min(off[j + 1],
+                 off[j] + seq)]) for j in range(prepared.rows)]
+    count = -(-len(rows) // bsz)
+    out = []
+    for b in range(count if limit is None else min(count, limit)):
+        batch_ids = torch.full((bsz, seq), pad, dtype=torch.long)
+        batch_labels = torch.full((bsz, seq), IGNORE_INDEX, dtype=torch.long)
+        mask = torch.zeros(bsz, seq, dtype=torch.long)
+        for i, (ids, labels) in enumerate(rows[b * bsz:(b + 1) * bsz]):
+            batch_ids[i, :len(ids)] = torch.as_tensor(ids)
+            batch_labels[i, :len(ids)] = torch.as_tensor(labels)
+            mask[i, :len(ids)] = 1
+        out.append({"input_ids": batch_ids, "attention_mask": mask, "labels": batch_labels})
+    return out

@@ -30,3 +30,22 @@ def synthetic_batches(data: DataConfig, vocab_size: int, seed: int) -> Iterator[
         start = torch.randint(len(cycle), (bsz,), generator=gen)
         tokens = cycle[(start[:, None] + steps) % len(cycle)]
         yield {"input_ids": tokens, "attention_mask": torch.ones_like(tokens), "labels": tokens.clone()}
+
+
+SYNTHETIC_EVAL_BATCHES = 4
+EVAL_SEED_OFFSET = 1_000_003  # another generator: other starting places on the same cycle
+
+
+def synthetic_eval_batches(data: DataConfig, vocab_size: int, seed: int, count: int | None = None) -> list[dict]:
+    """Batches for --eval-steps on synthetic data: the same cycle as rank 0's training stream (the task), other
+    random starting places. (No unseen sequence exists: the stream is one fixed cycle; this measures what the model
+    learned of it.)"""
+    cycle = _synthetic_cycle(vocab_size, seed)
+    gen = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET)
+    steps = torch.arange(data.seq_len)
+    out = []
+    for _ in range(count or SYNTHETIC_EVAL_BATCHES):
+        start = torch.randint(len(cycle), (data.batch_size,), generator=gen)
+        tokens = cycle[(start[:, None] + steps) % len(cycle)]
+        out.append({"input_ids": tokens, "attention_mask": torch.ones_like(tokens), "labels": tokens.clone()})
+    return out

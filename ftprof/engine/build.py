@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,6 +15,8 @@ from ftprof.data import make_batches
 from ftprof.engine import checkpointing, distributed
 from ftprof.engine.checkpointing import AutoChoice, SelectivePolicy
 from ftprof.engine.compile import CompileOutcome, warm_up
+from ftprof.engine.evaluate import eval_batches_for
+from ftprof.engine.schedule import make_scheduler
 from ftprof.models import attention, dequant, kernels
 from ftprof.models.materialize import materialize_sharded
 from ftprof.models.methods import LoadContext, get_strategy
@@ -48,6 +50,8 @@ class Built:
     sdpa_backend_used: str | None  # the attention kernel SDPA picks for this model's training shape (CUDA)
     selective: SelectivePolicy | None  # counts what selective checkpointing caches (activations it saves)
     kept_dequantized: int  # QLoRA linears whose recomputation keeps the dequantized weight for backward
+    scheduler: object = None  # the learning-rate schedule (torch LambdaLR), stepped after each optimizer step
+    eval_batches: list = field(default_factory=list)  # CPU batches each evaluation runs over (engine/evaluate.py)
 
 
 def build(plan: RunPlan, memory: MemoryTracker, log: Callable[[str], None]) -> Built:
@@ -82,6 +86,8 @@ def build(plan: RunPlan, memory: MemoryTracker, log: Callable[[str], None]) -> B
         model = wrap_model(model, plan, dtype, defer)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = make_optimizer(params, plan)
+        t = cfg.train
+        scheduler = make_scheduler(optimizer, t.lr_scheduler_type, t.lr_warmup_steps(), t.max_steps)
     compiled = None
     if cfg.model.compile:
         with memory.stage("compile"):
@@ -99,7 +105,7 @@ def build(plan: RunPlan, memory: MemoryTracker, log: Callable[[str], None]) -> B
             if cfg.model.attn_implementation == "sdpa" else None)
     return Built(tokenizer, batches, model, params, optimizer, autocast, counts,
                  count_flops(model, counts, plan, policy, layers), device_name, policy, layers, auto, compiled, used,
-                 selective, kept)
+                 selective, kept, scheduler, eval_batches_for(plan, tokenizer))
 
 
 def route_dequantization(model, cfg, policy: str, layers: int | None, compiling: bool) -> tuple[int, int]:

@@ -14,7 +14,9 @@ from torch.profiler import record_function
 
 from ftprof.config import RunConfig
 from ftprof.engine.build import Built
+from ftprof.engine.evaluate import Evaluator
 from ftprof.engine.feed import BatchFeed
+from ftprof.engine.schedule import current_lr
 from ftprof.engine.trackers import FirstStepMemory, StepLog
 from ftprof.profiling.memory import MemoryTracker
 from ftprof.results.schema import StepRecord
@@ -23,8 +25,10 @@ from ftprof.results.schema import StepRecord
 def run_steps(cfg: RunConfig, built: Built, device: torch.device, memory: MemoryTracker, log: StepLog,
               first: FirstStepMemory, profiler, on_step: Callable[[StepRecord], None]) -> None:
     feed = BatchFeed(built.batches, device)
+    evaluator = Evaluator(cfg, built.eval_batches, device)
     for index in range(1, cfg.train.max_steps + 1):
         phase = profiler.phase(index)
+        lr = current_lr(built.optimizer)  # a float the scheduler set: no device work
         started = log.begin(index)
         loaded = feed.load_s
         loss, tokens, real = train_step(cfg, built, device, memory, first, index == 1, feed)
@@ -34,11 +38,15 @@ def run_steps(cfg: RunConfig, built: Built, device: torch.device, memory: Memory
         seconds = log.timer.stop()
         causes = log.causes()
         mem = memory.current()
+        # after the step's sync and its figures, before the next step's timer: outside every step's time
+        evaluated = evaluator.run(built) if evaluator.due(index) else None
         record = StepRecord(step=index, loss=float(loss), step_time_s=seconds, tokens=tokens, real_tokens=real,
-                            lr=cfg.train.lr, warmup=index <= cfg.train.warmup_steps, profiler_phase=phase,
+                            lr=lr, warmup=index <= cfg.train.measure_warmup_steps, profiler_phase=phase,
                             started_unix=started, mem_allocated=mem["allocated"],
                             mem_peak_allocated=mem["peak_allocated"], mem_reserved=mem["reserved"],
-                            mem_peak_reserved=mem["peak_reserved"], data_s=feed.load_s - loaded, **causes)
+                            mem_peak_reserved=mem["peak_reserved"], data_s=feed.load_s - loaded, **causes,
+                            eval_loss=evaluated.loss if evaluated else None,
+                            eval_s=evaluated.seconds if evaluated else None)
         log.end(record)
         profiler.step()
         on_step(record)
@@ -79,6 +87,8 @@ def optimizer_step(cfg: RunConfig, built: Built, memory: MemoryTracker, first: F
         if cfg.train.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(built.params, cfg.train.max_grad_norm)
         built.optimizer.step()
+        if built.scheduler is not None:
+            built.scheduler.step()  # sets each parameter group's lr for the next step (Python floats)
         if is_first:  # gradients and optimizer state both exist now: the one moment to size them
             first.after_optimizer_step(built.model, built.optimizer)
         built.optimizer.zero_grad(set_to_none=True)

@@ -8,6 +8,7 @@ import traceback
 from dataclasses import dataclass
 
 from ftprof import metrics
+from ftprof.data.formats import IGNORE_INDEX
 from ftprof.engine.build import Built
 from ftprof.engine.trackers import FirstStepMemory, NvmlTracker, StepLog
 from ftprof.models.kernels import FUSED_LOSS
@@ -18,6 +19,7 @@ from ftprof.results.parts import (
     Checkpointing,
     Compile,
     DataStats,
+    Evaluation,
     Failure,
     Flops,
     HostTime,
@@ -26,6 +28,7 @@ from ftprof.results.parts import (
     MemoryBreakdown,
     NvmlSummary,
     RunIdentity,
+    Saved,
 )
 from ftprof.results.schema import RunResult
 from ftprof.results.status import Status
@@ -47,6 +50,7 @@ class Recorded:
     nvml: NvmlTracker
     profiler: object  # TorchProfiler or NullProfiler
     kernels_applied: list[str]
+    saved: Saved | None = None  # what --save wrote
 
 
 def assemble(rec: Recorded, status: Status, exc: BaseException | None = None) -> RunResult:
@@ -76,6 +80,9 @@ def assemble(rec: Recorded, status: Status, exc: BaseException | None = None) ->
         res.notes.append("every step was a warm-up step: no steady-state figures")
     res.memory = _memory(rec, steps)
     res.nvml = _nvml(res.memory, rec.nvml, steps, res.notes)
+    res.evaluation = _evaluation(steps, rec.built)
+    if rec.saved is not None:
+        res.saved = rec.saved
     if exc is not None:
         res.failure = _failure(exc)
     res.artifacts = {"config": files.CONFIG, "env": files.ENV, "steps": files.STEPS, **rec.profiler.artifacts(),
@@ -106,6 +113,18 @@ def _throughput(res: RunResult, steps: list[dict]) -> None:
         res.throughput.loss_first, res.throughput.loss_last = steps[0]["loss"], steps[-1]["loss"]
         res.throughput.tokens_per_step = steps[-1]["tokens"]
     res.throughput.warmup_step_times_s = [s["step_time_s"] for s in steps if s["warmup"]]
+
+
+def _evaluation(steps: list[dict], built: Built | None) -> Evaluation:
+    """Eval loss first, last and best, and the evaluations' time, from the steps they followed."""
+    evals = [s for s in steps if s.get("eval_loss") is not None]
+    if not evals:
+        return Evaluation()
+    best = min(evals, key=lambda s: s["eval_loss"])
+    tokens = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in built.eval_batches) if built else None
+    return Evaluation(eval_loss_first=evals[0]["eval_loss"], eval_loss_last=evals[-1]["eval_loss"],
+                      eval_loss_best=best["eval_loss"], eval_loss_best_step=best["step"], eval_runs=len(evals),
+                      eval_time_s=sum(s["eval_s"] for s in evals), eval_tokens=tokens)
 
 
 def _flops(built: Built, plan: RunPlan) -> Flops:

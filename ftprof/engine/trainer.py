@@ -24,6 +24,7 @@ from ftprof.engine.build import Built, build
 from ftprof.engine.compile import eager_rounding
 from ftprof.engine.loop import run_steps
 from ftprof.engine.result import Recorded, assemble
+from ftprof.engine.save import save_trained
 from ftprof.engine.trackers import FirstStepMemory, NvmlTracker, StepLog
 from ftprof.errors import ConfigError
 from ftprof.models import attention, kernels
@@ -31,6 +32,7 @@ from ftprof.preflight import RunPlan
 from ftprof.profiling.memory import MemoryTracker
 from ftprof.profiling.noop import NullProfiler
 from ftprof.results.env import collect_env
+from ftprof.results.parts import Saved
 from ftprof.results.run_dir import RunDirWriter, default_run_name, make_run_dir
 from ftprof.results.schema import RunResult, StepRecord
 from ftprof.results.status import Status
@@ -96,6 +98,7 @@ class Trainer:
         self.built: Built | None = None
         self.kernels_applied: list[str] = []  # Liger kernels patched in (models/kernels.py)
         self.setup_time_s: float | None = None
+        self.saved: Saved | None = None  # what --save wrote
 
     def run(self) -> RunResult:
         """Train and return this rank's result (status ok or a failure class); files are written by ``teardown``."""
@@ -119,6 +122,8 @@ class Trainer:
                 self.on_start(self)
                 run_steps(self.cfg, self.built, self.device, self.memory, self.steps, self.first, self.profiler,
                           self.on_step)
+                if self.cfg.save.save:  # after the last step's time; inside the process group FSDP2 needs
+                    self.saved = save_trained(self.plan, self.built, self.run_dir, self.log)
         except ConfigError as exc:
             self.teardown(self.result(Status.ERROR, exc))
             self.release()
@@ -129,7 +134,8 @@ class Trainer:
 
     def result(self, status: Status, exc: BaseException | None = None) -> RunResult:
         recorded = Recorded(self.plan, str(self.run_dir), self.started_at, now_iso(), self.built, self.setup_time_s,
-                            self.steps, self.memory, self.first, self.nvml, self.profiler, self.kernels_applied)
+                            self.steps, self.memory, self.first, self.nvml, self.profiler, self.kernels_applied,
+                            saved=self.saved)
         res = assemble(recorded, status, exc)
         if self.dist.enabled and status is Status.OK:
             res = self.aggregate_ranks(res)

@@ -36,11 +36,15 @@ def check_exporters(names) -> None:
 
 
 def step_metrics(record) -> dict[str, float]:
-    """What a tracker plots per step: loss, step time, throughput, host time by cause, memory (GiB)."""
+    """What a tracker plots per step: loss, learning rate, step time, throughput, eval loss where an evaluation ran,
+    host time by cause, memory (GiB)."""
     seconds = record.step_time_s
     out = {"train/loss": record.loss, "train/step_time_s": seconds, "train/lr": record.lr,
            "train/tokens_per_s": record.tokens / seconds if seconds > 0 else 0.0,
            "train/real_tokens_per_s": record.real_tokens / seconds if seconds > 0 else 0.0}
+    if getattr(record, "eval_loss", None) is not None:  # an evaluation followed this step
+        out["eval/loss"] = record.eval_loss
+        out["eval/time_s"] = record.eval_s
     for name in ("data_s", "gc_s", "compile_s"):  # a spike in step time beside one of these says why
         out[f"host/{name}"] = getattr(record, name)
     for name in ("mem_allocated", "mem_peak_allocated", "mem_reserved", "mem_peak_reserved"):

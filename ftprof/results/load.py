@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftprof.config import SCHEMA_VERSION, SECTIONS
+from ftprof.config import SCHEMA_VERSION, SECTIONS, migrate_flat
 from ftprof.results.run_dir import CONFIG, RESULT, SLURM, SLURM_TASK
 from ftprof.results.status import INCOMPLETE, STATUSES, Status
 
@@ -126,9 +126,12 @@ def run_row(run_dir: Path) -> dict[str, Any]:
     if config is None:
         raise ValueError(f"{CONFIG}: missing")
     row: dict[str, Any] = {"run_dir": str(run_dir), "run_name": run_dir.name}
+    options: dict[str, Any] = {}
     for section in SECTIONS:
-        for key, value in (config.get(section) or {}).items():
-            row[key] = ",".join(map(str, value)) if isinstance(value, list) else value
+        options.update(config.get(section) or {})
+    # an older config's options under today's names and meanings (schema 1's warmup_steps: the measurement warm-up)
+    for key, value in migrate_flat(options, config.get("schema_version", 1)).items():
+        row[key] = ",".join(map(str, value)) if isinstance(value, list) else value
     # options newer than the run: it ran with what is now the default, or the old way where an option changed that
     for key, value in option_defaults(str(row.get("method", "qlora"))).items():
         row.setdefault(key, value)

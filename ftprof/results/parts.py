@@ -306,3 +306,27 @@ class Failure(Part):
     error_type: Optional[str] = None
     error_message: Optional[str] = None
     error_tail: Optional[str] = None
+
+
+@dataclass
+class Evaluation(Part):
+    """Eval loss over the run (--eval-steps, --eval-dataset, --eval-split): each evaluation is outside the steps'
+    time; steps.csv has each one's loss and time in its step's row."""
+
+    eval_loss_first: Optional[float] = None
+    eval_loss_last: Optional[float] = None
+    eval_loss_best: Optional[float] = None  # the lowest
+    eval_loss_best_step: Optional[int] = None
+    eval_runs: int = 0  # how many evaluations ran
+    eval_time_s: Optional[float] = None  # all of them together
+    eval_tokens: Optional[int] = None  # label tokens one evaluation scores
+
+
+@dataclass
+class Saved(Part):
+    """What --save wrote, where, and how long it took (outside the steps' time)."""
+
+    saved: Optional[str] = None  # "adapter" (PEFT) or "model" (full fine-tuning)
+    save_dir: Optional[str] = None  # the adapter or model directory
+    save_base_dir: Optional[str] = None  # the base model a saved adapter loads on (saved there for presets)
+    save_time_s: Optional[float] = None

@@ -17,6 +17,7 @@ from ftprof.results.parts import (
     Compile,
     DataStats,
     Distributed,
+    Evaluation,
     Failure,
     Flops,
     HostTime,
@@ -24,6 +25,7 @@ from ftprof.results.parts import (
     NvmlSummary,
     Part,
     RunIdentity,
+    Saved,
     Throughput,
     part,
     record,
@@ -52,6 +54,9 @@ class StepRecord:
     gc_s: float = 0.0  # Python garbage collection
     compile_s: float = 0.0  # torch.compile: tracing, recompiling, lazy backward compile, CUDA-graph recording
     alloc_retries: int = 0  # CUDA only; 0 on CPU, which has no caching allocator
+    # evaluation after this step (None where none ran): outside step_time_s, timed apart
+    eval_loss: Optional[float] = None  # mean loss over the eval split's label tokens
+    eval_s: Optional[float] = None  # wall time of the evaluation, device work included
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,6 +84,8 @@ class RunResult(Part):
     data: Optional[DataStats] = record(DataStats)  # real data's stats (None, {} in the file, for synthetic data)
     distributed: Distributed = part(Distributed)
     failure: Failure = part(Failure)
+    evaluation: Evaluation = part(Evaluation)
+    saved: Saved = part(Saved)
     artifacts: dict[str, str] = field(default_factory=dict)  # open: artifact name -> path in the run directory
     profiling: dict[str, Any] = field(default_factory=dict)  # open: resolved profiler settings and overhead, when on
     notes: list[str] = field(default_factory=list)

@@ -58,6 +58,7 @@ def _files(tmp):
     for name, text in sweeps.items():
         (tmp / name).write_text(text)
     (tmp / "empty.jsonl").write_text("")
+    (tmp / "run_bad_key.yaml").write_text("method: lora\nmax_step: 3\n")
     late = tmp / "late.jsonl"
     late.write_text('{"text": "a b c"}\n{"text": "d e f"}\n{"text": \n')
 
@@ -71,7 +72,14 @@ def _cases(t):
         (train + ["--weight-decay", "-1"], "--weight-decay"), (train + ["--lora-dropout", "nan"], "--lora-dropout"),
         (train + ["--max-grad-norm", "inf"], "--max-grad-norm"), (train + ["--batch-size", "0"], "--batch-size"),
         (train + ["--max-steps", "0"], "--max-steps"), (train + ["--seq-len", "1"], "--seq-len"),
-        (train + ["--max-steps", "3", "--warmup-steps", "3"], "--warmup-steps"),
+        (train + ["--max-steps", "3", "--measure-warmup-steps", "3"], "--measure-warmup-steps"),
+        # a run people keep: schedules, epochs, eval, --config
+        (train + ["--warmup-steps", "2", "--warmup-ratio", "0.1"], "--warmup-ratio"),
+        (train + ["--lr-scheduler-type", "cosin"], "cosine"), (train + ["--num-train-epochs", "2"], "synthetic"),
+        (train + ["--eval-dataset", str(t / "missing.jsonl"), "--dataset", str(t / "late.jsonl")], "missing.jsonl"),
+        (train + ["--bf16", "--dtype", "float32"], "--dtype"),
+        (["train", "--config", str(t / "run_bad_key.yaml")], "did you mean 'max_steps'"),
+        (["train", "--config", str(t / "missing.yaml")], "missing.yaml"), (["train"], "give a method"),
         (["profile", "--prof-max-trace-mb", "nan", "--output-dir", str(t / "runs")], "--prof-max-trace-mb"),
         # the model and its modules
         (train + ["--lora-targets", "qkv_proj"], "qkv_proj"), (train + ["--seq-len", "4096"], "2048 positions"),

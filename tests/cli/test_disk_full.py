@@ -30,7 +30,7 @@ def _config_json_bytes(argv: list[str]) -> int:
 
 @pytest.mark.slow
 def test_full_disk_is_one_line_and_keeps_what_was_written(tmp_path):
-    argv = ["train", "full", "--model", "tiny", "--device", "cpu", "--max-steps", "3", "--warmup-steps", "1",
+    argv = ["train", "full", "--model", "tiny", "--device", "cpu", "--max-steps", "3", "--measure-warmup-steps", "1",
             "--seq-len", "32", "--output-dir", str(tmp_path), "--run-name", "r", "--quiet"]
     # config.json (and the small steps.csv) fit under the limit; result.json, larger, does not
     limit = _config_json_bytes(argv) + 64

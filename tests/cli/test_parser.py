@@ -38,7 +38,6 @@ def test_untyped_options_keep_dataclass_defaults():
     (["train", "dora"], "invalid choice: 'dora'"),
     (["train", "lora", "--batch-size", "two"], "invalid int value: 'two'"),
     (["train", "lora", "--quant-type", "nf3"], "invalid choice"),
-    (["train"], "the following arguments are required: method"),
 ])
 def test_parse_errors_are_one_line(argv, fragment, capsys):
     with pytest.raises(SystemExit) as info:

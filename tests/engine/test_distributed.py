@@ -17,7 +17,7 @@ from tests.conftest import tiny_config
                                               ("qlora", "fsdp")])
 @pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 def test_two_process_run_on_cpu(tmp_path, method, parallel):
-    cfg = tiny_config(tmp_path, method, nproc_per_node=2, parallel=parallel, max_steps=5, warmup_steps=1,
+    cfg = tiny_config(tmp_path, method, nproc_per_node=2, parallel=parallel, max_steps=5, measure_warmup_steps=1,
                       run_name="d", lr=3e-3)
     result = ftprof.train(cfg)
     assert result.status == "ok", result.failure.error_message
@@ -128,7 +128,7 @@ def test_qlora_under_fsdp_keeps_the_recomputed_weights_of_checkpointed_layers(tm
     """FSDP2 all-gathers each packed 4-bit weight without its quant state: the kept-weight route restores it from
     the module, as bitsandbytes' own forward does."""
     result = ftprof.train(tiny_config(tmp_path, "qlora", nproc_per_node=2, checkpointing="full", max_steps=3,
-                                      warmup_steps=1))
+                                      measure_warmup_steps=1))
     assert result.status == "ok", result.failure.error_message
     assert result.run.world_size == 2
     assert result.checkpointing.kept_dequantized == 14  # 7 projections x 2 layers, each rank

@@ -23,7 +23,7 @@ def chat_file(tmp_path_factory):
 
 
 def _run(tmp_path, method, **flat):
-    values = dict(max_steps=2, warmup_steps=1, batch_size=2, seq_len=96)
+    values = dict(max_steps=2, measure_warmup_steps=1, batch_size=2, seq_len=96)
     values.update(flat)
     result = ftprof.train(tiny_config(tmp_path, method, **values))
     assert result.status == "ok", result.failure.error_tail

@@ -15,7 +15,7 @@ LEARNING_RATES = {"full": 3e-3, "lora": 1e-2, "qlora": 1e-2, "gptq-lora": 1e-2}
 @pytest.mark.parametrize("method", ["full", "lora", "qlora", pytest.param("gptq-lora", marks=pytest.mark.slow)])
 def test_method_trains_and_loss_falls(tmp_path, method):
     cfg = tiny_config(tmp_path, method, max_steps=25, seq_len=64, batch_size=8, lr=LEARNING_RATES[method],
-                      warmup_steps=2)
+                      measure_warmup_steps=2)
     result = ftprof.train(cfg)
     assert result.status == "ok", result.failure.error_tail
     assert result.run.steps_completed == 25 and result.throughput.steady_steps == 23
@@ -86,7 +86,7 @@ def test_text_dataset_from_python_api(tmp_path):
 
 @pytest.mark.parametrize("method", ["full", "lora", "qlora"])
 def test_memory_breakdown_is_exact(tmp_path, method):
-    cfg = tiny_config(tmp_path, method, max_steps=2, warmup_steps=1)
+    cfg = tiny_config(tmp_path, method, max_steps=2, measure_warmup_steps=1)
     result = ftprof.train(cfg)
     b = result.memory.memory_breakdown.to_dict()
     n_trainable = result.flops.params_trainable
@@ -113,8 +113,8 @@ def test_memory_breakdown_is_exact(tmp_path, method):
 def test_checkpointing_really_shrinks_saved_activations(tmp_path):
     """HF models start in eval mode, where gradient checkpointing silently does nothing: ftprof calls train(),
     and the activations autograd keeps show it."""
-    plain = ftprof.train(tiny_config(tmp_path / "a", "lora", max_steps=2, warmup_steps=1, seq_len=128))
-    ckpt = ftprof.train(tiny_config(tmp_path / "b", "lora", max_steps=2, warmup_steps=1, seq_len=128,
+    plain = ftprof.train(tiny_config(tmp_path / "a", "lora", max_steps=2, measure_warmup_steps=1, seq_len=128))
+    ckpt = ftprof.train(tiny_config(tmp_path / "b", "lora", max_steps=2, measure_warmup_steps=1, seq_len=128,
                                     gradient_checkpointing=True))
     saved, saved_ckpt = (r.memory.memory_breakdown.activations_saved for r in (plain, ckpt))
     assert saved > 0 and saved_ckpt < 0.6 * saved

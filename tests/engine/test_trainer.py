@@ -45,7 +45,7 @@ class FakeCudaCounters:
 
 def test_a_peak_in_a_middle_step_is_the_run_peak(tmp_path, monkeypatch):
     FakeCudaCounters(low=100, high=1000, high_step=3).install(monkeypatch)
-    result = ftprof.train(tiny_config(tmp_path, "lora", max_steps=5, warmup_steps=1, run_name="r"))
+    result = ftprof.train(tiny_config(tmp_path, "lora", max_steps=5, measure_warmup_steps=1, run_name="r"))
     assert result.status == "ok", result.failure.error_message
     with open(tmp_path / "r" / "steps.csv") as fh:
         peaks = [int(row["mem_peak_allocated"]) for row in csv.DictReader(fh)]

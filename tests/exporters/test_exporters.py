@@ -56,7 +56,7 @@ def tracked_run(tmp_path_factory):
         pytest.skip("neither optional tracker package (tensorboard, mlflow) is installed")
     out = tmp_path_factory.mktemp("tracked")
     os.environ.pop("MLFLOW_TRACKING_URI", None)
-    result = ftprof.train(tiny_config(out, "lora", max_steps=3, warmup_steps=1, run_name="tracked",
+    result = ftprof.train(tiny_config(out, "lora", max_steps=3, measure_warmup_steps=1, run_name="tracked",
                                       report_to=",".join(installed)))
     assert result.status == "ok", result.failure.error_tail
     return out, result
@@ -125,7 +125,8 @@ def test_wandb_runs_offline_without_login(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    result = ftprof.train(tiny_config(tmp_path, "lora", max_steps=2, warmup_steps=1, run_name="w", report_to="wandb"))
+    result = ftprof.train(tiny_config(tmp_path, "lora", max_steps=2, measure_warmup_steps=1, run_name="w",
+                                      report_to="wandb"))
     assert result.status == "ok"
     offline = list((tmp_path / "w" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(offline) == 1 and offline[0].stat().st_size > 0

@@ -21,7 +21,7 @@ def test_checkpoint_on_chat_data(tmp_path, checkpoint, method, packing):
     data = write(tmp_path / "chat.jsonl", chat_rows(64))
     extra = {"gptq_calibration_samples": 8} if method == "gptq-lora" else {}
     cfg = RunConfig.from_flat(dict(method=method, model=checkpoint, dataset=data, packing=packing, seq_len=256,
-                                   batch_size=4, max_steps=6, warmup_steps=2, device="cuda", quiet=True,
+                                   batch_size=4, max_steps=6, measure_warmup_steps=2, device="cuda", quiet=True,
                                    output_dir=str(tmp_path), report_to="tensorboard", **extra))
     result = ftprof.train(cfg)
     assert result.status == "ok", result.failure.error_tail

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.gpu,
 
 
 def _cfg(tmp_path, method, **flat):
-    values = dict(method=method, model="llama-1b", seq_len=1024, batch_size=4, max_steps=8, warmup_steps=3,
+    values = dict(method=method, model="llama-1b", seq_len=1024, batch_size=4, max_steps=8, measure_warmup_steps=3,
                   device="cuda", output_dir=str(tmp_path), quiet=True, nproc_per_node=2, run_name="d",
                   memory_logging="all")
     if method == "gptq-lora":

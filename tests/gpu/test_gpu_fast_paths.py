@@ -40,7 +40,7 @@ FAST_PATHS = {
 
 
 def fast_config(tmp_path, method="lora", **flat) -> RunConfig:
-    values = dict(method=method, model="llama-1b", seq_len=512, batch_size=2, max_steps=30, warmup_steps=2,
+    values = dict(method=method, model="llama-1b", seq_len=512, batch_size=2, max_steps=30, measure_warmup_steps=2,
                   lr=1e-4, device="cuda", output_dir=str(tmp_path), quiet=True)
     values.update(flat)
     return RunConfig.from_flat(values)
@@ -123,7 +123,7 @@ def test_auto_plans_for_a_memory_cap_and_stays_under_it(tmp_path, cap_gib, expec
     import sys
 
     argv = [sys.executable, "-m", "ftprof", "train", "lora", "--model", "llama-1b", "--batch-size", "4", "--seq-len",
-            "1024", "--max-steps", "4", "--warmup-steps", "1", "--device", "cuda", "--checkpointing", "auto",
+            "1024", "--max-steps", "4", "--measure-warmup-steps", "1", "--device", "cuda", "--checkpointing", "auto",
             "--memory-limit-gib", str(cap_gib), "--output-dir", str(tmp_path), "--run-name", "cap", "--quiet"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     result = json.loads((tmp_path / "cap" / "result.json").read_text())

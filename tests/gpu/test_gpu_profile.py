@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _cfg(tmp_path, method="qlora", **flat):
-    values = dict(method=method, model="llama-1b", seq_len=1024, batch_size=4, max_steps=10, warmup_steps=2,
+    values = dict(method=method, model="llama-1b", seq_len=1024, batch_size=4, max_steps=10, measure_warmup_steps=2,
                   device="cuda", output_dir=str(tmp_path), quiet=True, profile=True, prof_wait_steps=2,
                   prof_warmup_steps=1, prof_active_steps=2)
     values.update(flat)

@@ -19,7 +19,7 @@ _results: dict = {}  # method -> RunResult, shared by the tests of this module
 
 
 def gpu_config(tmp_path, method, **flat) -> RunConfig:
-    values = dict(method=method, model="llama-1b", seq_len=1024, batch_size=4, max_steps=8, warmup_steps=3,
+    values = dict(method=method, model="llama-1b", seq_len=1024, batch_size=4, max_steps=8, measure_warmup_steps=3,
                   device="cuda", output_dir=str(tmp_path), quiet=True)
     if method == "gptq-lora":
         values["gptq_calibration_samples"] = 8
@@ -88,7 +88,7 @@ def test_textbook_recipe_shows_fp32_gemms_on_gpu(tmp_path):
 def test_oom_is_recorded_as_oom_device(tmp_path):
     # llama-8b full fine-tuning at this size needs far more than one GPU's memory.
     result = ftprof.train(gpu_config(tmp_path, "full", model="llama-8b", batch_size=64, seq_len=4096, max_steps=3,
-                                     warmup_steps=1))
+                                     measure_warmup_steps=1))
     _record(result)
     assert result.status == "oom_device"
     assert result.failure.error_type == "OutOfMemoryError"

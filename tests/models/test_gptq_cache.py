@@ -64,7 +64,7 @@ def test_quantization_runs_in_a_child_process_and_keeps_its_log(tmp_path, monkey
     import ftprof
 
     monkeypatch.setenv(gptq.CACHE_ENV, str(tmp_path / "cache"))
-    result = ftprof.train(tiny_config(tmp_path, "gptq-lora", max_steps=1, warmup_steps=0))
+    result = ftprof.train(tiny_config(tmp_path, "gptq-lora", max_steps=1, measure_warmup_steps=0))
     assert result.status == "ok", result.failure.error_message
     entries = [p for p in (tmp_path / "cache" / "gptq").iterdir() if p.is_dir()]
     assert len(entries) == 1 and (entries[0] / "quantize_config.json").is_file()

@@ -43,6 +43,21 @@ FLAT_KEYS_V1 = [
     "error_type", "error_message", "error_tail", "artifacts", "profiling", "notes", "schema_version",
 ]
 
+# Keys added since (additive: a reader of version 1 skips them), with what a run that did not do it holds.
+ADDED = {"eval_loss_first": None, "eval_loss_last": None, "eval_loss_best": None, "eval_loss_best_step": None,
+         "eval_runs": 0, "eval_time_s": None, "eval_tokens": None,
+         "saved": None, "save_dir": None, "save_base_dir": None, "save_time_s": None}
+_AT = FLAT_KEYS_V1.index("artifacts")
+FLAT_KEYS = FLAT_KEYS_V1[:_AT] + list(ADDED) + FLAT_KEYS_V1[_AT:]
+
+
+def _with_added(old: dict) -> dict:
+    """A version-1 result as this version writes it: the same keys, values and order, the added keys in place."""
+    items = list(old.items())
+    at = list(old).index("artifacts")
+    return dict(items[:at] + list(ADDED.items()) + items[at:])
+
+
 # Written by the flat RunResult: every field set; a CPU run of the tiny preset (auto checkpointing); a failure.
 V1_FILES = ["result_v1_populated.json", "result_v1_cpu_run.json", "result_v1_failure.json"]
 
@@ -69,7 +84,7 @@ def _populated() -> RunResult:
 
 def test_a_populated_result_flattens_to_the_v1_keys_in_their_order():
     flat = _populated().to_dict()
-    assert list(flat) == FLAT_KEYS_V1
+    assert list(flat) == FLAT_KEYS
     assert flat["host_time"] == {"compile_s": 0.0, "gc_s": 0.3, "data_s": 0.07, "alloc_retries": 0, "steps_s": 3.8}
     assert flat["memory_breakdown"] == {"weights_frozen": 1, "gradients": 2}  # measured parts only
     assert flat["nvml"] == {"samples": 3, "energy_j": 1.0} and flat["compile"]["blocks"] == 2
@@ -78,7 +93,7 @@ def test_a_populated_result_flattens_to_the_v1_keys_in_their_order():
 
 def test_unmeasured_records_are_empty_objects_as_before():
     flat = RunResult("ok", "/r", RunIdentity("lora", "tiny", "cpu", "cpu")).to_dict()
-    assert list(flat) == FLAT_KEYS_V1
+    assert list(flat) == FLAT_KEYS
     for key in ("host_time", "memory_breakdown", "checkpointing_auto", "compile", "data", "nvml", "per_rank"):
         assert flat[key] == {}, key
 
@@ -88,8 +103,8 @@ def test_v1_result_files_round_trip(name):
     old = json.loads((DATA / name).read_text())
     assert list(old) == FLAT_KEYS_V1
     again = RunResult.from_dict(old).to_dict()
-    assert again == old and list(again) == list(old)
-    assert json.dumps(again) == json.dumps(old)  # same types too (no int turned float, no tuple for a list)
+    assert again == _with_added(old) and list(again) == FLAT_KEYS
+    assert json.dumps(again) == json.dumps(_with_added(old))  # same types too (no int turned float, no tuple)
 
 
 def test_failure_result_is_what_it_was(tmp_path):
@@ -97,7 +112,8 @@ def test_failure_result_is_what_it_was(tmp_path):
 
     cfg = tiny_config(tmp_path, "qlora")
     res = failure_result(cfg, "/x", "timeout", "timeout", "timed out after 5 s", "tail\nlines", "recorded")
-    assert res.to_dict() == json.loads((DATA / "result_v1_failure.json").read_text())
+    old = json.loads((DATA / "result_v1_failure.json").read_text())
+    assert res.to_dict() == _with_added(old) | {"schema_version": 2}  # config meanings moved on (warm-ups)
 
 
 def test_records_hold_every_key_their_producers_write():

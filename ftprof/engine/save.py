@@ -1,0 +1,156 @@
+"""``--save``: what the run trained, in the formats the ecosystem loads, outside the steps' time.
+
+- lora, qlora, gptq-lora: the PEFT adapter (``save_pretrained``: adapter_config.json + adapter_model.safetensors)
+  and the tokenizer in ``adapter/``. Its ``base_model_name_or_path`` names the base: the hub id or checkpoint
+  directory it was trained on; for a preset (random weights that exist nowhere else) the base is saved too, in
+  ``base/`` (config, weights, tokenizer; QLoRA's 4-bit weights dequantized, which re-quantize to the weights the
+  adapter was trained on), so that ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base/),
+  adapter/)`` rebuilds the trained model. gptq-lora's base is the GPTQ checkpoint (for a preset, ftprof's cached one).
+- full: the whole model (``save_pretrained``) and tokenizer in ``model/``.
+
+Under DDP rank 0 writes its replica; under FSDP2 every rank takes part in gathering the full state dict
+(``torch.distributed.checkpoint.state_dict.get_model_state_dict`` with ``full_state_dict`` and ``cpu_offload``: the
+gathered tensors land in rank 0's host memory only) and rank 0 writes. Each directory is written beside its place
+and renamed into it when complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ftprof.models.dequant import dequantize, is_4bit_linear
+from ftprof.results.parts import Saved
+
+ADAPTER, MODEL, BASE = "adapter", "model", "base"
+
+
+def save_trained(plan, built, run_dir: Path, log: Callable[[str], None]) -> Saved:
+    """Write what ``built`` trained under --save-dir (default the run directory); every rank calls it."""
+    cfg = plan.config
+    root = Path(cfg.save.save_dir).expanduser() if cfg.save.save_dir else Path(run_dir)
+    t0 = time.perf_counter()
+    model = built.model.module if isinstance(built.model, torch.nn.parallel.DistributedDataParallel) else built.model
+    lora = cfg.method.method != "full"
+    preset_base = lora and plan.source.kind == "preset" and cfg.method.method != "gptq-lora"
+    gathered = _gathered_state(model, adapters_only=lora and not preset_base) if plan.shards else None
+    out = Saved(saved="adapter" if lora else "model", save_dir=str(root / (ADAPTER if lora else MODEL)))
+    if plan.dist.is_main:
+        if lora:
+            out.save_base_dir = _save_adapter(plan, model, gathered, root, built.tokenizer, preset_base, log)
+        else:
+            _publish(root / MODEL, lambda tmp: _save_full(model, gathered, built.tokenizer, tmp))
+    if plan.dist.enabled:
+        import torch.distributed as dist
+
+        dist.barrier()  # the files exist for every rank once save returns
+    out.save_time_s = time.perf_counter() - t0
+    log(f"--save: {out.saved} written to {out.save_dir} in {out.save_time_s:.1f} s")
+    return out
+
+
+def _gathered_state(model, adapters_only: bool) -> dict:
+    """FSDP2: the full state dict, gathered into rank 0's host memory (empty on the other ranks)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=adapters_only)
+    return get_model_state_dict(model, options=options)
+
+
+def _publish(final: Path, write: Callable[[Path], None]) -> None:
+    """``write`` into a fresh directory beside ``final``, then rename it into place (replacing an older one)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    write(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def _save_tokenizer(tokenizer, where: Path) -> None:
+    if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(where)
+
+
+def _save_full(model, gathered: dict | None, tokenizer, where: Path) -> None:
+    model.save_pretrained(where, state_dict=gathered, safe_serialization=True)
+    _save_tokenizer(tokenizer, where)
+
+
+def _save_adapter(plan, peft_model, gathered: dict | None, root: Path, tokenizer, preset_base: bool,
+                  log: Callable[[str], None]) -> str | None:
+    """The adapter (and, for a preset, its base); returns the base's directory or name."""
+    base_dir = None
+    if preset_base:
+        if gathered is not None and plan.config.method.method == "qlora":
+            log("--save: the base of a qlora preset under FSDP is not saved (its 4-bit weights are sharded); "
+                "the adapter is")
+        else:
+            state = base_state(peft_model, gathered)
+            _publish(root / BASE, lambda tmp: _save_base(plan.source.config, state, tokenizer, tmp))
+            base_dir = str((root / BASE).resolve())
+    name = base_dir or _base_name(peft_model, plan)
+    config = peft_model.peft_config["default"]
+    before, config.base_model_name_or_path = config.base_model_name_or_path, name
+    try:
+        _publish(root / ADAPTER, lambda tmp: (peft_model.save_pretrained(tmp, state_dict=gathered),
+                                              _save_tokenizer(tokenizer, tmp)))
+    finally:
+        config.base_model_name_or_path = before
+    return name
+
+
+def _base_name(peft_model, plan) -> str:
+    """The base a non-preset adapter loads on: the checkpoint it was trained on (gptq-lora: the GPTQ one)."""
+    path = getattr(peft_model.get_base_model().config, "_name_or_path", "") or ""
+    return path if plan.config.method.method == "gptq-lora" and path else plan.source.name
+
+
+def _clean(name: str) -> str:
+    return name.removeprefix("base_model.model.").replace(".base_layer", "")
+
+
+def base_state(peft_model, gathered: dict | None) -> dict[str, torch.Tensor]:
+    """The frozen base's weights under plain transformers names (no LoRA, 4-bit weights dequantized)."""
+    if gathered is not None:
+        return {_clean(k): v for k, v in gathered.items() if "lora_" not in k}
+    state: dict[str, torch.Tensor] = {}
+    for mname, module in peft_model.get_base_model().named_modules():
+        if "lora_" in mname:
+            continue
+        prefix = _clean(mname) + "." if mname else ""
+        if is_4bit_linear(module):
+            state[prefix + "weight"] = dequantize(module, "bitsandbytes").detach().cpu()
+            if module.bias is not None:
+                state[prefix + "bias"] = module.bias.detach().cpu()
+            continue
+        for pname, tensor in module.named_parameters(recurse=False):
+            state[prefix + pname] = tensor.detach().cpu()
+        for bname, tensor in module.named_buffers(recurse=False):
+            if bname not in module._non_persistent_buffers_set:
+                state[prefix + bname] = tensor.detach().cpu()
+    return state
+
+
+def _save_base(config, state: dict[str, torch.Tensor], tokenizer, where: Path) -> None:
+    """A plain transformers checkpoint of ``config`` with ``state``'s weights (built on the meta device: no
+    weights are initialized just to be replaced)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"--save: the base's weights do not match its architecture (missing "
+                           f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]})")
+    if tied:
+        model.tie_weights()
+    model.save_pretrained(where, safe_serialization=True)
+    _save_tokenizer(tokenizer, where)
