@@ -13,7 +13,7 @@ import pandas as pd
 from ftprof.errors import ConfigError
 from ftprof.report import choose as choose_mod
 from ftprof.report import compare as compare_mod
-from ftprof.report import plots, profiles
+from ftprof.report import eval_loss, plots, profiles
 from ftprof.report import slow_steps as slow_steps_mod
 from ftprof.report.tables import SummaryTable, load_results, summarize, to_csv_frame, to_markdown
 from ftprof.results.run_dir import ENV
@@ -114,6 +114,7 @@ def build_report(paths: list[str | Path], out_dir: str | Path | None = None, *, 
     slow = slow_steps_mod.to_markdown(df)
     if slow:
         markdown += "\n" + slow
+    markdown += ("\n" + eval_loss.to_markdown(df)) if "eval_loss_last" in df else ""  # runs that evaluated
     if problems:
         markdown += "\n" + skipped_markdown(problems)
     if formats in ("all", "md"):
@@ -161,7 +162,10 @@ def _inline(text: str) -> str:
 
 
 def to_html(report: Report, markdown: str) -> str:
-    """One self-contained file: tables and PNGs embedded, nothing to fetch."""
+    """One self-contained file: tables, interactive charts (plotly's JavaScript inlined) and PNGs embedded,
+    nothing to fetch."""
+    from ftprof.report import interactive
+
     images = []
     for name, path in report.files.items():
         if name.endswith(".png"):
@@ -171,6 +175,8 @@ def to_html(report: Report, markdown: str) -> str:
     style = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;"
              "font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}th{background:#f3f3f3}"
              "td:first-child,th:first-child{text-align:left}.bad{color:#b00}img{max-width:100%}"
-             "figure{display:inline-block;margin:1em;vertical-align:top;max-width:48%}figcaption{font-size:13px;color:#333}")
+             "figure{display:inline-block;margin:1em;vertical-align:top;max-width:48%}figcaption{font-size:13px;color:#333}"
+             ".chart{margin:1em 0}.note{color:#555}")
+    charts = interactive.charts_html(report.frame, report.choice)
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>ftprof report</title><style>{style}</style>"
-            f"</head><body>{_md_table_to_html(markdown)}{''.join(images)}</body></html>\n")
+            f"</head><body>{_md_table_to_html(markdown)}{charts}{''.join(images)}</body></html>\n")

@@ -5,14 +5,18 @@ Markdown out (no files, no plotting).
 A configuration is the set of runs that share every option (repeats merged): tokens/s is their mean, peak memory
 their max (the conservative reading). Peak memory is per GPU and comes from one source for every configuration:
 the NVML process peak when every configuration has it (what the device really gave the process: allocator reserve
-plus CUDA context), else the torch reserved peak, else (CPU runs) the host RSS peak.
+plus CUDA context), else the torch reserved peak. CPU runs are measured by their memory breakdown (weights,
+gradients, optimizer state, saved activations: exact bytes from result.json) when every run has it, because their
+host RSS is mostly the imported libraries (about 0.8 GiB) and hides what the options change; else by the host RSS
+peak. Configurations, labels and pairs come from each run's effective configuration (results/effective.py).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
-import math
 import statistics
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -20,7 +24,9 @@ import pandas as pd
 from ftprof.config import CHECKPOINTING, KERNELS, METHODS
 from ftprof.console import fmt_gib, fmt_num
 from ftprof.metrics import GIB
-from ftprof.report.tables import config_columns, with_checkpointing_policy
+from ftprof.report import noise
+from ftprof.report.labels import labels, missing, short, varying_options
+from ftprof.results.effective import config_key, effective_frame
 
 # Common GPU memory sizes (GiB): 16 (V100/T4-class), 24 (L4/A10/4090), 40 (A100-40G), 48 (L40S/A6000),
 # 80 (A100/H100-80G), 141 (H200).
@@ -33,11 +39,10 @@ MARGIN = 0.10
 # Peak-memory sources, most faithful first: (column, words for the reader).
 MEMORY_SOURCES = (("nvml_process_used_peak", "NVML process peak"), ("torch_peak_reserved", "torch reserved peak"),
                   ("host_peak_rss", "host RSS peak"))
-# Options that identify a run's size but whose label is spelled specially (GPUs come from world_size).
-_GPU_OPTIONS = {"nproc_per_node", "nnodes"}
-# Labels read method first, then the options people sweep most; any other varying option follows.
-_LABEL_ORDER = ("method", "model", "batch_size", "seq_len", "grad_accum", "checkpointing", "kernels", "compile",
-                "compile_mode", "sdpa_backend", "world_size")
+# CPU runs: the parts of the memory breakdown that the options change (result.json's exact bytes).
+BREAKDOWN_PARTS = ("weights_frozen", "weights_trainable", "gradients", "optimizer_state", "activations_saved")
+BREAKDOWN_WORDS = ("memory breakdown: weights + gradients + optimizer state + saved activations (host RSS, mostly "
+                   "imported libraries, left aside)")
 # Categorical options whose switches read best in a fixed order (from the baseline choice to the alternatives).
 _ORDERS = {"checkpointing": CHECKPOINTING, "kernels": KERNELS, "method": METHODS}
 
@@ -49,9 +54,18 @@ class Configuration:
     tokens_per_s: float
     peak_bytes: float
     repeats: int
+    spread: float | None = None  # the widest step p90/p50 over its runs (how unsteady its steps were)
+
+    @functools.cached_property
+    def _values(self) -> dict[str, str]:
+        return {k: "None" if missing(v) else str(v) for k, v in self.options}
 
     def option(self, name: str) -> object:
-        return dict(self.options).get(name)
+        return next((v for k, v in self.options if k == name), None)
+
+    def text(self, name: str) -> str:
+        """The option's value as text (how pairs are matched): "None" where it does not apply."""
+        return self._values.get(name, "None")
 
 
 @dataclass(frozen=True)
@@ -87,10 +101,6 @@ class Choice:
         return max(self.configurations, key=lambda c: c.tokens_per_s, default=None)
 
 
-def _missing(value: object) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
 def _ok_rows(df: pd.DataFrame) -> pd.DataFrame:
     if df.empty or "status" not in df:
         return df.iloc[0:0]
@@ -100,71 +110,49 @@ def _ok_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def memory_source(ok: pd.DataFrame) -> tuple[str | None, str]:
-    """The most faithful peak-memory column that every successful run has."""
+    """The most faithful peak-memory column that every successful run has; for CPU runs the memory breakdown's
+    parts (``_breakdown_bytes``) when every run recorded them."""
+    on_cpu = len(ok) and "device" in ok and (ok["device"].map(str) == "cpu").all()
+    if on_cpu and _breakdown_bytes(ok).notna().all():
+        return "_breakdown_bytes", BREAKDOWN_WORDS
     for col, words in MEMORY_SOURCES:
         if col in ok and len(ok) and pd.to_numeric(ok[col], errors="coerce").notna().all():
             return col, words
     return None, "no peak memory recorded"
 
 
-def varying_options(ok: pd.DataFrame) -> list[str]:
-    """Configuration options whose value differs between the successful runs (GPU count as ``world_size``)."""
-    cols = [c for c in config_columns(ok) if c not in _GPU_OPTIONS]
-    if "world_size" in ok:
-        cols.append("world_size")
-    # An option set for some methods only (a LoRA rank) varies when its set values differ, not by being unset.
-    varying = [c for c in cols if ok[c].dropna().map(str).nunique() > 1]
-    return sorted(varying, key=lambda c: _LABEL_ORDER.index(c) if c in _LABEL_ORDER else len(_LABEL_ORDER))
+def _breakdown_bytes(ok: pd.DataFrame) -> pd.Series:
+    cols = [f"memory_breakdown_{p}" for p in BREAKDOWN_PARTS]
+    if not all(c in ok for c in cols):
+        return pd.Series(float("nan"), index=ok.index)
+    return ok[cols].apply(pd.to_numeric, errors="coerce").sum(axis=1, min_count=len(cols))
 
 
-def _short(name: str, value: object) -> str:
-    if isinstance(value, float) and value.is_integer():  # pandas turns an int column with gaps into floats
-        value = int(value)
-    if name == "method":
-        return str(value)
-    if name == "batch_size":
-        return f"b{value}"
-    if name == "world_size":
-        return f"{value} GPU" + ("s" if str(value) != "1" else "")
-    if name == "checkpointing":
-        return "no-ckpt" if value == "none" else f"ckpt-{value}"
-    if name == "seq_len":
-        return f"s{value}"
-    if name == "sdpa_backend":
-        return f"attn-{value}"
-    if name == "compile_mode":
-        return f"compile-{value}"
-    if name == "grad_accum":
-        return f"ga{value}"
-    if isinstance(value, bool) or str(value) in ("True", "False"):
-        return name if str(value) == "True" else f"no-{name}"
-    return f"{name}={value}"
-
-
-def label(options: dict[str, object], method: object | None = None) -> str:
-    """A configuration's short name: its method, then each varying option."""
-    parts = [] if method is None or "method" in options else [str(method)]
-    parts += [_short(k, v) for k, v in options.items() if not _missing(v)]
-    return " ".join(parts) or "(one configuration)"
+def _spread(group: pd.DataFrame) -> float | None:
+    if "step_time_p90_s" not in group or "step_time_p50_s" not in group:
+        return None
+    ratio = pd.to_numeric(group["step_time_p90_s"], errors="coerce") / \
+        pd.to_numeric(group["step_time_p50_s"], errors="coerce")
+    return None if ratio.dropna().empty else float(ratio.max())
 
 
 def configurations(df: pd.DataFrame) -> tuple[list[Configuration], str, bool]:
-    """Successful runs merged by configuration; with the memory source's words and whether they ran on a GPU."""
-    ok = _ok_rows(with_checkpointing_policy(df))
+    """Successful runs merged by effective configuration; with the memory source's words and whether they ran on a
+    GPU."""
+    ok = _ok_rows(effective_frame(df))
     col, words = memory_source(ok)
     if col is None:
         return [], words, False
-    ok[col] = pd.to_numeric(ok[col], errors="coerce")
+    ok[col] = _breakdown_bytes(ok) if col == "_breakdown_bytes" else pd.to_numeric(ok[col], errors="coerce")
     varying = varying_options(ok)
-    key_cols = config_columns(ok) + (["world_size"] if "world_size" in ok else [])
-    key = ok[key_cols].apply(lambda r: "|".join(map(str, r)), axis=1) if key_cols else pd.Series("", index=ok.index)
+    names = labels(ok, varying, repeats=False)
     out = []
-    for _, group in ok.groupby(key, sort=False):
+    for _, group in ok.groupby(config_key(ok), sort=False):
         first = group.iloc[0]
         options = {c: first.get(c) for c in varying}
-        out.append(Configuration(tuple(options.items()), label(options, first.get("method")),
-                                 float(group["tokens_per_s"].mean()), float(group[col].max()), len(group)))
-    on_gpu = col != "host_peak_rss"
+        out.append(Configuration(tuple(options.items()), names[group.index[0]], float(group["tokens_per_s"].mean()),
+                                 float(group[col].max()), len(group), _spread(group)))
+    on_gpu = col not in ("host_peak_rss", "_breakdown_bytes")
     return out, words, on_gpu
 
 
@@ -188,10 +176,23 @@ def pick(configs: list[Configuration], budget_bytes: float, budget: str, margin:
 def _comparable(a: Configuration, b: Configuration, option: str) -> bool:
     """Same configuration but for ``option``; an option that does not apply to one side (None: a LoRA rank on a
     full fine-tune) does not count as a difference."""
-    da, db = dict(a.options), dict(b.options)
-    if str(da.get(option)) == str(db.get(option)) or _missing(da.get(option)) or _missing(db.get(option)):
+    if a.text(option) == b.text(option) or "None" in (a.text(option), b.text(option)):
         return False
-    return all(str(da[k]) == str(db[k]) or _missing(da[k]) or _missing(db[k]) for k in da if k != option)
+    return all(a.text(k) == b.text(k) or "None" in (a.text(k), b.text(k)) for k, _ in a.options if k != option)
+
+
+def _pairs(configs: list[Configuration], option: str, before: object, after: object):
+    """(a, b) with ``option`` switched from ``before`` to ``after`` and nothing else. Options set on every
+    configuration of either side must match exactly: they key a lookup, so the pairing is linear, not quadratic,
+    in the number of configurations; the rest (set on some only) are checked pair by pair."""
+    a_side = [c for c in configs if c.text(option) == str(before)]
+    b_side = [c for c in configs if c.text(option) == str(after)]
+    firm = [k for k, _ in configs[0].options if k != option and all(c.text(k) != "None" for c in a_side + b_side)]
+    buckets = defaultdict(list)
+    for b in b_side:
+        buckets[tuple(b.text(k) for k in firm)].append(b)
+    return [(a, b) for a in a_side for b in buckets.get(tuple(a.text(k) for k in firm), ())
+            if _comparable(a, b, option)]
 
 
 def _value_pairs(values: list[object], option: str = "") -> list[tuple[object, object]]:
@@ -214,15 +215,13 @@ def option_effects(configs: list[Configuration]) -> list[OptionEffect]:
         return []
     effects = []
     for option in [k for k, _ in configs[0].options]:
-        values = {str(c.option(option)): c.option(option) for c in configs if not _missing(c.option(option))}
+        values = {str(c.option(option)): c.option(option) for c in configs if not missing(c.option(option))}
         if all(str(v) in ("True", "False") for v in values.values()):
             switches = [(values[a], values[b]) for a, b in (("False", "True"),) if a in values and b in values]
         else:
             switches = _value_pairs(list(values.values()), option)
         for before, after in switches:
-            pairs = [(a, b) for a in configs for b in configs
-                     if str(a.option(option)) == str(before) and str(b.option(option)) == str(after)
-                     and _comparable(a, b, option)]
+            pairs = _pairs(configs, option, before, after)
             if not pairs:
                 continue
             tput = statistics.median(100.0 * (b.tokens_per_s / a.tokens_per_s - 1) for a, b in pairs)
@@ -254,7 +253,7 @@ def _fmt_pct(value: float) -> str:
 
 
 def _value(option: str, value: object) -> str:
-    return _short(option, value) if option != "method" else str(value)
+    return short(option, value) if option != "method" else str(value)
 
 
 def to_markdown(choice: Choice, margin: float = MARGIN) -> str:
@@ -267,8 +266,8 @@ def to_markdown(choice: Choice, margin: float = MARGIN) -> str:
               f"and data differences). Cost: tokens/s against the fastest overall ({fastest.label}, "
               f"{fmt_num(fastest.tokens_per_s)} tokens/s).", ""]
     if not choice.on_gpu:
-        lines += ["These runs ran on the CPU: the peak is host memory, so the GPU budgets below are indicative only.",
-                  ""]
+        lines += [f"These runs ran on the CPU: memory is the {choice.memory_source}, so the GPU budgets below are "
+                  "indicative only.", ""]
     lines += ["| memory budget | fastest that fits | tokens/s | peak GiB | cost |",
               "| --- | --- | ---: | ---: | ---: |"]
     for p in choice.picks:
@@ -280,6 +279,7 @@ def to_markdown(choice: Choice, margin: float = MARGIN) -> str:
     lines += ["", "Pareto frontier (no other configuration is both faster and smaller): "
               + "; ".join(f"{c.label} ({fmt_num(c.tokens_per_s)} tokens/s, {fmt_gib(c.peak_bytes)} GiB)"
                           for c in choice.frontier) + ".", ""]
+    lines += noise.to_markdown(choice.configurations)
     if choice.effects:
         lines += ["### What each option bought", "",
                   "Switching one option with every other fixed, median over the sweep's pairs of cells that differ in "

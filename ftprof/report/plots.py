@@ -1,86 +1,108 @@
-"""PNG plots (headless): throughput vs memory, memory breakdown, tokens/s vs batch, step times, NVML over time."""
+"""PNG plots (headless): the Pareto frontier, throughput vs memory, memory breakdown, tokens/s vs batch, step times,
+NVML over time. Readable from 2 to 1,000 configurations: a PNG labels only what a reader acts on (the frontier and
+each budget's pick) in a column of its own, per-run plots show the fastest ``MAX_EXPERIMENTS_PER_PLOT``, and
+every point is in report.html's interactive charts (interactive.py) on hover."""
 
 from __future__ import annotations
 
 import csv
+import textwrap
 from pathlib import Path
 
 import pandas as pd
 
 from ftprof.metrics import GIB
+from ftprof.report.figures import figure, label_column, legend_below, quiet, save, text_width_in
+from ftprof.report.labels import labeller, labels
 from ftprof.results.run_dir import STEPS
 
-MAX_EXPERIMENTS_PER_PLOT = 40  # beyond this, per-experiment plots show the first 40 (tables keep them all)
+MAX_EXPERIMENTS_PER_PLOT = 40  # beyond this, per-run plots show the 40 fastest (tables and report.html keep all)
+MAX_SERIES_IN_LEGEND = 12
 
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")  # headless: no display needed
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def labeller(df: pd.DataFrame):
-    """A function row -> its label: method plus every option that varies between the runs shown (model, batch,
-    checkpointing, GPUs, ...), and "#k" for the k-th repeat of a configuration."""
-    from ftprof.report.choose import label, varying_options
-    from ftprof.report.tables import config_key, with_checkpointing_policy
-
-    df = with_checkpointing_policy(df)
-    varying = varying_options(df) if len(df) else []
-    keys = config_key(df) if len(df) else pd.Series(dtype=str)
-    counts = keys.value_counts()
-    nth = keys.groupby(keys).cumcount() + 1
-
-    def _label(row) -> str:
-        row = df.loc[row.name] if row.name in df.index else row  # with the checkpointing policy filled in
-        text = label({c: row.get(c) for c in varying}, row.get("method"))
-        if row.name in keys.index and counts[keys[row.name]] > 1:
-            text += f" #{nth[row.name]}"
-        return text
-
-    return _label
+__all__ = ["labeller", "all_plots", "breakdown_parts", "CAPTIONS", "PARETO"]
 
 
 def _num(df: pd.DataFrame, col: str) -> pd.Series:
     return pd.to_numeric(df[col], errors="coerce") if col in df else pd.Series(float("nan"), index=df.index)
 
 
-def _save(fig, path: Path) -> Path:
-    """The figure as a PNG, written atomically like every other file (rendered in memory, then renamed in)."""
-    import io
+def _fastest(df: pd.DataFrame, n: int = MAX_EXPERIMENTS_PER_PLOT) -> pd.DataFrame:
+    """The ``n`` fastest runs (then the failed ones, in their order), for plots with one row per run."""
+    order = _num(df, "tokens_per_s").sort_values(ascending=False, na_position="last", kind="stable").index
+    return df.loc[order[:n]]
 
-    from ftprof.results.store import write_bytes_atomic
 
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    _plt().close(fig)
-    return write_bytes_atomic(path, buf.getvalue())
+def _of(shown: int, total: int) -> str:
+    return f" ({shown} fastest of {total})" if total > shown else ""
+
+
+def _wrap(text: str, width_in: float) -> str:
+    return textwrap.fill(text, max(20, int(width_in / 0.075)))
+
+
+def pareto(choice, out: Path) -> Path | None:
+    """Tokens/s against peak memory per configuration, the frontier drawn; the frontier and the picks labelled."""
+    if not choice.configurations:
+        return None
+    marked = {id(c): c for c in choice.frontier}
+    budgets: dict[int, list[str]] = {}
+    for p in choice.picks:
+        if p.choice is not None:
+            marked.setdefault(id(p.choice), p.choice)
+            budgets.setdefault(id(p.choice), []).append(p.budget.split(" (")[0])
+    texts = [c.label + (f"  [fastest within {', '.join(budgets[k])}]" if k in budgets else "")
+             for k, c in marked.items()]
+    with quiet():
+        fig, (ax, lab) = figure(6.5 + text_width_in(texts) + 0.4, max(4.8, 0.2 * len(texts) + 2.4), ncols=2,
+                                gridspec_kw={"width_ratios": [6.5, text_width_in(texts) + 0.4]})
+        rest = [c for c in choice.configurations if id(c) not in marked]
+        if rest:
+            ax.scatter([c.peak_bytes / GIB for c in rest], [c.tokens_per_s for c in rest], s=12, color="0.65",
+                       alpha=0.6, label="other configurations", zorder=2, linewidths=0)
+        front = choice.frontier
+        ax.step([c.peak_bytes / GIB for c in front], [c.tokens_per_s for c in front], where="post", color="C0",
+                label="Pareto frontier", zorder=3)
+        ax.scatter([c.peak_bytes / GIB for c in marked.values()], [c.tokens_per_s for c in marked.values()],
+                   s=36, color=["C1" if k in budgets else "C0" for k in marked], zorder=4,
+                   label="labelled: frontier (blue), a budget's pick (orange)")
+        ax.margins(0.08)
+        ax.set_xlabel(_wrap(f"peak memory per GPU (GiB, {choice.memory_source})", 6.2))
+        ax.set_ylabel("tokens/s (global)")
+        ax.set_title("Which configurations are worth it?")
+        ax.grid(alpha=0.3)
+        label_column(ax, lab, [(c.peak_bytes / GIB, c.tokens_per_s, t) for c, t in zip(marked.values(), texts,
+                                                                                      strict=True)])
+        legend_below(fig, ax)
+    return save(fig, out / PARETO)
+
+
+def _memory_column(ok: pd.DataFrame) -> tuple[pd.Series, str]:
+    if _num(ok, "torch_peak_allocated").notna().any():
+        return _num(ok, "torch_peak_allocated"), "torch allocated"
+    from ftprof.report.choose import _breakdown_bytes
+
+    parts = _breakdown_bytes(ok)
+    if parts.notna().all():
+        return parts, "memory breakdown: weights, gradients, optimizer state, saved activations"
+    return _num(ok, "host_peak_rss"), "host RSS"
 
 
 def throughput_vs_memory(df: pd.DataFrame, out: Path) -> Path | None:
     ok = df[df["status"] == "ok"]
     if ok.empty:
         return None
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    mem_col = "torch_peak_allocated" if _num(ok, "torch_peak_allocated").notna().any() else "host_peak_rss"
-    name = labeller(ok)
-    for method, group in ok.groupby("method"):
-        xs, ys = _num(group, mem_col) / GIB, _num(group, "tokens_per_s")
-        ax.scatter(xs, ys, label=method, s=40)
-        for (_, row), x, y in zip(group.iterrows(), xs, ys, strict=True):
-            ax.annotate(name(row), (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
-    ax.margins(0.15)
-    ax.set_xlabel(f"peak memory (GiB, {'torch allocated' if mem_col == 'torch_peak_allocated' else 'host RSS'})")
-    ax.set_ylabel("tokens/s (global)")
-    ax.set_title("Throughput against peak memory")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    return _save(fig, out / "throughput_vs_memory.png")
+    mem, words = _memory_column(ok)
+    with quiet():
+        fig, ax = figure(7, 5)
+        for method, group in ok.groupby("method"):
+            ax.scatter(mem[group.index] / GIB, _num(group, "tokens_per_s"), label=method, s=24, alpha=0.8)
+        ax.margins(0.08)
+        ax.set_xlabel(_wrap(f"peak memory (GiB, {words})", 6.5))
+        ax.set_ylabel("tokens/s (global)")
+        ax.set_title("Throughput against peak memory, by method")
+        ax.grid(alpha=0.3)
+        legend_below(fig, ax)
+    return save(fig, out / "throughput_vs_memory.png")
 
 
 def breakdown_parts(rows: pd.DataFrame) -> dict[str, pd.Series] | None:
@@ -106,62 +128,70 @@ def breakdown_parts(rows: pd.DataFrame) -> dict[str, pd.Series] | None:
     return parts
 
 
+def _hbar_height(n: int, legend_rows: int = 0) -> float:
+    return max(3.6, 0.26 * n + 1.9 + 0.22 * legend_rows)
+
+
 def memory_breakdown(df: pd.DataFrame, out: Path) -> Path | None:
-    """Stacked bars: weights, gradients, optimizer state, activations and transients, allocator reserve, non-torch."""
-    rows = df.head(MAX_EXPERIMENTS_PER_PLOT)
-    if not _num(rows, "torch_peak_allocated").notna().any():
-        return None
-    plt = _plt()
-    parts = breakdown_parts(rows)
+    """Stacked horizontal bars, one per run: weights, gradients, optimizer state, activations and transients,
+    allocator reserve, non-torch."""
+    gpu = df[_num(df, "torch_peak_allocated").notna()]
+    rows = _fastest(gpu)
+    parts = breakdown_parts(rows) if len(rows) else None
     if parts is None:
         return None
-    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(rows) + 2), 4.5))
-    bottom = pd.Series([0.0] * len(rows), index=rows.index)
-    name = labeller(rows)
-    labels = [name(r) for _, r in rows.iterrows()]
-    for part, values in parts.items():
-        v = values.fillna(0) / GIB
-        ax.bar(labels, v, bottom=bottom, label=part)
-        bottom = bottom + v
-    peak = _num(rows, "memory_breakdown_training_peak") / GIB
-    ax.scatter(labels, peak, marker="_", s=300, color="black", zorder=3, label="training peak (recorded)")
-    ax.set_ylabel("GiB per GPU")
-    ax.set_title("Memory breakdown per experiment (up to the training peak, then reserve and non-torch)")
-    ax.tick_params(axis="x", rotation=60)
-    ax.legend(fontsize=8)
-    return _save(fig, out / "memory_breakdown.png")
+    names = list(labels(df).loc[rows.index])
+    y = list(range(len(rows)))
+    with quiet():
+        fig, ax = figure(7.5 + text_width_in(names), _hbar_height(len(rows), legend_rows=4))
+        left = pd.Series([0.0] * len(rows), index=rows.index)
+        for part, values in parts.items():
+            v = values.fillna(0) / GIB
+            ax.barh(y, v, left=left, label=part, height=0.7)
+            left = left + v
+        ax.scatter(_num(rows, "memory_breakdown_training_peak") / GIB, y, marker="|", s=160, color="black",
+                   zorder=3, label="training peak (recorded)")
+        ax.set_yticks(y, names, fontsize=7.5)
+        ax.invert_yaxis()
+        ax.set_xlabel("GiB per GPU")
+        ax.set_title("Where the memory went" + _of(len(rows), len(gpu)))
+        ax.grid(axis="x", alpha=0.3)
+        legend_below(fig, ax)
+    return save(fig, out / "memory_breakdown.png")
 
 
 def tokens_vs_batch(df: pd.DataFrame, out: Path) -> Path | None:
     ok = df[df["status"] == "ok"].copy()
     if ok.empty or "batch_size" not in ok:
         return None
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
     ok["_b"] = _num(ok, "batch_size")
     ok["_t"] = _num(ok, "tokens_per_s")
     # One line per configuration but its batch size (method, model, checkpointing, ...).
-    series = labeller(ok.drop(columns=["batch_size"]))
-    ok["_series"] = [series(r).split(" #")[0] for _, r in ok.iterrows()]
-    markers = "osD^vP*Xh<>"
-    for i, (name, group) in enumerate(ok.groupby("_series")):
-        g = group.groupby("_b")["_t"].mean().sort_index()
-        # a marker on every point: a series with one batch size is a point, never an invisible line
-        ax.plot(g.index, g.values, marker=markers[i % len(markers)], markersize=7, label=name)
+    ok["_series"] = labels(ok.drop(columns=["batch_size"]), repeats=False)
+    series = list(ok.groupby("_series"))
     failed = df[df["status"] != "ok"]
-    for _, r in failed.iterrows():
-        ax.axvline(float(r["batch_size"]), color="red", alpha=0.2)
-    batches = sorted(set(ok["_b"].dropna()) | set(_num(failed, "batch_size").dropna()))
-    if batches and batches[-1] / max(batches[0], 1) >= 8:
-        ax.set_xscale("log", base=2)
-    ax.set_xticks(batches, [f"{b:g}" for b in batches])  # batch sizes are integers: tick the ones measured
-    ax.minorticks_off()
-    ax.set_xlabel("batch size per GPU")
-    ax.set_ylabel("tokens/s (global)")
-    ax.set_title("Throughput against batch size" + (" (red: failed runs)" if len(failed) else ""))
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return _save(fig, out / "tokens_vs_batch.png")
+    with quiet():
+        fig, ax = figure(7.5, 5.5)
+        markers = "osD^vP*Xh<>"
+        for i, (name, group) in enumerate(series):
+            g = group.groupby("_b")["_t"].mean().sort_index()
+            # a marker on every point: a series with one batch size is a point, never an invisible line
+            ax.plot(g.index, g.values, marker=markers[i % len(markers)], markersize=6, label=name,
+                    lw=1.2 if len(series) <= MAX_SERIES_IN_LEGEND else 0.5)
+        for b in _num(failed, "batch_size").dropna():
+            ax.axvline(float(b), color="red", alpha=0.2)
+        batches = sorted(set(ok["_b"].dropna()) | set(_num(failed, "batch_size").dropna()))
+        if batches and batches[-1] / max(batches[0], 1) >= 8:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(batches, [f"{b:g}" for b in batches])  # batch sizes are integers: tick the ones measured
+        ax.minorticks_off()
+        ax.set_xlabel("batch size per GPU")
+        ax.set_ylabel("tokens/s (global)")
+        shown = legend_below(fig, ax, MAX_SERIES_IN_LEGEND)
+        ax.set_title("Throughput against batch size" + (" (red: failed runs)" if len(failed) else "")
+                     + ("" if shown else f"\n{len(series)} series: names on hover in report.html"))
+        ax.grid(alpha=0.3)
+    return save(fig, out / "tokens_vs_batch.png")
 
 
 def _read_column(path: Path, column: str, where=None) -> list[float]:
@@ -173,76 +203,57 @@ def _read_column(path: Path, column: str, where=None) -> list[float]:
 
 
 def step_times(df: pd.DataFrame, out: Path) -> Path | None:
-    data, labels = [], []
-    name = labeller(df)
-    for _, r in df.head(MAX_EXPERIMENTS_PER_PLOT).iterrows():
+    data, names = [], []
+    rows = _fastest(df)
+    all_names = labels(df)
+    for idx, r in rows.iterrows():
         times = _read_column(Path(r["run_dir"]) / STEPS, "step_time_s", lambda row: row.get("warmup") == "False")
         if times:
             data.append(times)
-            labels.append(name(r))
+            names.append(all_names[idx])
     if not data:
         return None
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(data) + 2), 4.5))
-    ax.boxplot(data)
-    ax.set_xticks(range(1, len(labels) + 1), labels, rotation=60)
-    ax.set_ylabel("step time (s), steady steps")
-    ax.set_title("Step-time distribution")
-    return _save(fig, out / "step_times.png")
+    with quiet():
+        fig, ax = figure(7 + text_width_in(names), _hbar_height(len(data)))
+        ax.boxplot(data, orientation="horizontal")
+        ax.set_yticks(range(1, len(names) + 1), names, fontsize=7.5)
+        ax.invert_yaxis()
+        ax.set_xlabel("step time (s), steady steps")
+        ax.set_title("Step-time distribution" + _of(len(data), len(df)))
+        ax.grid(axis="x", alpha=0.3)
+    return save(fig, out / "step_times.png")
 
 
 def nvml_over_time(df: pd.DataFrame, out: Path) -> Path | None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    drew = False
-    name = labeller(df)
-    for _, r in df.head(MAX_EXPERIMENTS_PER_PLOT).iterrows():
+    curves = []
+    names = labels(df)
+    for idx, r in _fastest(df).iterrows():
         run_dir = Path(r["run_dir"])
         path = run_dir / "nvml.csv" if (run_dir / "nvml.csv").exists() else run_dir / "nvml_rank0.csv"
         t = _read_column(path, "unix_s", lambda row: row.get("gpu") == "0")
         used = _read_column(path, "memory_used", lambda row: row.get("gpu") == "0")
         if t and len(t) == len(used):
-            ax.plot([x - t[0] for x in t], [u / GIB for u in used], label=name(r))
-            drew = True
-    if not drew:
-        plt.close(fig)
+            curves.append(([x - t[0] for x in t], [u / GIB for u in used], names[idx]))
+    if not curves:
         return None
-    ax.set_xlabel("seconds since the run started")
-    ax.set_ylabel("GPU memory used (GiB, NVML, device-wide)")
-    ax.set_title("NVML memory over time")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    return _save(fig, out / "nvml_memory.png")
-
-
-def pareto(choice, out: Path) -> Path | None:
-    """Tokens/s against peak memory per configuration, every point labelled, the frontier drawn (choose.py)."""
-    if not choice.configurations:
-        return None
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    front = {id(c) for c in choice.frontier}
-    for c in choice.configurations:
-        on = id(c) in front
-        ax.scatter(c.peak_bytes / GIB, c.tokens_per_s, s=45 if on else 25, color="C0" if on else "0.55", zorder=3)
-        ax.annotate(c.label, (c.peak_bytes / GIB, c.tokens_per_s), textcoords="offset points", xytext=(4, 3),
-                    fontsize=7, color="black" if on else "0.35")
-    ax.step([c.peak_bytes / GIB for c in choice.frontier], [c.tokens_per_s for c in choice.frontier], where="post",
-            color="C0", label="Pareto frontier", zorder=2)
-    ax.margins(0.15)  # room for the labels of the outermost points
-    ax.set_xlabel(f"peak memory per GPU (GiB, {choice.memory_source})")
-    ax.set_ylabel("tokens/s (global)")
-    ax.set_title("Which configurations are worth it? (frontier: nothing is both faster and smaller)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return _save(fig, out / PARETO)
+    with quiet():
+        fig, ax = figure(8, 5.5)
+        for xs, ys, name in curves:
+            ax.plot(xs, ys, label=name, lw=1)
+        ax.set_xlabel("seconds since the run started")
+        ax.set_ylabel("GPU memory used (GiB, NVML, device-wide)")
+        ax.set_title("NVML memory over time" + _of(len(curves), len(df)))
+        ax.grid(alpha=0.3)
+        legend_below(fig, ax, MAX_SERIES_IN_LEGEND)
+    return save(fig, out / "nvml_memory.png")
 
 
 PARETO = "pareto.png"
 # What each plot answers: the HTML report's captions.
 CAPTIONS = {
-    PARETO: "Which configurations are worth it: tokens/s against peak memory, every configuration labelled; the line "
-            "joins those that no other configuration beats on both.",
+    PARETO: "Which configurations are worth it: tokens/s against peak memory; the line joins those that no other "
+            "configuration beats on both, labelled with each budget's pick (every configuration is in the "
+            "interactive chart, on hover).",
     "throughput_vs_memory.png": "How much memory does each extra token/s cost, per method?",
     "memory_breakdown.png": "Where did the training peak go: weights, gradients, optimizer state, activations, "
                             "transients, allocator reserve and non-torch memory?",

@@ -10,6 +10,13 @@ import pandas as pd
 
 from ftprof.console import fmt_num
 from ftprof.metrics import GIB
+from ftprof.results.effective import (  # noqa: F401  (config_columns, NOT_CONFIG: this module's old names)
+    MEASUREMENT_OPTIONS,
+    NOT_CONFIG,
+    config_columns,
+    config_key,
+    effective_frame,
+)
 from ftprof.results.load import read_runs
 
 # Columns of summary.csv / summary.md: (source column, header, kind). Kind says how to format and aggregate.
@@ -32,15 +39,11 @@ HEADLINE = [
 # Figures that mean nothing for a CPU run (no GPU peak FLOP/s, no CUDA allocator, no NVML).
 GPU_ONLY = ("tokens_per_s_per_gpu", "mfu", "torch_peak_allocated", "memory_breakdown_training_peak",
             "torch_peak_reserved", "nvml_device_used_peak", "non_torch_overhead", "energy_per_token_j")
-CPU_NOTE = ("CPU runs: memory is the host RSS peak; GPU-only figures (MFU, per-GPU throughput, allocator and NVML "
-            "peaks, energy) do not apply and are left out.")
+CPU_NOTE = ("CPU runs: memory is the host RSS peak (in the choice below, the memory breakdown's weights, gradients, "
+            "optimizer state and saved activations where recorded); GPU-only figures (MFU, per-GPU throughput, "
+            "allocator and NVML peaks, energy) do not apply and are left out; GPUs are processes.")
 KEY_COLUMNS = [c for c, _, kind in HEADLINE if kind == "key"]
 NUM_COLUMNS = [c for c, _, kind in HEADLINE if kind not in ("key", "status")]
-# Options that do not change what is measured: ignored when matching repeats and baselines.
-# gradient_checkpointing is the yes/no derived from the checkpointing policy (HF's spelling); the policy is the column.
-NOT_CONFIG = {"output_dir", "run_name", "quiet", "run_dir", "prof_output_dir", "memory_logging", "seed",
-              "gradient_checkpointing", "slurm_job_id", "slurm_nodes"}  # slurm_*: where bench ran it
-
 # Two-sided 95% Student t quantiles by degrees of freedom (1..30); beyond that the normal 1.96.
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
@@ -68,43 +71,7 @@ def load_results(*paths, problems: list[str] | None = None) -> pd.DataFrame:
         problems.extend(report.problems)
     elif report.problems:
         warnings.warn(f"skipped {len(report.problems)} run dir(s): {report.problems[0]}", stacklevel=2)
-    df = pd.DataFrame(report.rows)
-    if "world_size" not in df and len(df):
-        df["world_size"] = 1
-    return with_checkpointing_policy(df)
-
-
-def with_checkpointing_policy(df: pd.DataFrame) -> pd.DataFrame:
-    """Runs recorded before the checkpointing policy existed have only the yes/no: their policy is full or none."""
-    if "gradient_checkpointing" not in df or not len(df):
-        return df
-    df = df.copy()
-    implied = df["gradient_checkpointing"].map(lambda v: None if v is None or v != v else "full" if v else "none")
-    df["checkpointing"] = df["checkpointing"].where(df["checkpointing"].notna(), implied) \
-        if "checkpointing" in df else implied
-    return df
-
-
-# Of those, options that do change the step time a little (what measuring costs): a configuration of their own in a
-# table when they vary across the runs shown (an overhead sweep), ignored otherwise and when matching baselines.
-MEASUREMENT_OPTIONS = ("memory_logging",)
-
-
-def config_columns(df: pd.DataFrame, measurement_if_varying: bool = False) -> list[str]:
-    """Columns that identify an experiment's configuration (from config.json), for repeats and baselines."""
-    from ftprof.config import flat_field_owners
-
-    cols = [c for c in flat_field_owners() if c in df.columns and c not in NOT_CONFIG]
-    if measurement_if_varying:
-        cols += [c for c in MEASUREMENT_OPTIONS if c in df.columns and df[c].map(str).nunique() > 1]
-    return cols
-
-
-def config_key(df: pd.DataFrame, measurement_if_varying: bool = False) -> pd.Series:
-    cols = config_columns(df, measurement_if_varying)
-    if not cols:
-        return pd.Series([""] * len(df), index=df.index)
-    return df[cols].apply(lambda row: "|".join(str(v) for v in row), axis=1)
+    return effective_frame(pd.DataFrame(report.rows))
 
 
 @dataclass
@@ -134,25 +101,7 @@ def summarize(df: pd.DataFrame, sort: str | None = None, group_by: str | None = 
         df[col] = pd.to_numeric(df[col], errors="coerce") if col in df else float("nan")
     df["_key"] = config_key(df, measurement_if_varying=True)
     extra = _differing_options(df)
-    rows = []
-    for _, group in df.groupby("_key", sort=False):
-        first = group.iloc[0]
-        row = {c: first.get(c) for c in KEY_COLUMNS + extra}
-        row["device"] = first.get("device")
-        ok = group[group["status"] == "ok"] if "status" in group else group
-        statuses = sorted(set(group.get("status", pd.Series(["?"]))))
-        row["status"] = statuses[0] if len(statuses) == 1 else ",".join(statuses)
-        row["repeats"] = len(group)
-        for col in NUM_COLUMNS:
-            values = [float(v) for v in (ok if len(ok) else group)[col].dropna()]
-            row[col] = sum(values) / len(values) if values else None
-            row[f"{col}_ci95"] = ci95(values)
-        if row["status"] != "ok" and len(ok) == 0:  # a failed run keeps its peak memory (OOM: where it stopped)
-            for col in ("tokens_per_s", "tokens_per_s_per_gpu", "real_tokens_per_s"):
-                row[col] = None
-        row["error"] = first.get("error_message") if row["status"] != "ok" else None
-        rows.append(row)
-    frame = pd.DataFrame(rows)
+    frame = _aggregate(df, extra)
     if group_by and group_by in frame:
         frame = frame.sort_values([group_by] + ([sort] if sort and sort in frame else []),
                                   ascending=[True] + ([False] if sort and sort in frame else []))
@@ -160,11 +109,47 @@ def summarize(df: pd.DataFrame, sort: str | None = None, group_by: str | None = 
         frame = frame.sort_values(sort, ascending=False, na_position="last")
     frame = frame.reset_index(drop=True)
     constant = {}
-    if len(frame) > 1:
+    if len(frame) > 1:  # an option that applies to no row (None everywhere) is not a fact about the runs
         for col in KEY_COLUMNS:
-            if col in frame and frame[col].map(str).nunique() == 1:
+            if col in frame and frame[col].map(str).nunique() == 1 and frame[col].notna().all():
                 constant[col] = frame[col].iloc[0]
     return SummaryTable(frame, constant, extra)
+
+
+def _ci95_column(groups, col: str) -> pd.Series:
+    """ci95 for every group at once (the same numbers as ``ci95``)."""
+    n, sd = groups[col].count(), groups[col].std(ddof=1)
+    t = n.map(lambda k: _T95[k - 2] if 2 <= k <= len(_T95) + 1 else 1.96)
+    half = t * sd / n.pow(0.5)
+    return half.where(n >= 2).astype(object).where(n >= 2, None)
+
+
+def _aggregate(df: pd.DataFrame, extra: list[str]) -> pd.DataFrame:
+    """One row per configuration (``_key``), in first-seen order: the first run's options, the statuses, the
+    repeats, and each figure's mean and 95% CI over the successful runs (over all runs when none succeeded)."""
+    keys = df["_key"]
+    firsts = df.drop_duplicates("_key").set_index("_key")
+    status = df["status"].map(str) if "status" in df else pd.Series("?", index=df.index)
+    is_ok = status == "ok"
+    any_ok = is_ok.groupby(keys, sort=False).any()
+    # each configuration's runs that count: the successful ones, or all of them when none succeeded
+    counted = df[is_ok | ~keys.map(any_ok).astype(bool)]
+    groups = counted.groupby("_key", sort=False)
+    frame = pd.DataFrame(index=firsts.index)
+    for col in KEY_COLUMNS + extra + ["device"]:
+        frame[col] = firsts[col] if col in firsts else None
+    frame["status"] = status.groupby(keys, sort=False).agg(lambda s: ",".join(sorted(set(s))))
+    frame["repeats"] = keys.groupby(keys, sort=False).size()
+    for col in NUM_COLUMNS:
+        frame[col] = groups[col].mean().astype(object)
+        frame[col] = frame[col].where(frame[col].notna(), None)
+        frame[f"{col}_ci95"] = _ci95_column(groups, col)
+    failed = (frame["status"] != "ok") & ~any_ok  # a failed run keeps its peak memory (OOM: where it stopped)
+    for col in ("tokens_per_s", "tokens_per_s_per_gpu", "real_tokens_per_s"):
+        frame.loc[failed, col] = None
+    errors = firsts["error_message"] if "error_message" in firsts else pd.Series(None, index=firsts.index)
+    frame["error"] = errors.where(frame["status"] != "ok", None)
+    return frame.reset_index(drop=True)
 
 
 def _fmt(value, kind: str, ci=None) -> str:
@@ -202,15 +187,20 @@ def display_rows(table: SummaryTable, with_ci: bool = True) -> tuple[list[str], 
     headline[at:at] = [(c, c, "key") for c in table.extra_keys]
     cols = [(c, h, k) for c, h, k in headline if c in table.frame.columns and c not in skip]
     cols = [(c, h, k) for c, h, k in cols if k in ("key", "status") or table.frame[c].notna().any()]
-    headers = [h for _, h, _ in cols]
+    headers = [_header(h, table) for _, h, _ in cols]
     rows = []
     for _, r in table.frame.iterrows():
         rows.append([_fmt(r.get(c), k, r.get(f"{c}_ci95") if with_ci else None) for c, _, k in cols])
     return headers, rows
 
 
+def _header(name: str, table: SummaryTable) -> str:
+    """A column's header: "GPUs" counts processes ("procs") when every run ran on the CPU."""
+    return "procs" if name == "GPUs" and table.cpu_only else name
+
+
 def header_line(table: SummaryTable) -> str:
-    names = {c: h for c, h, _ in HEADLINE}
+    names = {c: _header(h, table) for c, h, _ in HEADLINE}
     return ", ".join(f"{names.get(k, k)}: {v}" for k, v in table.constant.items())
 
 

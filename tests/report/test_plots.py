@@ -40,7 +40,7 @@ def test_tokens_vs_batch_draws_every_series_with_integer_ticks(tmp_path, monkeyp
         drawn["ax"] = fig.axes[0]
         return path
 
-    monkeypatch.setattr(plots, "_save", keep)
+    monkeypatch.setattr(plots, "save", keep)  # the PNG writer (figures.save)
     df = pd.DataFrame([_row("lora", 2, tps=500), _row("lora", 4, tps=900), _row("full", 4, tps=700)])
     plots.tokens_vs_batch(df, tmp_path)
     ax = drawn["ax"]

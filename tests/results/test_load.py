@@ -52,8 +52,10 @@ def test_a_run_from_before_an_option_existed_reads_as_its_default(tmp_path):
     new = {"schema_version": 1, "model": {"model": "tiny", "compile_mode": "default"}, "method": {"method": "lora"}}
     _run(tmp_path, "old", {"status": "ok", "tokens_per_s": 10.0})
     _run(tmp_path, "new", {"status": "ok", "tokens_per_s": 11.0}, new)
+    # compile_mode applies under --compile only: the effective configuration drops it otherwise, so the run that
+    # differs in it is a compiled one
     _run(tmp_path, "other", {"status": "ok", "tokens_per_s": 12.0},
-         {**new, "model": {"model": "tiny", "compile_mode": "reduce-overhead"}})
+         {**new, "model": {"model": "tiny", "compile": True, "compile_mode": "reduce-overhead"}})
     rows = {r["run_name"]: r for r in read_runs([tmp_path]).rows}
     assert rows["old"]["compile_mode"] == "default" and rows["old"]["sdpa_backend"] == "auto"
     import pandas as pd

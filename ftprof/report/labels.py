@@ -1,0 +1,89 @@
+"""Configuration labels: the method, then only the options that vary between the runs shown, each spelled short
+("lora b8 ckpt-full compile 2 GPUs"), read from the runs' effective configuration (results/effective.py), so an
+option that did nothing in a run never appears in its label."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from ftprof.results.effective import config_columns, config_key, effective_frame
+
+# Options that identify a run's size but whose label is spelled specially (GPUs come from world_size).
+GPU_OPTIONS = {"nproc_per_node", "nnodes"}
+# Labels read method first, then the options people sweep most; any other varying option follows.
+LABEL_ORDER = ("method", "model", "batch_size", "seq_len", "grad_accum", "checkpointing", "kernels", "compile",
+               "compile_mode", "sdpa_backend", "world_size")
+_PREFIX = {"batch_size": "b", "seq_len": "s", "grad_accum": "ga", "sdpa_backend": "attn-", "compile_mode": "compile-"}
+
+
+def missing(value: object) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
+
+
+def varying_options(df: pd.DataFrame) -> list[str]:
+    """Configuration options whose effective value differs between the rows (GPU count as ``world_size``).
+    An option that applies to some rows only (a LoRA rank) varies when its set values differ, not by being unset."""
+    eff = effective_frame(df)
+    cols = [c for c in config_columns(eff) if c not in GPU_OPTIONS] + ["world_size"]
+    varying = [c for c in cols if c in eff and eff[c].dropna().map(str).nunique() > 1]
+    return sorted(varying, key=lambda c: LABEL_ORDER.index(c) if c in LABEL_ORDER else len(LABEL_ORDER))
+
+
+def processes(value: object, device: object = None) -> str:
+    """"2 GPUs", or "2 procs" for processes that ran on the CPU."""
+    n = int(value) if isinstance(value, float) and value.is_integer() else value
+    if str(device) == "cpu":
+        return f"{n} proc" + ("s" if str(n) != "1" else "")
+    return f"{n} GPU" + ("s" if str(n) != "1" else "")
+
+
+def short(name: str, value: object, device: object = None) -> str:
+    """One option as a label word."""
+    if isinstance(value, float) and value.is_integer() and name != "lr":
+        value = int(value)  # a whole number read back as float (a column with gaps)
+    if name == "method":
+        return str(value)
+    if name == "world_size":
+        return processes(value, device)
+    if name == "checkpointing":
+        return "no-ckpt" if value == "none" else f"ckpt-{value}"
+    if name in _PREFIX:
+        return f"{_PREFIX[name]}{value}"
+    if isinstance(value, bool):
+        return name if value else f"no-{name}"
+    if isinstance(value, float):
+        return f"{name}={value:g}"
+    return f"{name}={value}"
+
+
+def label(options: dict[str, object], method: object | None = None, device: object = None) -> str:
+    """A configuration's short name: its method, then each varying option that applies to it."""
+    parts = [] if method is None or "method" in options else [str(method)]
+    parts += [short(k, v, device) for k, v in options.items() if not missing(v)]
+    return " ".join(parts) or "(one configuration)"
+
+
+def labels(df: pd.DataFrame, varying: list[str] | None = None, repeats: bool = True) -> pd.Series:
+    """Every row's label (index as ``df``), with "#k" for the k-th repeat of a configuration."""
+    if not len(df):
+        return pd.Series([], index=df.index, dtype=object)
+    eff = effective_frame(df)
+    varying = varying_options(eff) if varying is None else varying
+    cols = list(dict.fromkeys(varying + (["method"] if "method" in eff else []) + (["device"] if "device" in eff
+                                                                                      else [])))
+    out = pd.Series([label({c: r.get(c) for c in varying}, r.get("method"), r.get("device"))
+                     for r in eff[cols].to_dict("records")], index=eff.index, dtype=object)
+    if repeats:
+        keys = config_key(eff)
+        counts = keys.map(keys.value_counts())
+        nth = keys.groupby(keys).cumcount() + 1
+        out = out.where(counts <= 1, out + " #" + nth.astype(str))
+    return out
+
+
+def labeller(df: pd.DataFrame):
+    """A function row -> its label (see ``labels``), for code that walks rows."""
+    names = labels(df)
+    return lambda row: names.get(row.name, label({}, row.get("method")))
