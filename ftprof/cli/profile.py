@@ -25,11 +25,9 @@ DEFAULT_METHOD = "qlora"
 def profile_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "profile", help="train under torch.profiler on a wait/warmup/active schedule and explain where time went",
-        description="Run the same training as `ftprof train` under torch.profiler, export traces, tables, stacks, "
-                    "memory timeline and allocator snapshot, and summarize where the time went. "
-                    "METHOD defaults to qlora; `ftprof profile METHOD --help` lists the options of one method. "
-                    "--summarize TRACE summarizes an existing trace from any torch.profiler run instead "
-                    "(with --baseline, against another profile).")
+        description="Train as `ftprof train` does, under torch.profiler; export the traces and summarize where the "
+                    "time went. METHOD defaults to qlora. --summarize TRACE summarizes an existing trace instead "
+                    "(--baseline: A/B against another).")
     summarize_options = [
         (("--summarize",), dict(metavar="TRACE", type=path_argument,
                                 help="summarize this trace (.json or .json.gz), or every rank's trace in a cycle "
@@ -66,11 +64,28 @@ def _run_config_near(trace: Path) -> dict | None:
     return None
 
 
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def usable_hints(hints: list[str], gpu_trace: bool) -> list[str]:
+    """The open hints that work for this trace here: TensorBoard only with its profiler plugin installed
+    (torch-tb-profiler), HTA only for a trace with GPU kernels (it has nothing to analyse in a CPU-only trace) and
+    with the package installed. The first line (where the traces are) and Perfetto always."""
+    works = {"TensorBoard:": _installed("tensorboard") and _installed("torch_tb_profiler"),
+             "HTA:": gpu_trace and _installed("hta")}
+    return [h for h in hints if works.get(h.split()[0], True)]
+
+
 def print_open_hints(result, quiet: bool = False) -> None:
     """Where the traces are and how to open them: the last thing `ftprof profile` prints (under --quiet, only
     where they are)."""
-    from rich.console import Console
-
+    from ftprof.console import make_console
     from ftprof.profiling.layout import open_hints
 
     traces = sorted(v for k, v in result.artifacts.items() if k.startswith("trace_rank"))
@@ -79,7 +94,9 @@ def print_open_hints(result, quiet: bool = False) -> None:
     trace_dir = (Path(result.run_dir) / traces[-1]).parent
     if trace_dir.is_dir():
         hints = open_hints(trace_dir)
-        Console().print("\n".join(hints[:1] if quiet else hints), highlight=False, markup=False, soft_wrap=True)
+        gpu_trace = "cuda" in (getattr(result, "profiling", None) or {}).get("activities", [])
+        shown = hints[:1] if quiet else usable_hints(hints, gpu_trace)
+        make_console().print("\n".join(shown), highlight=False, markup=False, soft_wrap=True)
 
 
 def _inputs(path_text: str, option: str) -> list[Path]:

@@ -19,7 +19,8 @@ class ProfilingConfig:
     prof_repeat: int = option(1, "profiling cycles")
     prof_output_dir: Optional[str] = option(None, "artifact directory (default: <run dir>/profile)")
     prof_activities: str = option("auto", "comma-separated: cpu, cuda; auto = cpu plus cuda when on a GPU")
-    prof_record_shapes: bool = option(False, "record operator input shapes and dtypes")
+    prof_record_shapes: bool = option(True, "record operator input shapes and dtypes (the summary's fine-tuning "
+                                      "buckets split GEMMs and count FLOPs from them)")
     prof_with_stack: bool = option(False, "record Python stacks (flame-graph stacks file; larger traces)")
     prof_profile_memory: bool = option(False, "record tensor allocations in the trace")
     prof_memory_timeline: bool = option(False, "export a memory timeline (turns on shapes, stacks and memory)")

@@ -234,8 +234,10 @@ class TorchProfiler:
         s = self.settings
         if mb <= self.cfg.prof_max_trace_mb or not (s.with_stack or s.record_shapes or s.profile_memory):
             return
+        costly = [name for name, on in (("stacks", s.with_stack), ("shapes", s.record_shapes),
+                                         ("memory", s.profile_memory)) if on]
         note = (f"cycle {self._cycle} trace was {mb:.0f} MB (> --prof-max-trace-mb {self.cfg.prof_max_trace_mb:g}); "
-                "stacks, shapes and memory recording are off for the remaining cycles")
+                f"{', '.join(costly)} recording {'is' if len(costly) == 1 else 'are'} off for the remaining cycles")
         self.settings = dataclasses.replace(s, with_stack=False, record_shapes=False, profile_memory=False,
                                             memory_timeline=False, notes=s.notes + [note])
         self.log(note)

@@ -1,5 +1,6 @@
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -78,7 +79,7 @@ def test_help_runs_as_module():
 ])
 def test_help_per_method_lists_only_what_it_accepts(method, shown, hidden, capsys):
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["train", method, "--help"])
+        build_parser().parse_args(["train", method, "--help-all"])
     text = capsys.readouterr().out
     assert all(s in text for s in shown) and not any(h in text for h in hidden)
     assert "measurement warm-up" in text and "--learning-rate" in text
@@ -90,7 +91,7 @@ def test_help_per_method_lists_only_what_it_accepts(method, shown, hidden, capsy
 ])
 def test_profile_help_per_method_lists_only_what_it_accepts(method, shown, hidden, capsys):
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["profile", method, "--help"])
+        build_parser().parse_args(["profile", method, "--help-all"])
     text = capsys.readouterr().out
     assert all(s in text for s in shown) and not any(h in text for h in hidden), text
 
@@ -153,4 +154,19 @@ def test_profile_quiet_prints_where_the_traces_are_but_not_how_to_open_them(tmp_
     print_open_hints(result)
     loud = capsys.readouterr().out
     assert quiet.startswith("traces: ") and str(cycle) in quiet and "Perfetto" not in quiet
-    assert "Perfetto" in loud and "TensorBoard" in loud
+    assert "Perfetto" in loud
+
+
+@pytest.mark.parametrize("gpu_trace, installed, shown, hidden", [
+    (False, {"tensorboard", "torch_tb_profiler", "hta"}, ["TensorBoard"], ["HTA"]),  # HTA needs GPU kernels
+    (True, {"tensorboard", "torch_tb_profiler", "hta"}, ["TensorBoard", "HTA"], []),
+    (True, {"tensorboard"}, [], ["TensorBoard", "HTA"]),  # no profiler plugin, no HTA package
+])
+def test_open_hints_only_for_what_works_here(monkeypatch, gpu_trace, installed, shown, hidden):
+    from ftprof.cli import profile
+    from ftprof.profiling.layout import open_hints
+
+    monkeypatch.setattr(profile, "_installed", lambda module: module in installed)
+    text = "\n".join(profile.usable_hints(open_hints(Path("/r/profile/cycle1")), gpu_trace))
+    assert text.startswith("traces: ") and "Perfetto" in text
+    assert all(s in text for s in shown) and not any(h in text for h in hidden), text

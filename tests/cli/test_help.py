@@ -1,0 +1,47 @@
+"""--help shows the options most runs use; --help-all every option (and every option parses either way)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from ftprof.cli.common import option_names
+from ftprof.config import inapplicable_options
+
+
+def _help(*argv: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "ftprof", *argv], capture_output=True, text=True,
+                          env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("argv", [("train", "qlora"), ("train", "full"), ("profile",), ("profile", "lora")])
+def test_short_help_is_short_and_names_the_common_options(argv):
+    text = _help(*argv, "--help")
+    assert len(text.splitlines()) <= 65, text
+    for option in ("--model", "--dtype", "--checkpointing", "--kernels", "--compile", "--dataset", "--seq-len",
+                   "--batch-size", "--grad-accum", "--max-steps", "--lr", "--output-dir", "--device"):
+        assert option in text, option
+    assert "--help-all" in text and "--lora-dropout" not in text and "--fsdp-cpu-offload" not in text
+    if argv[0] == "train":
+        assert "--save" in text and "--eval-steps" in text
+    else:
+        assert "--summarize" in text and "--baseline" in text and "--no-prof-record-shapes" in text
+
+
+@pytest.mark.parametrize("command, method", [("train", "qlora"), ("train", "gptq-lora"), ("profile", "full")])
+def test_help_all_lists_every_option(command, method):
+    text = _help(command, method, "--help-all")
+    skip = {"--" + name.replace("_", "-") for name in inapplicable_options(method)}
+    if command == "profile":
+        skip.add("--profile")  # always on there
+    missing = [o for o in option_names() if o not in skip and o not in text]
+    assert not missing, missing
+
+
+def test_an_option_left_out_of_the_short_help_still_parses():
+    from ftprof.cli.main import build_parser
+
+    args = build_parser().parse_args(["train", "lora", "--lora-dropout", "0.1", "--fsdp-cpu-offload"])
+    assert args.lora_dropout == 0.1 and args.fsdp_cpu_offload is True
