@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ftprof.report import profiles
+from ftprof.report import environment, profiles
 from ftprof.report.tables import config_key
 from ftprof.results.run_dir import STEPS
 from ftprof.results.status import Status
@@ -61,6 +61,7 @@ class ConfigComparison:
     throughput: ThroughputTest | None = None
     context: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # words -> (base, cur, change %)
     cause: str | None = None  # when both sides were profiled: the buckets that explain the change
+    environment: list[str] = field(default_factory=list)  # what differed between the machines ("torch threads 64 → 2")
 
 
 @dataclass
@@ -231,8 +232,12 @@ def compare(current: pd.DataFrame, baseline: pd.DataFrame, threshold_pct: float)
     cur_groups, base_groups = dict(tuple(cur.groupby("_key"))), dict(tuple(base.groupby("_key")))
     configs = [compare_config(base_groups[k], cur_groups[k], threshold_pct) for k in cur_groups if k in base_groups]
     for key, c in zip([k for k in cur_groups if k in base_groups], configs, strict=True):
+        base_dirs, cur_dirs = list(base_groups[key]["run_dir"]), list(cur_groups[key]["run_dir"])
+        c.environment = environment.group_differences(base_dirs, cur_dirs)
         if c.verdict != OK:  # only where the verdict needs a why: profiles are read for those configurations alone
-            c.cause = profiles.cause(list(base_groups[key]["run_dir"]), list(cur_groups[key]["run_dir"]))
+            c.cause = profiles.cause(base_dirs, cur_dirs)
+            if c.environment:  # the machine changed too: said beside the verdict, as a possible cause
+                c.reasons.append(f"environment differs: {', '.join(c.environment)}")
     return Comparison(configs, [_label(g.iloc[0]) for k, g in cur_groups.items() if k not in base_groups],
                       [_label(g.iloc[0]) for k, g in base_groups.items() if k not in cur_groups])
 
@@ -264,6 +269,10 @@ def to_markdown(cmp: Comparison, threshold_pct: float) -> str:
         lines.append(f"| {c.experiment} | {verdict} | {_fmt_test(t)} | {samples} | {p} | "
                      f"{'-' if p50 is None else f'{p50[2]:+.1f}%'} | {'-' if mem is None else f'{mem[2]:+.1f}%'} | "
                      f"{'; '.join(c.reasons + ([f'profile: {c.cause}'] if c.cause else []))} |")
+    envs = sorted({d for c in cmp.configs for d in c.environment})
+    if envs:
+        lines += ["", "The environments differ (env.json), which can explain a change as well as the code: "
+                  + "; ".join(envs) + "."]
     if cmp.unmatched_current:
         lines += ["", "New (no baseline): " + "; ".join(cmp.unmatched_current)]
     if cmp.unmatched_baseline:

@@ -50,7 +50,7 @@ def pareto(choice, out: Path) -> Path | None:
         if p.choice is not None:
             marked.setdefault(id(p.choice), p.choice)
             budgets.setdefault(id(p.choice), []).append(p.budget.split(" (")[0])
-    texts = [c.label + (f"  [fastest within {', '.join(budgets[k])}]" if k in budgets else "")
+    texts = [c.label + (f"  ({', '.join(budgets[k])} pick)" if k in budgets else "")
              for k, c in marked.items()]
     with quiet():
         fig, (ax, lab) = figure(6.5 + text_width_in(texts) + 0.4, max(4.8, 0.2 * len(texts) + 2.4), ncols=2,

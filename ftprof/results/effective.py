@@ -36,6 +36,7 @@ DATA_OPTIONS = {
     "response_field": ("instruction", "auto"), "messages_field": ("chat", "auto"),
     "train_on": ("instruction", "chat", "auto"),
 }
+EFFECTIVE_MARK = "ftprof_effective_configuration"
 _TRUE = {True, "True", "true", "1", "yes", "on"}  # 1 and 1.0 equal True in a set
 _FALSE = {False, "False", "false", "0", "no", "off"}  # 0 and 0.0 equal False
 
@@ -145,8 +146,9 @@ def _world_size(df):
 def effective_frame(df):
     """``df`` with its option columns as the effective configuration (a copy; other columns untouched).
 
-    Idempotent and vectorized: cheap enough to apply to every frame that groups or labels runs."""
-    if not len(df):
+    Idempotent and vectorized; a frame it made (or a slice of one: pandas keeps ``attrs``) is returned as it is,
+    so every step that groups or labels runs can ask for it without paying twice."""
+    if not len(df) or df.attrs.get(EFFECTIVE_MARK):
         return df
     df = df.copy()
     kinds = option_kinds()
@@ -158,6 +160,7 @@ def effective_frame(df):
         if name in df and mask.any():
             df[name] = df[name].where(~mask, None)
     df["world_size"] = _normalize_column(_world_size(df), "int")
+    df.attrs[EFFECTIVE_MARK] = True
     return df
 
 
