@@ -1,12 +1,13 @@
 """Evaluation between steps: the eval batches' mean loss per label token, outside the steps' timed window.
 
 Every rank evaluates the same batches (FSDP needs every rank in each forward; DDP's are identical), in eval mode
-(dropout off) and without gradients. The losses are summed on the device and read once at the end, so one
+(dropout off; see ``evaluating``) and without gradients. The losses are summed on the device and read once at the end, so one
 evaluation costs one sync, after the step's own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ import torch
 
 from ftprof.config import RunConfig
 from ftprof.data import IGNORE_INDEX
+from ftprof.models.dequant import is_4bit_linear
 
 
 @dataclass
@@ -40,24 +42,34 @@ class Evaluator:
 
     def run(self, built) -> EvalOutcome:
         t0 = time.perf_counter()
-        model = built.model
-        model.eval()
         total = torch.zeros((), device=self.device, dtype=torch.float64)
-        try:
-            with torch.no_grad():
-                for batch, weight in zip(self.batches, self.weights, strict=True):
-                    if weight == 0:
-                        continue
-                    if built.compiled is not None and built.compiled.cudagraphs:
-                        torch.compiler.cudagraph_mark_step_begin()
-                    moved = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-                    with built.autocast():
-                        loss = model(**moved).loss
-                    total += loss.detach().double() * weight
+        with evaluating(built.model), torch.no_grad():
+            for batch, weight in zip(self.batches, self.weights, strict=True):
+                if weight == 0:
+                    continue
+                if built.compiled is not None and built.compiled.cudagraphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                moved = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+                with built.autocast():
+                    loss = built.model(**moved).loss
+                total += loss.detach().double() * weight
             mean = total.item() / max(1, self.tokens)  # the one sync
-        finally:
-            model.train()
         return EvalOutcome(mean, time.perf_counter() - t0)
+
+
+@contextlib.contextmanager
+def evaluating(model: torch.nn.Module):
+    """Eval mode (dropout off) for every module but bitsandbytes' 4-bit linears: on CPUs with AVX-512 bf16, one in
+    eval mode without gradients repacks its weight in place for an inference kernel that needs 32-row multiples
+    (the tiny preset's are not) and leaves training to unpack it. Their forward is the same either way."""
+    was = {m: m.training for m in model.modules()}
+    for module in model.modules():
+        module.training = is_4bit_linear(module) and was[module]
+    try:
+        yield model
+    finally:
+        for module, training in was.items():
+            module.training = training
 
 
 def eval_batches_for(plan, tokenizer) -> list[dict]:
