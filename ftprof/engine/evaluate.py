@@ -1,8 +1,8 @@
 """Evaluation between steps: the eval batches' mean loss per label token, outside the steps' timed window.
 
 Every rank evaluates the same batches (FSDP needs every rank in each forward; DDP's are identical), in eval mode
-(dropout off; see ``evaluating``) and without gradients. The losses are summed on the device and read once at the end, so one
-evaluation costs one sync, after the step's own.
+(dropout off; see ``evaluating``) and without gradients. The losses are summed on the device and read once at the
+end, so one evaluation costs one sync, after the step's own.
 """
 
 from __future__ import annotations
