@@ -163,6 +163,25 @@ def summarize_command(trace: str, baseline: str | None = None) -> int:
     return 0
 
 
+def _side_name(paths: list[Path]) -> str:
+    """A side's name when its run's config does not give one: the cycle folder's run, or the trace's stem."""
+    first = paths[0]
+    if len(paths) > 1 or first.parent.name.startswith("cycle"):
+        run = first.parent.parent.parent if first.parent.name.startswith("cycle") else first.parent
+        return run.name if run.name else first.parent.name
+    return first.name.split(".")[0]
+
+
+def _describe_side(items: list, paths: list[Path], fallback: str):
+    """Who a side is (diff_sides.Side): its run's name, method and shape, from its run's config.json where the
+    trace lies in a run directory, else from the ftprof block in the trace."""
+    from ftprof.analysis.diff_sides import side_of
+
+    first = items[0] if isinstance(items[0], dict) else items[0].to_dict()
+    config = None if _is_summary(paths[0]) else _run_config_near(paths[0])
+    return side_of(first, _side_name(paths) or fallback, config)
+
+
 def _compare(console, base: list, new: list, base_paths: list[Path], paths: list[Path]) -> None:
     from ftprof.analysis import diff_output
     from ftprof.analysis.diff import diff_summaries
@@ -172,18 +191,17 @@ def _compare(console, base: list, new: list, base_paths: list[Path], paths: list
     def as_dicts(items):
         return [s if isinstance(s, dict) else s.to_dict() for s in items]
 
+    a_side, b_side = _describe_side(base, base_paths, "A"), _describe_side(new, paths, "B")
+    if a_side.name == b_side.name:  # two cycles of one run, or two traces of one name: say which is which
+        a_side.name, b_side.name = f"{a_side.name} (baseline)", f"{b_side.name} (new)"
     try:
-        d = diff_summaries(as_dicts(base), as_dicts(new))
+        d = diff_summaries(as_dicts(base), as_dicts(new), sides=(a_side, b_side))
     except ValueError as exc:
         raise ConfigError(f"--baseline: {exc}") from None
-    a_name = base_paths[0].parent.name if len(base_paths) > 1 else base_paths[0].name.split(".")[0]
-    b_name = paths[0].parent.name if len(paths) > 1 else paths[0].name.split(".")[0]
-    if a_name == b_name:
-        a_name, b_name = "A", "B"
-    console.print(diff_output.rich_view(d, a_name, b_name))
+    console.print(diff_output.rich_view(d, a_side.name, b_side.name))
     stem = str(summaries_dir(paths[0]) / f"{paths[0].name.split('.')[0]}.diff")
     write_json_atomic(Path(stem + ".json"), d.to_dict())
-    write_text_atomic(Path(stem + ".md"), diff_output.to_markdown(d, a_name, b_name))
+    write_text_atomic(Path(stem + ".md"), diff_output.to_markdown(d, a_side.name, b_side.name))
     console.print(f"[dim]wrote {stem}.json and {stem}.md[/dim]")
 
 

@@ -1,12 +1,15 @@
 """A/B diffs: a planted slowdown is named, with its confidence interval, down to the kernel."""
 
+import copy
 import gzip
 import json
 from pathlib import Path
 
 import pytest
 
+from ftprof.analysis import diff_output
 from ftprof.analysis.diff import diff_summaries, t975, welch_ci
+from ftprof.analysis.diff_sides import side_of
 from ftprof.analysis.pipeline import summarize
 from ftprof.cli.main import main
 from ftprof.profiling.layout import encode_metadata
@@ -15,16 +18,16 @@ from tests.analysis.test_buckets import GpuTrace, _write, lora_step
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "tiny_gpu_trace.pt.trace.json.gz"
 
 
-def _steps(path, extra_elementwise_us=0.0, steps=4, name=None):
+def _steps(path, extra_elementwise_us=0.0, steps=4, name=None, **meta):
     """``steps`` LoRA steps, 2 ms apart; B's elementwise kernel takes ``extra_elementwise_us`` longer (and the
-    step as much), with 1-3 us of step-to-step noise on both sides."""
+    step as much), with 1-3 us of step-to-step noise on both sides. ``meta``: more of the trace's ftprof block."""
     t = GpuTrace()
     for i in range(steps):
         noise = (i % 3) + 1.0
         kwargs = {"elementwise_name": name} if name else {}
         lora_step(t, 2000.0 * i, elementwise_us=20.0 + noise + extra_elementwise_us,
                   step_us=1000.0 + noise + extra_elementwise_us, **kwargs)
-    return _write(path, t.events, ftprof=encode_metadata({"method": "lora", "lora_r": 8}))
+    return _write(path, t.events, ftprof=encode_metadata({"method": "lora", "lora_r": 8, **meta}))
 
 
 def test_a_planted_elementwise_slowdown_is_named_with_its_interval(tmp_path):
@@ -83,7 +86,7 @@ def test_cli_baseline(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "against" in out and "other elementwise +0.3" in out
     md = (tmp_path / "b.diff.md").read_text()
-    assert md.startswith("# b against a") and "| other elementwise |" in md
+    assert md.startswith("# B: b (lora) against A: a (lora), per active step") and "| other elementwise |" in md
     assert json.loads((tmp_path / "b.diff.json").read_text())["explanation"].startswith("+0.3 ms/step")
     assert b.exists() and a.exists()  # the traces are never overwritten
     # a summary file works as the baseline too
@@ -105,3 +108,51 @@ def test_welch_interval():
     assert welch_ci([1.0], [2.0, 3.0]) is None
     # equal variances and sizes: t(6 df) * sqrt(2 * var / n)
     assert welch_ci([1.0, 2.0, 3.0, 4.0], [2.0, 3.0, 4.0, 5.0]) == pytest.approx(2.447 * (2 * (5 / 3) / 4) ** 0.5)
+
+
+def test_different_shapes_compare_per_token_and_say_so(tmp_path):
+    """B runs twice the tokens per step in twice the time: per token, nothing changed."""
+    a = summarize(_steps(tmp_path / "a.json", batch_size=2, seq_len=128)).to_dict()
+    b = summarize(_steps(tmp_path / "b.json", extra_elementwise_us=1000.0, batch_size=4, seq_len=128)).to_dict()
+    d = diff_summaries(a, b)
+    assert d.per_token and d.unit == "µs/token"
+    assert d.a_side["tokens_per_step"] == 256 and d.b_side["tokens_per_step"] == 512
+    assert d.a_step_ms == pytest.approx(1000 * 1.002 / 256, rel=1e-2)  # µs per token of a ~1 ms step
+    assert abs(d.delta_ms) < 0.02 * d.a_step_ms
+    assert d.explanation.split()[1] == "µs/token"
+    assert any("shapes differ (2x128 against 4x128)" in n for n in d.notes)
+    md = diff_output.to_markdown(d, "a", "b")
+    assert md.startswith("# B: B (lora, 4x128) against A: A (lora, 2x128), per token (the shapes differ)")
+    assert "| bucket | A µs/token | B µs/token |" in md
+
+
+def test_same_shape_compares_per_step(tmp_path):
+    a = summarize(_steps(tmp_path / "a.json", batch_size=2, seq_len=128)).to_dict()
+    b = summarize(_steps(tmp_path / "b.json", batch_size=2, seq_len=128)).to_dict()
+    d = diff_summaries(a, b)
+    assert not d.per_token and d.unit == "ms/step" and not any("shapes differ" in n for n in d.notes)
+
+
+def test_a_bucket_only_one_side_has_appeared_or_vanished_without_an_interval(tmp_path):
+    a = summarize(_steps(tmp_path / "a.json")).to_dict()
+    b = copy.deepcopy(a)
+    key = next(k for k in a["breakdown"]["buckets"] if k != "idle")
+    del a["breakdown"]["buckets"][key]  # only B has it
+    rows = {r.key: r for r in diff_summaries(a, b).buckets}
+    assert rows[key].change == "appeared" and rows[key].ci_ms is None and rows[key].a_ms == 0.0
+    rows = {r.key: r for r in diff_summaries(b, a).buckets}
+    assert rows[key].change == "vanished" and rows[key].ci_ms is None
+    md = diff_output.to_markdown(diff_summaries(b, a), "a", "b")
+    line = next(x for x in md.splitlines() if x.startswith(f"| {rows[key].label} |"))
+    assert line.endswith("| gone in B |") and "±" not in line
+
+
+def test_a_side_from_its_run_config_knows_the_run_name_and_accumulation():
+    summary = {"metadata": {"ftprof": encode_metadata({"method": "qlora", "batch_size": 2, "seq_len": 64})}}
+    side = side_of(summary, "trace_rank0_cycle1")
+    assert side.describe() == "trace_rank0_cycle1 (qlora, 2x64)" and side.tokens_per_step == 128
+    config = {"output": {"run_name": "qlora-base"}, "method": {"method": "qlora"}, "data": {"batch_size": 2,
+              "seq_len": 64}, "train": {"grad_accum": 4}}
+    side = side_of(summary, "trace_rank0_cycle1", config)
+    assert side.describe() == "qlora-base (qlora, 2x64 x4 accum)" and side.tokens_per_step == 512
+    assert side_of({}, "x").describe() == "x" and side_of({}, "x").tokens_per_step is None
