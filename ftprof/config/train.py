@@ -37,6 +37,9 @@ class TrainConfig:
     max_grad_norm: float = option(0.0, "clip gradients to this norm; 0 disables clipping")
     optimizer: str = option("adamw", "adamw (fused on CUDA) or bitsandbytes' paged 8-bit AdamW", choices=OPTIMIZERS)
     seed: int = option(0, "seed for weights, data and dropout")
+    gc_interval: int = option(10, "Python's garbage collector during the loop: off inside steps, setup's objects "
+                              "frozen, the young generations collected between steps every N steps (outside step "
+                              "time); 0 = Python's automatic collection, which can pause any step")
 
     def __post_init__(self) -> None:
         require(self.grad_accum >= 1, f"--grad-accum must be at least 1, got {self.grad_accum}")
@@ -57,6 +60,8 @@ class TrainConfig:
         require(self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}")
         require(self.max_grad_norm >= 0, f"--max-grad-norm must be >= 0, got {self.max_grad_norm}")
         one_of("--optimizer", self.optimizer, OPTIMIZERS)
+        require(self.gc_interval >= 0, f"--gc-interval must be >= 0 (0: Python's automatic collection), got "
+                f"{self.gc_interval}")
 
     def lr_warmup_steps(self, total: int | None = None) -> int:
         """The learning-rate warm-up in steps for a run of ``total`` steps (``--warmup-ratio`` rounds up, as in

@@ -16,6 +16,8 @@ from ftprof.config import RunConfig
 from ftprof.engine.build import Built
 from ftprof.engine.evaluate import Evaluator
 from ftprof.engine.feed import BatchFeed
+from ftprof.engine.gc_policy import GcPolicy
+from ftprof.engine.proof import TrainingCheck, grad_norm
 from ftprof.engine.schedule import current_lr
 from ftprof.engine.trackers import FirstStepMemory, StepLog
 from ftprof.profiling.memory import MemoryTracker
@@ -23,33 +25,50 @@ from ftprof.results.schema import StepRecord
 
 
 def run_steps(cfg: RunConfig, built: Built, device: torch.device, memory: MemoryTracker, log: StepLog,
-              first: FirstStepMemory, profiler, on_step: Callable[[StepRecord], None]) -> None:
+              first: FirstStepMemory, profiler, on_step: Callable[[StepRecord], None],
+              check: TrainingCheck | None = None, stop_early: bool = False) -> None:
+    """The run's steps; ``check`` watches each one (engine/proof.py). ``stop_early``: leave at the first loss that
+    is not finite (one process only: ranks of several must run the same steps)."""
     feed = BatchFeed(built.batches, device)
     evaluator = Evaluator(cfg, built.eval_batches, device)
-    for index in range(1, cfg.train.max_steps + 1):
-        phase = profiler.phase(index)
-        lr = current_lr(built.optimizer)  # a float the scheduler set: no device work
-        started = log.begin(index)
-        loaded = feed.load_s
-        loss, tokens, real = train_step(cfg, built, device, memory, first, index == 1, feed)
-        optimizer_step(cfg, built, memory, first, index == 1)
-        if cfg.data.prefetch and index < cfg.train.max_steps:
-            feed.prefetch()  # host work while the step's kernels run, before the timer's sync
-        seconds = log.timer.stop()
-        causes = log.causes()
-        mem = memory.current()
-        # after the step's sync and its figures, before the next step's timer: outside every step's time
-        evaluated = evaluator.run(built) if evaluator.due(index) else None
-        record = StepRecord(step=index, loss=float(loss), step_time_s=seconds, tokens=tokens, real_tokens=real,
-                            lr=lr, warmup=index <= cfg.train.measure_warmup_steps, profiler_phase=phase,
-                            started_unix=started, mem_allocated=mem["allocated"],
-                            mem_peak_allocated=mem["peak_allocated"], mem_reserved=mem["reserved"],
-                            mem_peak_reserved=mem["peak_reserved"], data_s=feed.load_s - loaded, **causes,
-                            eval_loss=evaluated.loss if evaluated else None,
-                            eval_s=evaluated.seconds if evaluated else None)
-        log.end(record)
-        profiler.step()
-        on_step(record)
+    with GcPolicy(cfg.train.gc_interval) as collector:
+        for index in range(1, cfg.train.max_steps + 1):
+            _run_step(cfg, built, device, memory, log, first, profiler, on_step, feed, evaluator, index, check)
+            collector.between_steps(index)  # after the step's figures, before the next timer: outside step time
+            if stop_early and check is not None and check.failed_early:
+                break
+
+
+def _run_step(cfg: RunConfig, built: Built, device: torch.device, memory: MemoryTracker, log: StepLog,
+              first: FirstStepMemory, profiler, on_step: Callable[[StepRecord], None], feed: BatchFeed,
+              evaluator: Evaluator, index: int, check: TrainingCheck | None = None) -> None:
+    """One step: its timed forward, backward and optimizer step, then (untimed) its figures, an evaluation when
+    due, the step's record and the profiler's step."""
+    phase = profiler.phase(index)
+    lr = current_lr(built.optimizer)  # a float the scheduler set: no device work
+    started = log.begin(index)
+    loaded = feed.load_s
+    loss, tokens, real = train_step(cfg, built, device, memory, first, index == 1, feed)
+    norm = optimizer_step(cfg, built, memory, first, index == 1, check is not None and check.wants_grad_norm(index))
+    if cfg.data.prefetch and index < cfg.train.max_steps:
+        feed.prefetch()  # host work while the step's kernels run, before the timer's sync
+    seconds = log.timer.stop()
+    causes = log.causes()
+    mem = memory.current()
+    # after the step's sync and its figures, before the next step's timer: outside every step's time
+    evaluated = evaluator.run(built) if evaluator.due(index) else None
+    record = StepRecord(step=index, loss=float(loss), step_time_s=seconds, tokens=tokens, real_tokens=real,
+                        lr=lr, warmup=index <= cfg.train.measure_warmup_steps, profiler_phase=phase,
+                        started_unix=started, mem_allocated=mem["allocated"],
+                        mem_peak_allocated=mem["peak_allocated"], mem_reserved=mem["reserved"],
+                        mem_peak_reserved=mem["peak_reserved"], data_s=feed.load_s - loaded, **causes,
+                        eval_loss=evaluated.loss if evaluated else None,
+                        eval_s=evaluated.seconds if evaluated else None)
+    log.end(record)
+    if check is not None:  # after the timer's sync: the loss is a float already, reading the norm waits for nothing
+        check.observe(index, record.loss, norm)
+    profiler.step()
+    on_step(record)
 
 
 def _stage(memory: MemoryTracker, name: str, on: bool):
@@ -82,13 +101,19 @@ def train_step(cfg: RunConfig, built: Built, device: torch.device, memory: Memor
 
 
 def optimizer_step(cfg: RunConfig, built: Built, memory: MemoryTracker, first: FirstStepMemory,
-                   is_first: bool) -> None:
+                   is_first: bool, measure_norm: bool = False) -> torch.Tensor | None:
+    """Clip, step, schedule, zero the gradients. With ``measure_norm``, returns the gradients' total norm (a device
+    tensor, not read here): clipping's own, else one fused norm over the gradients before they are zeroed."""
+    norm = None
     with _stage(memory, "first_optimizer_step", is_first), record_function("ftprof/optimizer_step"):
         if cfg.train.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(built.params, cfg.train.max_grad_norm)
+            norm = torch.nn.utils.clip_grad_norm_(built.params, cfg.train.max_grad_norm)
+        elif measure_norm:
+            norm = grad_norm(built.params)
         built.optimizer.step()
         if built.scheduler is not None:
             built.scheduler.step()  # sets each parameter group's lr for the next step (Python floats)
         if is_first:  # gradients and optimizer state both exist now: the one moment to size them
             first.after_optimizer_step(built.model, built.optimizer)
         built.optimizer.zero_grad(set_to_none=True)
+    return norm if measure_norm else None

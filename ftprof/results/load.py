@@ -97,7 +97,7 @@ def read_result(run_dir: Path, name: str = RESULT) -> dict[str, Any] | None:
 
 
 # Options whose default changed what runs when they came: a run from before them ran the old way.
-BEFORE_OPTION = {"prefetch": False}
+BEFORE_OPTION = {"prefetch": False, "gc_interval": 0}  # (gc_interval: Python collected on its own)
 # (compile_dequant came off by default: what ran before; --dequant-kernel auto runs Triton's kernel on CUDA now)
 QLORA_BEFORE_OPTION = {"keep_dequantized": False, "dequant_kernel": "bitsandbytes"}
 LORA_BEFORE_OPTION = {"lora_fused_a": False}  # LoRA methods: each adapter applied its own A before it
