@@ -28,7 +28,7 @@ def _ms(x: float | None) -> str:
 def _side(d: dict, fallback: str) -> str:
     if not d:
         return fallback
-    fields = {k: d.get(k) for k in ("name", "method", "batch_size", "seq_len", "grad_accum")}
+    fields = {k: d.get(k) for k in ("name", "method", "batch_size", "seq_len", "grad_accum", "model")}
     return Side(**fields).describe()
 
 

@@ -15,6 +15,7 @@ class Side:
     batch_size: int | None = None
     seq_len: int | None = None
     grad_accum: int | None = None
+    model: str | None = None
 
     @property
     def tokens_per_step(self) -> int | None:
@@ -31,8 +32,9 @@ class Side:
         return f"{self.batch_size}x{self.seq_len}{accum}"
 
     def describe(self) -> str:
-        """'lora-r16 (lora, 2x128)': the name, then what is known of method and shape."""
-        facts = [x for x in (self.method, self.shape) if x]
+        """'lora-r16 (lora on llama-1b, 2x128)': the name, then what is known of method, model and shape."""
+        method = f"{self.method} on {self.model}" if self.method and self.model else self.method or self.model
+        facts = [x for x in (method, self.shape) if x]
         return self.name + (f" ({', '.join(facts)})" if facts else "")
 
     def to_dict(self) -> dict[str, Any]:
@@ -55,7 +57,7 @@ def side_of(summary: dict, name: str, run_config: dict | None = None) -> Side:
     config = run_config or {}
     section = lambda key: config.get(key) if isinstance(config.get(key), dict) else {}  # noqa: E731
     data, method, train, output = section("data"), section("method"), section("train"), section("output")
-    return Side(name=output.get("run_name") or name,
+    return Side(name=output.get("run_name") or name, model=section("model").get("model") or block.get("model"),
                 method=method.get("method") or block.get("method"),
                 batch_size=_int(data.get("batch_size", block.get("batch_size"))),
                 seq_len=_int(data.get("seq_len", block.get("seq_len"))),

@@ -148,11 +148,12 @@ def test_a_bucket_only_one_side_has_appeared_or_vanished_without_an_interval(tmp
 
 
 def test_a_side_from_its_run_config_knows_the_run_name_and_accumulation():
-    summary = {"metadata": {"ftprof": encode_metadata({"method": "qlora", "batch_size": 2, "seq_len": 64})}}
+    summary = {"metadata": {"ftprof": encode_metadata({"method": "qlora", "batch_size": 2, "seq_len": 64,
+                                                       "model": "tiny"})}}
     side = side_of(summary, "trace_rank0_cycle1")
-    assert side.describe() == "trace_rank0_cycle1 (qlora, 2x64)" and side.tokens_per_step == 128
+    assert side.describe() == "trace_rank0_cycle1 (qlora on tiny, 2x64)" and side.tokens_per_step == 128
     config = {"output": {"run_name": "qlora-base"}, "method": {"method": "qlora"}, "data": {"batch_size": 2,
               "seq_len": 64}, "train": {"grad_accum": 4}}
     side = side_of(summary, "trace_rank0_cycle1", config)
-    assert side.describe() == "qlora-base (qlora, 2x64 x4 accum)" and side.tokens_per_step == 512
+    assert side.describe() == "qlora-base (qlora on tiny, 2x64 x4 accum)" and side.tokens_per_step == 512
     assert side_of({}, "x").describe() == "x" and side_of({}, "x").tokens_per_step is None
