@@ -17,7 +17,7 @@ from ftprof.engine.build import Built
 from ftprof.engine.evaluate import Evaluator
 from ftprof.engine.feed import BatchFeed
 from ftprof.engine.gc_policy import GcPolicy
-from ftprof.engine.proof import TrainingCheck, grad_norm
+from ftprof.engine.proof import NotTrainedError, TrainingCheck, grad_norm
 from ftprof.engine.schedule import current_lr
 from ftprof.engine.trackers import FirstStepMemory, StepLog
 from ftprof.profiling.memory import MemoryTracker
@@ -94,6 +94,8 @@ def train_step(cfg: RunConfig, built: Built, device: torch.device, memory: Memor
         with _stage(memory, "first_forward", measured), record_function("ftprof/forward"), built.autocast(), meter:
             loss = built.model(**batch).loss
         first.after_forward(meter, built.selective)
+        if not loss.requires_grad:  # an attribute of the graph, no device work
+            raise NotTrainedError("the loss depends on no trainable parameter (every one is frozen)")
         with _stage(memory, "first_backward", measured), record_function("ftprof/backward"):
             (loss / accum).backward()
         loss_sum += loss.detach()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from ftprof import metrics
 from ftprof.data.formats import IGNORE_INDEX
 from ftprof.engine.build import Built
+from ftprof.engine.proof import TrainingCheck
 from ftprof.engine.trackers import FirstStepMemory, NvmlTracker, StepLog
 from ftprof.models.kernels import FUSED_LOSS
 from ftprof.preflight import RunPlan
@@ -51,6 +52,8 @@ class Recorded:
     profiler: object  # TorchProfiler or NullProfiler
     kernels_applied: list[str]
     saved: Saved | None = None  # what --save wrote
+    check: TrainingCheck | None = None  # the proof that the run trained (None when it never reached the steps)
+    not_trained: str | None = None  # why the proof failed
 
 
 def assemble(rec: Recorded, status: Status, exc: BaseException | None = None) -> RunResult:
@@ -83,6 +86,8 @@ def assemble(rec: Recorded, status: Status, exc: BaseException | None = None) ->
     res.evaluation = _evaluation(steps, rec.built)
     if rec.saved is not None:
         res.saved = rec.saved
+    if rec.check is not None and rec.check.trainable_changed is not None:  # compared after the last step
+        res.training_proof = rec.check.record(rec.not_trained)
     if exc is not None:
         res.failure = _failure(exc)
     res.artifacts = {"config": files.CONFIG, "env": files.ENV, "steps": files.STEPS, **rec.profiler.artifacts(),

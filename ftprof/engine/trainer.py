@@ -23,6 +23,7 @@ from ftprof.engine import aggregate, distributed
 from ftprof.engine.build import Built, build
 from ftprof.engine.compile import eager_rounding
 from ftprof.engine.loop import run_steps
+from ftprof.engine.proof import NotTrainedError, TrainingCheck
 from ftprof.engine.result import Recorded, assemble
 from ftprof.engine.save import save_trained
 from ftprof.engine.trackers import FirstStepMemory, NvmlTracker, StepLog
@@ -50,6 +51,8 @@ def classify_exception(exc: BaseException) -> Status:
         return Status.INTERRUPTED
     if isinstance(exc, MemoryError):
         return Status.OOM_HOST
+    if isinstance(exc, NotTrainedError):
+        return Status.NOT_TRAINED
     return Status.ERROR
 
 
@@ -99,6 +102,8 @@ class Trainer:
         self.kernels_applied: list[str] = []  # Liger kernels patched in (models/kernels.py)
         self.setup_time_s: float | None = None
         self.saved: Saved | None = None  # what --save wrote
+        self.check: TrainingCheck | None = None  # the proof that the run trained (engine/proof.py)
+        self.not_trained: str | None = None  # why it did not, when it did not
 
     def run(self) -> RunResult:
         """Train and return this rank's result (status ok or a failure class); files are written by ``teardown``."""
@@ -120,8 +125,10 @@ class Trainer:
                 self.profiler = trackers.enter_context(self.make_profiler(self, self.built))
                 trackers.enter_context(self.steps)
                 self.on_start(self)
+                self.check = TrainingCheck(self.built.model, self.cfg.train.max_steps)
                 run_steps(self.cfg, self.built, self.device, self.memory, self.steps, self.first, self.profiler,
-                          self.on_step)
+                          self.on_step, self.check, stop_early=not self.dist.enabled)
+                self.prove_trained()
                 if self.cfg.save.save:  # after the last step's time; inside the process group FSDP2 needs
                     self.saved = save_trained(self.plan, self.built, self.run_dir, self.log)
         except ConfigError as exc:
@@ -132,10 +139,21 @@ class Trainer:
             status, error = classify_exception(exc), exc
         return self.result(status, error)
 
+    def prove_trained(self) -> None:
+        """Raise NotTrainedError unless every rank's checks passed (collective: the ranks agree on the status)."""
+        reason = self.check.verdict()
+        if self.dist.enabled:
+            reasons = ranks.all_gather_object(reason)
+            failed = [(rank, r) for rank, r in enumerate(reasons) if r]
+            reason = f"rank {failed[0][0]}: {failed[0][1]}" if failed else None
+        if reason:
+            self.not_trained = reason
+            raise NotTrainedError(reason)
+
     def result(self, status: Status, exc: BaseException | None = None) -> RunResult:
         recorded = Recorded(self.plan, str(self.run_dir), self.started_at, now_iso(), self.built, self.setup_time_s,
                             self.steps, self.memory, self.first, self.nvml, self.profiler, self.kernels_applied,
-                            saved=self.saved)
+                            saved=self.saved, check=self.check, not_trained=self.not_trained)
         res = assemble(recorded, status, exc)
         if self.dist.enabled and status is Status.OK:
             res = self.aggregate_ranks(res)

@@ -183,6 +183,27 @@ class DataStats(Record):
     label_fraction: Optional[float] = None
 
 
+@dataclass
+class TrainingProof(Record):
+    """What the loop checked to prove the run trained (ftprof.engine.proof), and the numbers it saw."""
+
+    passed: bool = False
+    reason: Optional[str] = None  # why the run did not train (its status is then not_trained)
+    checked: list[str] = field(default_factory=list)  # the checks that ran
+    sample_elements: int = 0  # values sampled per tensor, before the first step and after the last
+    trainable_tensors: int = 0
+    trainable_changed: Optional[int] = None  # trainable tensors whose sample changed (at least one must)
+    frozen_tensors: int = 0
+    frozen_changed: int = 0  # frozen tensors whose sample changed (none may)
+    frozen_changed_names: list[str] = field(default_factory=list)  # the first ten of them
+    loss_steps_checked: int = 0  # steps whose loss was checked finite
+    grad_norm_steps: list[int] = field(default_factory=list)  # steps whose gradient norm was read
+    grad_norm_first: Optional[float] = None
+    grad_norm_last: Optional[float] = None
+    grad_norm_min: Optional[float] = None
+    grad_norm_max: Optional[float] = None
+
+
 # ---------------------------------------------------------------------------------------------------- parts
 @dataclass
 class RunIdentity(Part):

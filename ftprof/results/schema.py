@@ -27,6 +27,7 @@ from ftprof.results.parts import (
     RunIdentity,
     Saved,
     Throughput,
+    TrainingProof,
     part,
     record,
 )
@@ -86,6 +87,7 @@ class RunResult(Part):
     failure: Failure = part(Failure)
     evaluation: Evaluation = part(Evaluation)
     saved: Saved = part(Saved)
+    training_proof: Optional[TrainingProof] = record(TrainingProof)  # what proved the run trained (engine/proof.py)
     artifacts: dict[str, str] = field(default_factory=dict)  # open: artifact name -> path in the run directory
     profiling: dict[str, Any] = field(default_factory=dict)  # open: resolved profiler settings and overhead, when on
     notes: list[str] = field(default_factory=list)

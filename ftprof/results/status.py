@@ -1,7 +1,9 @@
 """The one vocabulary of run outcomes: each failure class with its exit status, display style and what a rerun does.
 
 ``ok`` is a finished run; ``oom_device`` a CUDA out-of-memory; ``oom_host`` a process killed by the kernel (SIGKILL
-without our asking); ``timeout`` killed at its time limit; ``interrupted`` stopped by Ctrl-C or SIGTERM (resumable:
+without our asking); ``timeout`` killed at its time limit; ``not_trained`` finished its steps without training (a
+loss that was not finite, a gradient norm of 0 or not finite, no trainable weight changed, a frozen one changed:
+``ftprof.engine.proof``); ``interrupted`` stopped by Ctrl-C or SIGTERM (resumable:
 a rerun of the sweep runs it again); ``error`` anything else, with the last lines of stderr.
 """
 
@@ -17,10 +19,12 @@ class Status(str, Enum):
     TIMEOUT = "timeout"
     INTERRUPTED = "interrupted"
     ERROR = "error"
+    NOT_TRAINED = "not_trained"
 
     @property
     def exit_code(self) -> int:
-        """What `ftprof train`/`profile` exit with: 0 ok, 1 error, 3 out of memory, 4 timeout, 130 interrupted."""
+        """What `ftprof train`/`profile` exit with: 0 ok, 1 error, 3 out of memory, 4 timeout, 5 not trained,
+        130 interrupted."""
         return _EXIT[self]
 
     @property
@@ -43,9 +47,9 @@ class Status(str, Enum):
 
 
 _EXIT = {Status.OK: 0, Status.ERROR: 1, Status.OOM_DEVICE: 3, Status.OOM_HOST: 3, Status.TIMEOUT: 4,
-         Status.INTERRUPTED: 130}
+         Status.NOT_TRAINED: 5, Status.INTERRUPTED: 130}
 _STYLE = {Status.OK: "green", Status.OOM_DEVICE: "red", Status.OOM_HOST: "red", Status.TIMEOUT: "yellow",
-          Status.INTERRUPTED: "yellow", Status.ERROR: "red"}
+          Status.INTERRUPTED: "yellow", Status.ERROR: "red", Status.NOT_TRAINED: "red"}
 
 STATUSES = tuple(s.value for s in Status)
 # A run directory with a config but no result yet: started and never finished (not a run status of its own).
