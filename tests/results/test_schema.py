@@ -46,7 +46,7 @@ FLAT_KEYS_V1 = [
 # Keys added since (additive: a reader of version 1 skips them), with what a run that did not do it holds.
 ADDED = {"eval_loss_first": None, "eval_loss_last": None, "eval_loss_best": None, "eval_loss_best_step": None,
          "eval_runs": 0, "eval_time_s": None, "eval_tokens": None,
-         "saved": None, "save_dir": None, "save_base_dir": None, "save_time_s": None}
+         "saved": None, "save_dir": None, "save_base_dir": None, "save_time_s": None, "training_proof": {}}
 _AT = FLAT_KEYS_V1.index("artifacts")
 FLAT_KEYS = FLAT_KEYS_V1[:_AT] + list(ADDED) + FLAT_KEYS_V1[_AT:]
 
