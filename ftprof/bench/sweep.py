@@ -24,7 +24,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 
@@ -44,6 +44,11 @@ from ftprof.errors import ConfigError, did_you_mean
 TOP_KEYS = {"name": str, "base": dict, "matrix": dict, "experiments": list, "exclude": list, "repeats": int,
             "memory_logging": str, "timeout_s": (int, float), "description": str, "launcher": dict,
             "schema_version": int}
+# What a sweep may expand to, checked on the list lengths before anything is expanded.
+MAX_CELLS = 100_000  # matrix cells plus experiments, times repeats
+MAX_REPEATS = 1_000
+# Options whose one value is a list of names (a string of them, comma-separated, works too).
+LIST_OPTIONS = ("lora_targets", "report_to")
 # Keys a sweep may set that are not train options (bench handles them itself).
 SWEEP_ONLY = {"output_dir", "run_name", "quiet"}  # set by bench per experiment; a sweep may not set them
 
@@ -88,8 +93,24 @@ def _check_keys(path: Path, where: str, mapping: Any, *, allow_lists: bool) -> N
         if allow_lists:
             if not isinstance(value, list) or not value:
                 raise _fail(path, f"{where}.{key}", "must be a non-empty list of values")
-        elif isinstance(value, (list, dict)) and key != "lora_targets":
-            raise _fail(path, f"{where}.{key}", f"must be a single value, got a {type(value).__name__}")
+            for i, one in enumerate(value):
+                _check_value(path, f"{where}.{key}[{i}]", key, one)
+        else:
+            _check_value(path, f"{where}.{key}", key, value)
+
+
+def _check_value(path: Path, where: str, key: object, value: Any) -> None:
+    """One option's value has a shape an option can have: a scalar, or for a list option a flat list of names."""
+    if key in LIST_OPTIONS and isinstance(value, list):
+        bad = next((v for v in value if not isinstance(v, str)), None)
+        if bad is not None or not value:
+            got = "an empty list" if not value else f"a {type(bad).__name__} ({bad!r}) in it"
+            raise _fail(path, where, f"must be a list of names (or one comma-separated string), got {got}")
+    elif isinstance(value, (list, dict)):
+        raise _fail(path, where, f"must be a single value, got a {type(value).__name__}")
+    elif key in LIST_OPTIONS and not isinstance(value, str) and value is not None:
+        raise _fail(path, where, f"must be a list of names or a comma-separated string, got {type(value).__name__} "
+                    f"({value!r})")
 
 
 def _slug(values: dict[str, Any], keys: list[str]) -> str:
@@ -115,16 +136,26 @@ class _DuplicateKey(Exception):
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """safe_load that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+    """safe_load that refuses a key given twice in one mapping (PyYAML silently keeps the last), and reads numbers
+    as people write them: YAML 1.1 needs a dot in a float, so ``2e-4`` and ``5E-5`` would be strings."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
+            if not isinstance(key, (str, int, float, bool)):
+                continue  # a list or mapping as a key: SafeLoader refuses it with its own error
+            if key in seen:
                 raise _DuplicateKey(key, key_node.start_mark.line + 1)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+# Floats with an exponent and no dot (YAML 1.2's spelling), underscores allowed as YAML 1.1 allows them.
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 def _differing_keys(cells: list[dict[str, Any]]) -> set[str]:
@@ -169,8 +200,7 @@ def load_sweep(path: str | Path) -> Sweep:
 def _expand(path: Path, data: dict[str, Any]) -> Sweep:
     base, matrix, extra, exclude = _sections(path, data)
     repeats = data.get("repeats", 1)
-    if repeats < 1:
-        raise _fail(path, "repeats", "must be at least 1")
+    _check_size(path, matrix, extra, repeats)
     timeout = float(data.get("timeout_s", 1800))
     if not math.isfinite(timeout) or timeout <= 0:
         raise _fail(path, "timeout_s", f"must be positive and finite (seconds), got {timeout}")
@@ -187,9 +217,25 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
         raise _fail(path, "schema_version", f"must be 1 to {SCHEMA_VERSION}, got {version}")
     experiments = _experiments(path, cells, varying, memory, repeats, version)
     sweep_name = str(data.get("name") or path.stem)
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", sweep_name):
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", sweep_name) or sweep_name in (".", ".."):
         raise _fail(path, "name", f"'{sweep_name}' must be a plain directory name")
     return Sweep(sweep_name, path, experiments, memory, timeout, repeats, varying, launcher)
+
+
+def _check_size(path: Path, matrix: dict, extra: list, repeats: int) -> None:
+    """Refuse, from the lists' lengths alone, a sweep too large to expand (before one cell is made)."""
+    if repeats < 1:
+        raise _fail(path, "repeats", "must be at least 1")
+    if repeats > MAX_REPEATS:
+        raise _fail(path, "repeats", f"{repeats:,} is more than the {MAX_REPEATS:,} a sweep may repeat each cell")
+    cells = (math.prod(len(v) for v in matrix.values()) if matrix else 0) + len(extra)
+    if cells > MAX_CELLS:
+        lengths = " x ".join(str(len(v)) for v in matrix.values())
+        raise _fail(path, "matrix", f"{cells:,} cells ({lengths} in the matrix, {len(extra)} experiments): at most "
+                    f"{MAX_CELLS:,}")
+    if cells * repeats > MAX_CELLS:
+        raise _fail(path, "repeats", f"{cells:,} cells x {repeats:,} repeats = {cells * repeats:,} experiments: at "
+                    f"most {MAX_CELLS:,}")
 
 
 def _sections(path: Path, data: dict[str, Any]) -> tuple[dict, dict, list, list]:
@@ -257,6 +303,19 @@ def _experiments(path: Path, cells: list[tuple[str, dict[str, Any]]], varying: l
     return experiments
 
 
+def _whole_numbers(values: dict[str, Any]) -> dict[str, Any]:
+    """A whole number written as a float (``max_steps: 1e3``) is an int where the option takes an int."""
+    from ftprof.config.run import _field_types
+
+    types = _field_types()
+    out = dict(values)
+    for key, value in values.items():
+        whole = isinstance(value, float) and math.isfinite(value) and value.is_integer()
+        if whole and types.get(key) in (int, Optional[int]):
+            out[key] = int(value)
+    return out
+
+
 def _cell_config(path: Path, where: str, values: dict[str, Any], memory: str, data_checked: set[str]) -> RunConfig:
     """A cell's RunConfig, checked before anything runs, or one line naming the cell."""
     try:
@@ -264,7 +323,7 @@ def _cell_config(path: Path, where: str, values: dict[str, Any], memory: str, da
         # MEMORY_LOGGING in the environment wins over both.
         own = None if os.environ.get("MEMORY_LOGGING") else values.get("memory_logging")
         own = MEMORY_LOGGING_ALIASES.get(own, own)
-        config = RunConfig.from_flat({**values, "memory_logging": own or memory, "quiet": True})
+        config = RunConfig.from_flat({**_whole_numbers(values), "memory_logging": own or memory, "quiet": True})
         check_config(config)  # LoRA targets, seq_len against the model, dataset present: before anything runs
         if repr(config.data) not in data_checked:
             check_dataset(config.data)  # its content too (an empty file, a broken JSON line)

@@ -134,3 +134,70 @@ def test_checked_up_front(tmp_path, text, fragment):
     with pytest.raises(ConfigError) as err:
         load_sweep(_sweep(tmp_path, text))
     assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize("written, value", [("2e-4", 2e-4), ("5E-5", 5e-5), ("1.5e-3", 1.5e-3), ("+3e-4", 3e-4),
+                                            ("1_0e-5", 1e-4), ("0.0002", 2e-4), (".5e-3", 5e-4)])
+def test_numbers_as_people_write_them(tmp_path, written, value):
+    sweep = load_sweep(_sweep(tmp_path, f"base: {{model: tiny}}\nmatrix: {{method: [lora], lr: [{written}]}}\n"))
+    assert sweep.experiments[0].config.train.lr == pytest.approx(value)
+
+
+def test_whole_numbers_written_as_floats_are_ints(tmp_path):
+    sweep = load_sweep(_sweep(tmp_path, "base: {model: tiny, max_steps: 1e1, seed: 1_000}\nmatrix: {method: [lora]}\n"))
+    train = sweep.experiments[0].config.train
+    assert train.max_steps == 10 and isinstance(train.max_steps, int) and train.seed == 1000
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("matrix: {method: [full]}\nrepeats: 1000000000\n", "repeats: 1,000,000,000 is more than the 1,000"),
+    ("matrix: {method: [full], seed: [" + ", ".join(map(str, range(400))) + "], lr: ["
+     + ", ".join(f"{i + 1}e-5" for i in range(300)) + "]}\n", "matrix: 120,000 cells (1 x 400 x 300"),
+    ("matrix: {method: [full], seed: [" + ", ".join(map(str, range(1000))) + "]}\nrepeats: 101\n",
+     "1,000 cells x 101 repeats = 101,000 experiments: at most 100,000"),
+])
+def test_too_large_a_sweep_is_refused_before_it_expands(tmp_path, text, fragment):
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        load_sweep(_sweep(tmp_path, text))
+    assert fragment in str(info.value) and time.monotonic() - start < 5
+
+
+def test_a_ten_to_the_ten_cell_matrix_is_refused_at_once(tmp_path):
+    """Ten lists of ten values through YAML aliases: 10^10 cells, refused from the lengths."""
+    ten = "[" + ", ".join(str(i + 1) for i in range(10)) + "]"
+    keys = ["seed", "batch_size", "seq_len", "grad_accum", "max_steps", "lora_r", "lora_alpha", "eval_batches",
+            "gc_interval", "warmup_steps"]
+    text = "matrix:\n" + "".join(f"  {k}: {ten}\n" for k in keys)
+    with pytest.raises(ConfigError, match=r"10,000,000,000 cells"):
+        load_sweep(_sweep(tmp_path, text))
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("base: {method: lora, lora_targets: [[q_proj]]}\nmatrix: {seed: [1]}\n",
+     "base.lora_targets: must be a list of names"),
+    ("base: {method: lora, lora_targets: 5}\nmatrix: {seed: [1]}\n", "base.lora_targets: must be a list of names"),
+    ("base: {method: lora, lora_targets: {q: 1}}\nmatrix: {seed: [1]}\n", "base.lora_targets: must be a single"),
+    ("matrix: {method: [lora], lora_targets: [[[q_proj]]]}\n", "matrix.lora_targets[0]: must be a list of names"),
+    ("matrix: {method: [lora], lora_targets: [3]}\n", "matrix.lora_targets[0]: must be a list of names"),
+    ("matrix: {method: [lora], lora_targets: [[]]}\n", "matrix.lora_targets[0]: must be a list of names"),
+    ("matrix: {batch_size: [{a: 1}]}\n", "matrix.batch_size[0]: must be a single value, got a dict"),
+    ("matrix: {batch_size: [[1, 2]]}\n", "matrix.batch_size[0]: must be a single value, got a list"),
+    ("experiments: [{seq_len: [1]}]\n", "experiments[0].seq_len: must be a single value"),
+    ("experiments: [5]\n", "experiments[0]: must be a mapping"),
+    ("matrix: {seed: [1]}\nexclude: [abc]\n", "exclude[0]: must be a mapping"),
+    ("matrix: {seed: [1, 2]}\nexclude: [{seed: [1]}]\n", "exclude[0].seed: must be a single value"),
+    ("base: {[a]: 1}\n", "line 1: not valid YAML: found unhashable key"),
+    ("base: {report_to: [5]}\nmatrix: {seed: [1]}\n", "base.report_to: must be a list of names"),
+    ("name: '.'\nmatrix: {seed: [1]}\n", "name: '.' must be a plain directory name"),
+    ("name: '..'\nmatrix: {seed: [1]}\n", "name: '..' must be a plain directory name"),
+    ("base: [1]\n", "base: must be a dict, got list"),
+    ("matrix: {seed: [1]}\nlauncher: [slurm]\n", "launcher: must be a dict, got list"),
+])
+def test_every_wrong_shape_is_one_line_naming_the_place(tmp_path, text, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_sweep(_sweep(tmp_path, text))
+    assert str(info.value).startswith("s.yaml: ") and fragment in str(info.value), str(info.value)
+    assert "\n" not in str(info.value)
