@@ -36,11 +36,19 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def sample(tensor: torch.Tensor) -> torch.Tensor:
-    """``SAMPLE_ELEMENTS`` values spread evenly through the tensor, copied (one small device copy)."""
+    """``SAMPLE_ELEMENTS`` values spread evenly through the tensor, copied (one small device copy), as their bits:
+    compared bit for bit, since packed 4-bit weights stored in a float dtype (QLoRA's bf16 quant storage) hold bit
+    patterns that read as NaN, and NaN != NaN (seen on an H200: every frozen 4-bit weight looked "changed")."""
     flat = _local(tensor).reshape(-1)
     stride = max(1, flat.numel() // SAMPLE_ELEMENTS)
-    return flat[::stride][:SAMPLE_ELEMENTS].clone()
+    values = flat[::stride][:SAMPLE_ELEMENTS]
+    if values.is_floating_point():
+        values = values.view(_SAME_SIZE_INT[values.element_size()])
+    return values.clone()
 
 
 def grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:

@@ -8,6 +8,8 @@ from ftprof.config import RunConfig
 from tests.data_files import chat_rows, save_checkpoint, write
 
 pytestmark = pytest.mark.gpu
+pytest.importorskip("datasets", reason="real data needs the optional 'datasets' package (ftprof[data])")
+pytest.importorskip("tensorboard", reason="the tracker check needs the optional 'tensorboard' package")
 
 
 @pytest.fixture(scope="module")

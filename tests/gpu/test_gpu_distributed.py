@@ -56,5 +56,5 @@ def test_fsdp_checkpointing_and_cpu_offload(tmp_path):
     for r, label in ((base, "full-fsdp-ckpt-2gpu"), (off, "full-fsdp-ckpt-offload-2gpu")):
         _keep(r, label)
         assert r.status == "ok", r.failure.error_message
-    assert base.recompute_flops_per_token > 0 and base.hfu > base.mfu
-    assert off.torch_peak_allocated < base.torch_peak_allocated
+    assert base.flops.recompute_flops_per_token > 0 and base.flops.hfu > base.flops.mfu
+    assert off.memory.torch_peak_allocated < base.memory.torch_peak_allocated

@@ -108,10 +108,11 @@ def test_fsdp_cpu_offload_on_one_gpu(tmp_path):
         _record(r)
         assert r.status == "ok", r.failure.error_message
         assert r.throughput.loss_last < 0.5 * r.throughput.loss_first
-    assert off.world_size == 1 and off.parallel == "fsdp"
-    static = sum(base.memory_breakdown[k] for k in ("weights_trainable", "gradients", "optimizer_state"))
-    assert off.memory_breakdown["offloaded"] == pytest.approx(static, rel=0.01)
-    assert off.memory_breakdown["weights_trainable"] == off.memory_breakdown["optimizer_state"] == 0
+    assert off.run.world_size == 1 and off.run.parallel == "fsdp"
+    parts, offloaded = base.memory.memory_breakdown, off.memory.memory_breakdown
+    static = parts.weights_trainable + parts.gradients + parts.optimizer_state
+    assert offloaded.offloaded == pytest.approx(static, rel=0.01)
+    assert offloaded.weights_trainable == offloaded.optimizer_state == 0
     # measured on an H200 (llama-1b, 4 x 1024): 14.12 GB -> 7.23 GB, with 9.9 GB offloaded; the rest of the
     # peak is the logits and their gradients, which stay on the GPU
-    assert off.torch_peak_allocated < base.torch_peak_allocated - 0.5 * static
+    assert off.memory.torch_peak_allocated < base.memory.torch_peak_allocated - 0.5 * static
