@@ -1,8 +1,8 @@
 """One sweep, start to end: check the output directory, hold its lock, plan, run, write the summary.
 
 ``ftprof bench`` and ``ftprof.run_sweep`` both call :func:`run_sweep`; the exit status a sweep earns is
-:meth:`SweepRun.exit_code` (0 every experiment ok, 1 some experiment failed, 130 interrupted; bad input and a busy
-output directory are errors before anything runs, exit 2).
+:meth:`SweepRun.exit_code` (0 every experiment ok, 1 some experiment failed or was not run (another process held
+its claim), 130 interrupted; bad input and a busy output directory are errors before anything runs, exit 2).
 """
 
 from __future__ import annotations
@@ -38,10 +38,14 @@ class SweepRun:
                     if p.action != "busy" and not (p.action == "run" and p.experiment.name not in now)}
         return [name for name, status in statuses.items() if (s := Status.parse(status)) is not None and s.failed]
 
+    def not_run(self) -> list[str]:
+        """Experiments this sweep should have run and did not: another process held their claim."""
+        return [p.experiment.name for p in self.planned if p.action == "busy"]
+
     def exit_code(self) -> int:
         if self.interrupted:
             return EXIT_INTERRUPTED
-        return EXIT_FAILED if self.failed() else EXIT_OK
+        return EXIT_FAILED if self.failed() or self.not_run() else EXIT_OK
 
 
 def output_dir_for(sweep: Sweep, output_dir: str | Path | None) -> Path:

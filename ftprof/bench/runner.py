@@ -44,6 +44,8 @@ class Planned:
     previous: str | None  # status found on disk, None if never run
     action: str  # "run" | "skip" | "busy" (a live process, here or on another host, is running it now)
     reason: str = ""  # why: a damaged file, who holds the cell
+    force: bool = False  # --force: a live claim on the cell is taken over
+    overrides: str | None = None  # whose live claim --force took over (or, planning, will take over)
 
 
 @dataclass
@@ -91,7 +93,7 @@ def plan(sweep: Sweep, out_dir: Path, *, force: bool = False, retry_failed: bool
         prev, reason = previous_status(run_dir)
         status = Status.parse(prev)
         holder = claim_holder(run_dir)
-        if holder is not None:
+        if holder is not None and not force:
             action, reason = "busy", f"being run by {holder}"
         elif force or status is None or status is Status.INTERRUPTED:
             action = "run"
@@ -99,7 +101,9 @@ def plan(sweep: Sweep, out_dir: Path, *, force: bool = False, retry_failed: bool
             action = "run" if retry_failed else "skip"
         else:
             action = "skip"
-        planned.append(Planned(exp, run_dir, prev, action, reason))
+        if force and holder is not None:
+            reason = f"--force: overrides the claim of {holder}"
+        planned.append(Planned(exp, run_dir, prev, action, reason, force=force, overrides=holder if force else None))
     return planned
 
 
@@ -164,7 +168,8 @@ def gpu_slots() -> list[str]:
 
 @contextlib.contextmanager
 def _sigterm_as_interrupt():
-    """SIGTERM raises KeyboardInterrupt in the main thread (so bench stops its children and records them)."""
+    """SIGTERM and SIGHUP (the terminal closed) raise KeyboardInterrupt in the main thread (so bench stops its
+    children, records them and writes its summary)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -172,11 +177,12 @@ def _sigterm_as_interrupt():
     def handler(signum, frame):
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @contextlib.contextmanager
@@ -190,7 +196,7 @@ def _signals_set_flag(flag: list[bool]):
     def handler(signum, frame):
         flag[0] = True
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
@@ -245,7 +251,11 @@ class BenchRunner:
 
     def _claim(self, p: Planned) -> Claim | None:
         """Claim the cell just before it starts; a cell another process took since planning is skipped."""
-        claim = claim_cell(p.run_dir)
+        claim = claim_cell(p.run_dir, force=p.force)
+        if claim is not None and claim.overridden:
+            p.overrides = claim.overridden
+            print(f"ftprof bench: --force: {p.experiment.name}: took over the claim of {claim.overridden}",
+                  file=sys.stderr, flush=True)
         if claim is None:
             p.action, p.reason = "busy", f"being run by {claim_holder(p.run_dir) or 'another process'}"
             self.on_event("skip", p)

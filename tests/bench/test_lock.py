@@ -95,3 +95,85 @@ def test_only_one_of_many_racing_claimers_wins(tmp_path):
     for t in threads:
         t.join()
     assert sum(c is not None for c in wins) == 1
+
+
+@pytest.mark.parametrize("content", ["", "{not json", "[1, 2]", '{"host": "elsewhere"}', "\x00\x01"])
+def test_a_claim_naming_no_process_is_stale_once_old(tmp_path, content):
+    import os
+
+    from ftprof.bench import lock
+
+    path = tmp_path / CLAIM_FILE
+    path.write_text(content)
+    assert claim_holder(tmp_path) == "a process writing its claim"  # fresh: maybe being written
+    assert claim_cell(tmp_path) is None
+    old = time.time() - lock.CLAIM_WRITE_GRACE_S - 1
+    os.utime(path, (old, old))
+    assert claim_holder(tmp_path) is None
+    claim = claim_cell(tmp_path)
+    assert claim is not None and json.loads(path.read_text())["pids"]
+
+
+def test_force_takes_over_a_live_claim_and_says_whose(tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / CLAIM_FILE).write_text(json.dumps({"pid": sleeper.pid, "pids": [sleeper.pid],
+                                                       "host": socket.gethostname(), "started": "t0"}))
+        assert claim_cell(tmp_path) is None
+        claim = claim_cell(tmp_path, force=True)
+        assert claim is not None and claim.overridden == f"pid {sleeper.pid} on {socket.gethostname()} since t0"
+        assert json.loads((tmp_path / CLAIM_FILE).read_text())["pids"] == [__import__("os").getpid()]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+@pytest.mark.parametrize("where", ["mkstemp", "fsync", "link"])
+def test_a_full_disk_is_a_storage_error_and_leaves_no_claim(tmp_path, monkeypatch, where):
+    import errno
+    import os
+    import tempfile
+
+    from ftprof.errors import StorageError
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    target = {"mkstemp": (tempfile, "mkstemp"), "fsync": (os, "fsync"), "link": (os, "link")}[where]
+    monkeypatch.setattr(*target, no_space)
+    with pytest.raises(StorageError, match="No space left on device"):
+        claim_cell(tmp_path / "cell")
+    assert not any(p.name.startswith(CLAIM_FILE) for p in (tmp_path / "cell").glob("*"))
+
+
+def test_bench_on_a_full_disk_is_one_line_and_leaves_no_claim(tmp_path, monkeypatch, capsys):
+    import errno
+    import os
+
+    from ftprof.cli.main import main
+
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("base: {model: tiny, max_steps: 3}\nexperiments: [{method: full}]\n")
+    real_link = os.link
+
+    def no_space(src, dst, *args, **kwargs):
+        if str(dst).endswith(CLAIM_FILE):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_link(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "link", no_space)
+    code = main(["bench", str(sweep), "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 1 and "No space left on device" in err and len(err.strip().splitlines()) == 1, err
+    assert not list((tmp_path / "out").rglob(f"{CLAIM_FILE}*"))
+
+
+def test_sighup_stops_bench_like_sigterm():
+    import os
+    import signal
+
+    from ftprof.bench.runner import _sigterm_as_interrupt
+
+    with pytest.raises(KeyboardInterrupt), _sigterm_as_interrupt():
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(5)

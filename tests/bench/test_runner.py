@@ -299,9 +299,11 @@ def test_rerun_does_not_start_a_twin_of_a_live_cell(tmp_path, capsys):
                                                        "host": socket.gethostname(), "started": "earlier"}))
         (again,) = plan(load_sweep(path), out)
         assert again.action == "busy" and str(sleeper.pid) in again.reason
-        assert main(["bench", str(path), "--output-dir", str(out)]) == 0
+        assert main(["bench", str(path), "--output-dir", str(out)]) == 1  # a cell it did not run: not a success
         assert "being run by pid" in capsys.readouterr().out
         assert not (p.run_dir / "result.json").exists() and not (p.run_dir / "stdout.log").exists()
+        (forced,) = plan(load_sweep(path), out, force=True)  # --force wins, and says whose claim it overrides
+        assert forced.action == "run" and f"--force: overrides the claim of pid {sleeper.pid}" in forced.reason
     finally:
         sleeper.kill()
         sleeper.wait()
