@@ -7,6 +7,7 @@ machine (output paths writable, a GPU for CUDA profiling).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -46,6 +47,8 @@ def check_config(cfg: RunConfig) -> None:
         except ConfigError as exc:
             raise ConfigError(f"--eval-dataset: {str(exc).removeprefix('--dataset: ')}") from None
     prof = cfg.profiling
+    if prof.profile and "cuda" in prof.activities() and cfg.output.device == "cpu":
+        raise ConfigError("--prof-activities cuda: the run is on --device cpu")
     if prof.profile and prof.prof_ranks != "all":
         world = cfg.distributed.world_size
         beyond = [int(r) for r in str(prof.prof_ranks).split(",") if int(r) >= world]
@@ -93,6 +96,8 @@ def check_device(cfg: RunConfig) -> None:
         problem = cuda_only_problem(cfg)
         if problem:
             raise ConfigError(problem)
+    if cfg.profiling.profile and "cuda" in cfg.profiling.activities() and not gpu_here:
+        raise ConfigError("--prof-activities cuda: this machine has no NVIDIA GPU (use cpu)")
 
 
 def check_host(cfg: RunConfig) -> None:
@@ -103,16 +108,56 @@ def check_host(cfg: RunConfig) -> None:
     prof = cfg.profiling
     if prof.profile and prof.prof_output_dir:
         check_writable_dir(prof.prof_output_dir, "--prof-output-dir")
-    if prof.profile and "cuda" in prof.activities():
-        if cfg.output.device == "cpu":
-            raise ConfigError("--prof-activities cuda: the run is on --device cpu")
-        if not host_has_cuda():
-            raise ConfigError("--prof-activities cuda: this machine has no NVIDIA GPU (use cpu)")
+
+
+def _need_package(module: str, what: str, extra: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(f"{what} needs the '{module}' package: pip install 'ftprof[{extra}]'")
+
+
+def check_packages(cfg: RunConfig) -> None:
+    """The packages the method, the optimizer and the trackers need are installed (found, not imported)."""
+    from ftprof.exporters import check_exporters
+
+    method = cfg.method.method
+    if method == "qlora":
+        _need_package("bitsandbytes", f"method '{method}'", "all")
+    if method == "gptq-lora":
+        _need_package("gptqmodel", f"method '{method}'", "gptq")
+    if cfg.train.optimizer == "paged_adamw_8bit":
+        _need_package("bitsandbytes", "method 'paged_adamw_8bit'", "all")
+    check_exporters(cfg.output.report_to)
+
+
+def check_data(cfg: RunConfig, checked: set[str] | None = None) -> None:
+    """The training and eval data's content, as far as it can be read without a tokenizer (``check_rows``: a
+    corrupt file, a missing column, a chat row without an assistant turn). ``checked``: data already read (a
+    sweep's cells share datasets), updated."""
+    from ftprof.data import check_rows
+
+    checked = set() if checked is None else checked
+    sources = [(cfg.data, "")]
+    if cfg.eval.eval_dataset is not None or cfg.eval.eval_split is not None:
+        sources.append((eval_data_config(cfg.data, cfg.eval), "eval data: "))
+    for data, prefix in sources:
+        if data.dataset == "synthetic" or repr(data) in checked:
+            continue
+        try:
+            check_dataset(data)  # reads a data file through (a .jsonl line by line)
+            check_rows(data)
+        except ConfigError as exc:
+            raise ConfigError(f"{prefix}{exc}") from None
+        checked.add(repr(data))
+
+
+def check_before_load(cfg: RunConfig, checked: set[str] | None = None) -> None:
+    """Everything a run checks before its model loads that needs no torch and no GPU of this machine: ``ftprof
+    train`` runs it, and bench (``--dry-run`` too) for every cell."""
+    check_config(cfg)
+    check_packages(cfg)
+    check_data(cfg, checked)
 
 
 def check_before_run(cfg: RunConfig) -> None:
-    check_config(cfg)
-    check_dataset(cfg.data)  # reads a data file through (a .jsonl line by line): before torch is imported
-    if cfg.eval.eval_dataset is not None:
-        check_dataset(eval_data_config(cfg.data, cfg.eval))
+    check_before_load(cfg)  # before torch is imported
     check_host(cfg)

@@ -11,12 +11,11 @@ import importlib.util
 import math
 from dataclasses import dataclass, field
 
-from ftprof.checks import cuda_only_problem
+from ftprof.checks import check_packages, cuda_only_problem
 from ftprof.config import RunConfig
 from ftprof.config.evaluation import eval_data_config
 from ftprof.data import check_dataset
 from ftprof.errors import ConfigError
-from ftprof.exporters import check_exporters
 from ftprof.models.source import ModelSource, resolve_model_source
 from ftprof.ranks import DistInfo, env_info
 
@@ -44,11 +43,6 @@ class RunPlan:
     @property
     def world_size(self) -> int:
         return self.dist.world_size  # processes in this run
-
-
-def _need_package(module: str, method: str, extra: str) -> None:
-    if importlib.util.find_spec(module) is None:
-        raise ConfigError(f"method '{method}' needs the '{module}' package: pip install 'ftprof[{extra}]'")
 
 
 def preflight(cfg: RunConfig) -> RunPlan:
@@ -110,14 +104,7 @@ def _steps_for_profiling(cfg: RunConfig, notes: list[str]) -> RunConfig:
 
 def _check_packages(cfg: RunConfig) -> None:
     """The packages the method, the optimizer and the exporters need are installed."""
-    method = cfg.method.method
-    if method == "qlora":
-        _need_package("bitsandbytes", method, "all")
-    if method == "gptq-lora":
-        _need_package("gptqmodel", method, "gptq")
-    if cfg.train.optimizer == "paged_adamw_8bit":
-        _need_package("bitsandbytes", "paged_adamw_8bit", "all")
-    check_exporters(cfg.output.report_to)
+    check_packages(cfg)
 
 
 def _check_model(cfg: RunConfig, source: ModelSource) -> None:

@@ -29,7 +29,7 @@ from typing import Any, Optional
 import yaml
 
 from ftprof.bench.launcher import LauncherSettings, launcher_from_file
-from ftprof.checks import check_config
+from ftprof.checks import check_before_load
 from ftprof.config import (
     MEMORY_LOGGING,
     MEMORY_LOGGING_ALIASES,
@@ -38,7 +38,6 @@ from ftprof.config import (
     flat_field_owners,
     migrate_flat,
 )
-from ftprof.data.source import check_dataset
 from ftprof.errors import ConfigError, did_you_mean
 
 TOP_KEYS = {"name": str, "base": dict, "matrix": dict, "experiments": list, "exclude": list, "repeats": int,
@@ -324,10 +323,9 @@ def _cell_config(path: Path, where: str, values: dict[str, Any], memory: str, da
         own = None if os.environ.get("MEMORY_LOGGING") else values.get("memory_logging")
         own = MEMORY_LOGGING_ALIASES.get(own, own)
         config = RunConfig.from_flat({**_whole_numbers(values), "memory_logging": own or memory, "quiet": True})
-        check_config(config)  # LoRA targets, seq_len against the model, dataset present: before anything runs
-        if repr(config.data) not in data_checked:
-            check_dataset(config.data)  # its content too (an empty file, a broken JSON line)
-            data_checked.add(repr(config.data))
+        # what `ftprof train` checks before its model loads: LoRA targets, seq_len against the model, packages,
+        # the data's content (each dataset read once)
+        check_before_load(config, data_checked)
     except ConfigError as exc:
         raise _fail(path, where, str(exc)) from None
     return config

@@ -16,7 +16,7 @@ _EXPORTS = {
     "IGNORE_INDEX": "formats", "count_tokens": "batches", "make_batches": "batches",
     "eval_batches": "batches", "synthetic_batches": "synthetic", "synthetic_eval_batches": "synthetic",
     "check_dataset": "source",
-    "PreparedData": "prepare", "prepare_dataset": "prepare",
+    "PreparedData": "prepare", "prepare_dataset": "prepare", "check_rows": "prepare",
 }
 
 

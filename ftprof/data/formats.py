@@ -70,6 +70,11 @@ def check_chat(data: DataConfig, rows, tokenizer, model: str) -> None:
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigError(f"--dataset: chat data needs a chat template, and the tokenizer of model '{model}' has "
                           "none (use --data-format instruction or text, or a model whose tokenizer has one)")
+    check_chat_turns(data, rows)
+
+
+def check_chat_turns(data: DataConfig, rows) -> None:
+    """Every chat row is a list of {role, content} turns with an assistant turn (no tokenizer needed)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftprof.config import DataConfig
-from ftprof.data.formats import RowTokenizer, check_chat, resolve_format
+from ftprof.data.formats import RowTokenizer, check_chat, check_chat_turns, resolve_format
 from ftprof.errors import ConfigError
 
 PARALLEL_ROWS = 10_000  # below this, starting worker processes costs more than it saves
@@ -64,6 +64,21 @@ def _progress_bars(show: bool):
     finally:
         if not show and not was_disabled:
             enable_progress_bars()
+
+
+def check_rows(data: DataConfig) -> None:
+    """What tokenizing would refuse that needs no tokenizer: the rows load (a corrupt parquet, a bad split), there
+    are some, the format's columns exist, every chat row has an assistant turn. The same lines as a run's."""
+    from ftprof.data.source import load_rows, locate
+
+    if locate(data).kind == "hub":
+        return  # read when the run starts (it may need the network); files and folders are read here
+    with _progress_bars(False):
+        rows = load_rows(data)
+    if len(rows) == 0:
+        raise ConfigError(f"--dataset: '{data.dataset}' split '{data.dataset_split}' has no rows")
+    if resolve_format(data, list(rows.column_names)) == "chat":
+        check_chat_turns(data, rows)
 
 
 def prepare_dataset(data: DataConfig, tokenizer, model: str = "", progress: bool = True) -> PreparedData:

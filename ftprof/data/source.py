@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,25 +94,10 @@ def _first_line(exc: BaseException) -> str:
 
 def load_rows(data: DataConfig):
     """One split of the dataset as a ``datasets.Dataset`` (memory-mapped Arrow; ``datasets`` caches it)."""
-    import datasets
-
     where = locate(data)
     try:
-        if where.kind == "disk":
-            loaded = datasets.load_from_disk(where.name)
-            if isinstance(loaded, datasets.DatasetDict):
-                loaded = _pick_split(loaded, data.dataset_split, data.dataset)
-            elif data.dataset_split != "train":
-                raise ConfigError(f"--dataset-split: folder '{data.dataset}' holds a single dataset, not splits")
-            rows = loaded
-        elif where.kind == "file":
-            builder = FILE_BUILDERS[Path(where.name).suffix.lower()]
-            # .txt: one document per paragraph (blank-line separated), as a corpus is usually written
-            extra = {"sample_by": "paragraph"} if builder == "text" else {}
-            rows = datasets.load_dataset(builder, data_files={"train": where.name}, split=data.dataset_split,
-                                         **extra)
-        else:
-            rows = datasets.load_dataset(where.name, data.dataset_config, split=data.dataset_split)
+        with _datasets_logging_off():  # its own error line would come beside ours (a corrupt parquet's schema)
+            rows = _load(data, where)
     except ConfigError:
         raise
     except ConnectionError as exc:  # no network, or HF_HUB_OFFLINE=1 and not in the local cache
@@ -123,6 +110,36 @@ def load_rows(data: DataConfig):
     if rows._indices is not None:  # a selected or shuffled view: make the Arrow table match the rows
         rows = rows.flatten_indices()
     return rows
+
+
+def _load(data: DataConfig, where: DatasetLocation):
+    import datasets
+
+    if where.kind == "disk":
+        loaded = datasets.load_from_disk(where.name)
+        if isinstance(loaded, datasets.DatasetDict):
+            return _pick_split(loaded, data.dataset_split, data.dataset)
+        if data.dataset_split != "train":
+            raise ConfigError(f"--dataset-split: folder '{data.dataset}' holds a single dataset, not splits")
+        return loaded
+    if where.kind == "file":
+        builder = FILE_BUILDERS[Path(where.name).suffix.lower()]
+        # .txt: one document per paragraph (blank-line separated), as a corpus is usually written
+        extra = {"sample_by": "paragraph"} if builder == "text" else {}
+        return datasets.load_dataset(builder, data_files={"train": where.name}, split=data.dataset_split, **extra)
+    return datasets.load_dataset(where.name, data.dataset_config, split=data.dataset_split)
+
+
+@contextlib.contextmanager
+def _datasets_logging_off():
+    """datasets logs a failure as an error line and then raises it: the raise becomes our one line."""
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _pick_split(splits, split: str, name: str):
