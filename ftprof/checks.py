@@ -32,6 +32,9 @@ def check_model(name: str) -> None:
 def check_config(cfg: RunConfig) -> None:
     check_model(cfg.model.model)
     m = cfg.method
+    if m.lora_targets is not None and not all(isinstance(t, str) for t in m.lora_targets):
+        bad = next(t for t in m.lora_targets if not isinstance(t, str))
+        raise ConfigError(f"--lora-targets: module names (strings), got {type(bad).__name__} {bad!r} among them")
     if m.method in ("lora", "qlora", "gptq-lora"):
         problem = lora_target_problem(cfg.model.model, m.lora_targets)
         if problem:

@@ -52,7 +52,7 @@ def preflight(cfg: RunConfig) -> RunPlan:
     from ftprof.runtime import resolve_device, resolve_dtype_name
 
     _check_packages(cfg)
-    source = resolve_model_source(cfg.model.model)
+    source = _model_source(cfg.model.model)
     _check_model(cfg, source)
     check_dataset(cfg.data)
     _check_tokenizer(source, cfg.data.dataset)
@@ -61,6 +61,7 @@ def preflight(cfg: RunConfig) -> RunPlan:
     _check_model_options(cfg, source, device)
     dtype = resolve_dtype_name(cfg.model.dtype, device)
     _check_distributed(cfg, device, dtype)
+    _check_host_memory(cfg, source, device, dtype)
     notes: list[str] = []
     resolved = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype),
                                    method=cfg.method.resolved(dtype, preset=source.kind == "preset",
@@ -74,6 +75,22 @@ def preflight(cfg: RunConfig) -> RunPlan:
     dist = env_info()
     resolved = _steps_for_profiling(_steps_from_epochs(resolved, data, dist.world_size, notes), notes)
     return RunPlan(source, device, dtype, resolved, dist, shards(resolved, dist), notes, tokenizer, data, eval_data)
+
+
+def _model_source(name: str) -> ModelSource:
+    """The model's source; a hub id with the hub unreachable is read from the local cache only (no retries), and
+    its error says so."""
+    from ftprof.data.hub import OFFLINE_HINT, found_unreachable, offline_unless_reachable
+    from ftprof.models.source import classify_model_name
+
+    offline = classify_model_name(name) == "hub" and offline_unless_reachable()
+    try:
+        return resolve_model_source(name)
+    except ConfigError as exc:
+        if offline and "HF_HUB_OFFLINE" not in str(exc):
+            hint = OFFLINE_HINT if found_unreachable() else "HF_HUB_OFFLINE is set: the local cache only"
+            raise ConfigError(f"{exc} ({hint})") from None
+        raise
 
 
 def _steps_from_epochs(cfg: RunConfig, data, world: int, notes: list[str]) -> RunConfig:
@@ -206,6 +223,18 @@ def _triton_dequantizes(cfg: RunConfig, device) -> bool:
 def _check_triton() -> None:
     if not _triton_installed():
         raise ConfigError("--dequant-kernel triton: Triton is not installed (pip install triton)")
+
+
+def _check_host_memory(cfg: RunConfig, source: ModelSource, device, dtype: str) -> None:
+    """A CPU run whose weights, gradients, Adam state and logits cannot fit in the host's available memory is
+    refused with the numbers, before the model loads (ftprof/host_memory.py)."""
+    if device.type != "cpu":
+        return
+    from ftprof.host_memory import refusal
+
+    problem = refusal(source.config, cfg.method.method, dtype, cfg.data.batch_size, cfg.data.seq_len)
+    if problem:
+        raise ConfigError(problem)
 
 
 def _check_memory_limit(gib: float | None, device) -> None:

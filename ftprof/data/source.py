@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftprof.config import DataConfig
+from ftprof.data.hub import offline_unless_reachable
 from ftprof.errors import ConfigError, did_you_mean
 
 # file suffix -> the datasets builder that reads it
@@ -28,7 +29,12 @@ class DatasetLocation:
 
 
 def _looks_like_path(name: str) -> bool:
-    return name.startswith((".", "/", "~")) or Path(name).suffix.lower() in FILE_BUILDERS or Path(name).exists()
+    if name.startswith((".", "/", "~")) or Path(name).suffix.lower() in FILE_BUILDERS:
+        return True
+    try:
+        return Path(name).exists()
+    except (OSError, ValueError):  # a name longer than the file system takes, a NUL byte: no path of ours
+        return False
 
 
 def locate(data: DataConfig) -> DatasetLocation:
@@ -95,6 +101,7 @@ def _first_line(exc: BaseException) -> str:
 def load_rows(data: DataConfig):
     """One split of the dataset as a ``datasets.Dataset`` (memory-mapped Arrow; ``datasets`` caches it)."""
     where = locate(data)
+    offline = where.kind == "hub" and offline_unless_reachable()  # no network: no retries, the cache only
     try:
         with _datasets_logging_off():  # its own error line would come beside ours (a corrupt parquet's schema)
             rows = _load(data, where)
@@ -102,14 +109,30 @@ def load_rows(data: DataConfig):
         raise
     except ConnectionError as exc:  # no network, or HF_HUB_OFFLINE=1 and not in the local cache
         raise ConfigError(f"--dataset: cannot reach hub dataset '{data.dataset}' and it is not in the local "
-                          f"datasets cache ({_first_line(exc)})") from None
+                          f"datasets cache ({_offline_hint() or _first_line(exc)})") from None
     except (ValueError, KeyError) as exc:  # a bad split name or slice, a bad config name
+        if offline:
+            raise _not_cached(data) from None
         raise ConfigError(f"--dataset: '{data.dataset}' split '{data.dataset_split}': {_first_line(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - unknown dataset, unreadable file, parse error: all user input
+        if offline:
+            raise _not_cached(data) from None
         raise ConfigError(f"--dataset: cannot load '{data.dataset}': {_first_line(exc)}") from None
     if rows._indices is not None:  # a selected or shuffled view: make the Arrow table match the rows
         rows = rows.flatten_indices()
     return rows
+
+
+def _not_cached(data: DataConfig) -> ConfigError:
+    """Offline (HF_HUB_OFFLINE, set by the user or because the hub is unreachable): not in the local cache."""
+    return ConfigError(f"--dataset: hub dataset '{data.dataset}' (split '{data.dataset_split}') is not in the local "
+                       f"datasets cache ({_offline_hint() or 'HF_HUB_OFFLINE is set'})")
+
+
+def _offline_hint() -> str:
+    from ftprof.data.hub import OFFLINE_HINT, found_unreachable
+
+    return OFFLINE_HINT if found_unreachable() else ""
 
 
 def _load(data: DataConfig, where: DatasetLocation):

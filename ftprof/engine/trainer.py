@@ -44,12 +44,15 @@ def now_iso() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
+CPU_ALLOC_FAILED = "DefaultCPUAllocator: can't allocate memory"  # torch's host allocator, out of memory
+
+
 def classify_exception(exc: BaseException) -> Status:
     if isinstance(exc, torch.OutOfMemoryError):
         return Status.OOM_DEVICE
     if isinstance(exc, KeyboardInterrupt):
         return Status.INTERRUPTED
-    if isinstance(exc, MemoryError):
+    if isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and CPU_ALLOC_FAILED in str(exc)):
         return Status.OOM_HOST
     if isinstance(exc, NotTrainedError):
         return Status.NOT_TRAINED
