@@ -105,6 +105,10 @@ def check_device(cfg: RunConfig) -> None:
 
 def check_host(cfg: RunConfig) -> None:
     check_device(cfg)
+    for option, value in (("--output-dir", cfg.output.output_dir), ("--save-dir", cfg.save.save_dir),
+                          ("--prof-output-dir", cfg.profiling.prof_output_dir)):
+        if value is not None and not str(value).strip():
+            raise ConfigError(f"{option} is empty: give a directory (or leave the option out)")
     check_writable_dir(cfg.output.output_dir, "--output-dir")
     if cfg.output.run_name:
         check_writable_dir(Path(cfg.output.output_dir).expanduser() / cfg.output.run_name, "--run-name")

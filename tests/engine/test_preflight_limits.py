@@ -74,3 +74,14 @@ def test_an_unreachable_hub_is_one_line_naming_hf_hub_offline_without_retries(tm
     start = time.monotonic()
     assert_train_refuses(tmp_path, capsys, "lora", argv, "HF_HUB_OFFLINE=1 was set")
     assert time.monotonic() - start < 20  # huggingface_hub's retries with backoff would take about 25 s
+
+
+@pytest.mark.parametrize("argv, fragment", [(["--output-dir", ""], "--output-dir is empty"),
+                                            (["--save", "--save-dir", " "], "--save-dir must not be empty"),
+                                            (["--prof-output-dir", ""], "--prof-output-dir is empty")])
+def test_an_empty_directory_option_is_refused(tmp_path, capsys, argv, fragment):
+    from ftprof.cli.main import main
+
+    code = main(["train", "lora", "--device", "cpu", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
