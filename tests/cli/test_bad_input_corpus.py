@@ -115,6 +115,7 @@ def _clean(code: int, err: str) -> bool:
     return code == 2 and len(lines) == 1 and "Traceback" not in err
 
 
+@pytest.mark.slow  # 710 command lines: ~17 s on an idle 2-core machine
 def test_cli_corpus_is_all_one_line_errors_or_acceptances(tmp_path, capsys, stop_before_training):
     cases = _cli_cases() + _file_cases(tmp_path)
     assert len(cases) >= 300
