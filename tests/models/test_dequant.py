@@ -11,6 +11,7 @@ import ftprof
 from ftprof import metrics
 from ftprof.models import dequant, dequant_kernels
 from tests.conftest import assert_train_refuses, build_run, tiny_config
+from tests.tolerances import COMPILED_LOSS, LOSS_AFTER_STEPS, SAME_OPS
 
 
 class CountDequantizations(TorchDispatchMode):
@@ -47,7 +48,7 @@ def test_checkpointed_layers_dequantize_once_less_with_the_same_gradients(tmp_pa
     assert kept == linears  # the recomputation only
     assert kept_grads.keys() == grads.keys()
     for name, g in grads.items():
-        torch.testing.assert_close(kept_grads[name], g, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(kept_grads[name], g, **SAME_OPS, msg=name)
 
 
 def test_only_checkpointed_layers_keep_their_weights(tmp_path):
@@ -64,7 +65,7 @@ def test_a_run_records_what_it_kept_and_trains_as_before(tmp_path):
                                            keep_dequantized=keep)) for keep in (True, False)}
     assert runs[True].status == runs[False].status == "ok"
     assert runs[True].checkpointing.kept_dequantized > 0 and runs[False].checkpointing.kept_dequantized is None
-    assert runs[True].throughput.loss_last == pytest.approx(runs[False].throughput.loss_last, rel=1e-5)
+    assert runs[True].throughput.loss_last == pytest.approx(runs[False].throughput.loss_last, rel=LOSS_AFTER_STEPS)
 
 
 def test_auto_counts_the_kept_layer_in_full_estimate(tmp_path):
@@ -127,8 +128,8 @@ def test_compiled_qlora_dequantizes_with_torch_ops_and_trains_as_eager(tmp_path)
     linears = 7 * 2  # the tiny preset: seven projections in each of two layers
     assert compiled.status == bnb_compiled.status == "ok" and compiled.compile.outcome.compiled
     assert compiled.compile.outcome.dequant == linears and bnb_compiled.compile.outcome.dequant == 0
-    assert compiled.throughput.loss_last == pytest.approx(eager.throughput.loss_last, rel=1e-4)
-    assert compiled.throughput.loss_last == pytest.approx(bnb_compiled.throughput.loss_last, rel=1e-4)
+    assert compiled.throughput.loss_last == pytest.approx(eager.throughput.loss_last, rel=COMPILED_LOSS)
+    assert compiled.throughput.loss_last == pytest.approx(bnb_compiled.throughput.loss_last, rel=COMPILED_LOSS)
 
 
 @pytest.mark.parametrize("dequantizer", ["torch", "triton"])  # (the Triton op runs torch ops off CUDA)
@@ -151,7 +152,7 @@ def test_rerouted_backward_dequantizes_without_keeping(tmp_path, dequantizer):
     assert dequant.route(blocks, kept=0) == (0, 0)  # bitsandbytes' own forward again
     built.model(**batch).loss.backward()
     for name, g in grads.items():
-        torch.testing.assert_close(g, dict(built.model.named_parameters())[name].grad, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g, dict(built.model.named_parameters())[name].grad, **SAME_OPS)
 
 
 @pytest.mark.parametrize("argv, fragment", [

@@ -6,6 +6,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.conftest import build_run, tiny_config
+from tests.tolerances import GRADIENTS, SAME_OPS
 
 
 class CountOps(TorchDispatchMode):
@@ -43,10 +44,10 @@ def test_fused_adapters_compute_what_peft_computes(tmp_path, method):
     assert adapted > 0
     assert ops.count("addmm") == peft_ops.count("addmm") + adapted  # one per adapted linear
     assert ops.count("add") <= peft_ops.count("add") - adapted  # PEFT's full-size adds are gone
-    torch.testing.assert_close(loss, peft_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss, peft_loss, **SAME_OPS)
     assert grads.keys() == peft_grads.keys()
     for name, g in grads.items():
-        torch.testing.assert_close(g, peft_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(g, peft_grads[name], **GRADIENTS, msg=name)
 
 
 def test_disabled_adapters_run_peft_forward(tmp_path):
