@@ -120,10 +120,20 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def rendezvous_line(args, exc: BaseException) -> str:
+    """One line for a rendezvous that failed: the endpoint, the nodes expected, and torchrun's reason (its first
+    line; its traceback is dropped)."""
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return (f"ftprof: the rendezvous at {args.rdzv_endpoint} ({args.rdzv_backend}) did not gather all "
+            f"{args.nnodes} nodes: {type(exc).__name__}{': ' + reason if reason != type(exc).__name__ else ''}")
+
+
 def run_torchrun(argv: list[str]) -> int:
     """torchrun's main() without its @record decorator (which prints the failure box); its outcome as a status."""
+    from torch.distributed import DistStoreError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import parse_args, run
 
     _quiet_torchrun_logs_once_interrupted()
@@ -134,6 +144,9 @@ def run_torchrun(argv: list[str]) -> int:
         run(args)
     except SignalException as exc:  # SIGTERM/SIGHUP/SIGQUIT: torchrun has stopped the ranks
         return 128 + int(exc.sigval)
+    except (RendezvousError, DistStoreError) as exc:  # the other nodes never came, or the endpoint never answered
+        print(rendezvous_line(args, exc), file=sys.stderr)
+        return 1
     except ChildFailedError as exc:
         if _forwarded:  # Ctrl-C: the ranks recorded it (or were killed, and said so above)
             return 130
