@@ -74,6 +74,7 @@ def preflight(cfg: RunConfig) -> RunPlan:
     eval_data = _prepare_eval_data(cfg, tokenizer)
     dist = env_info()
     resolved = _steps_for_profiling(_steps_from_epochs(resolved, data, dist.world_size, notes), notes)
+    _note_unmeasured(resolved, notes)
     return RunPlan(source, device, dtype, resolved, dist, shards(resolved, dist), notes, tokenizer, data, eval_data)
 
 
@@ -104,10 +105,15 @@ def _steps_from_epochs(cfg: RunConfig, data, world: int, notes: list[str]) -> Ru
     steps = max(1, math.ceil(per_epoch * t.num_train_epochs))
     notes.append(f"--num-train-epochs {t.num_train_epochs:g}: {steps} steps ({per_epoch} per epoch of "
                  f"{data.stats['sequences']} sequences)")
-    if not (t.measure_warmup_steps < steps or steps == 1):
-        raise ConfigError(f"--measure-warmup-steps ({t.measure_warmup_steps}) must be below the {steps} steps of "
-                          f"--num-train-epochs {t.num_train_epochs:g} so that some steps are measured")
     return dataclasses.replace(cfg, train=dataclasses.replace(t, max_steps=steps))
+
+
+def _note_unmeasured(cfg: RunConfig, notes: list[str]) -> None:
+    """Every step inside the measurement warm-up: the run trains (a smoke test, say) but has no steady figures."""
+    t = cfg.train
+    if t.measure_warmup_steps >= t.max_steps:
+        notes.append(f"all {t.max_steps} steps are measurement warm-up (--measure-warmup-steps "
+                     f"{t.measure_warmup_steps}): no steady-state figures; more steps measure the speed")
 
 
 def _steps_for_profiling(cfg: RunConfig, notes: list[str]) -> RunConfig:

@@ -31,7 +31,6 @@ def test_option_names_are_unique_across_sections():
     ({"dtype": "fp8"}, "--dtype"),
     ({"optimizer": "sgd"}, "--optimizer"),
     ({"device": "tpu"}, "--device"),
-    ({"measure_warmup_steps": 5, "max_steps": 5}, "--measure-warmup-steps (5) must be below --max-steps (5)"),
     ({"method": "lora", "gptq_bits": 4}, "--gptq-bits is a GPTQ option and does not apply to method 'lora'"),
     ({"method": "qlora", "gptq_group_size": 64}, "--gptq-group-size is a GPTQ option"),
     ({"method": "full", "lora_r": 8}, "--lora-r is a lora option and does not apply to method 'full'"),

@@ -2,6 +2,7 @@
 
 import pytest
 
+import ftprof
 from ftprof.cli.main import main
 from ftprof.models.presets import preset_config
 
@@ -46,3 +47,15 @@ def test_rows_dropped_from_a_dataset_are_said(tmp_path):
     assert "--dataset: 1 of 6 rows dropped: no token to train on once cut to --seq-len" in plan.notes
     kept = preflight(tiny_config(tmp_path, "lora", dataset=write(tmp_path / "e.jsonl", rows[1:]), seq_len=160))
     assert not any("dropped" in n for n in kept.notes)
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_a_run_of_warm_up_steps_only_runs_and_says_it_measures_nothing(tmp_path, steps):
+    """--max-steps 1 and 2 under the default measurement warm-up (2) are treated alike: they train, with a note."""
+    from ftprof.config import RunConfig
+
+    cfg = RunConfig.from_flat({"method": "full", "model": "tiny", "max_steps": steps, "measure_warmup_steps": 2,
+                               "device": "cpu", "output_dir": str(tmp_path)})
+    result = ftprof.train(cfg)
+    assert result.status == "ok" and result.throughput.tokens_per_s is None
+    assert any("measurement warm-up" in n and "no steady-state figures" in n for n in result.notes)
