@@ -90,6 +90,18 @@ def allocator_setting() -> AllocatorSetting | None:
 
 
 @contextlib.contextmanager
+def logger_level(name: str, level: int):
+    """The named library logger at ``level`` for the duration, then back to what it was."""
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
+@contextlib.contextmanager
 def quiet_import():
     """Import noisy libraries (peft -> gptqmodel): swallow banners, revert the environment they change."""
     before = {k: os.environ.get(k) for k in _GUARDED_ENV}

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import re
@@ -16,6 +15,7 @@ from pathlib import Path
 from ftprof.config import DataConfig
 from ftprof.data.hub import offline_unless_reachable
 from ftprof.errors import ConfigError, did_you_mean
+from ftprof.runtime import logger_level
 
 # file suffix -> the datasets builder that reads it
 FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -103,7 +103,9 @@ def load_rows(data: DataConfig):
     where = locate(data)
     offline = where.kind == "hub" and offline_unless_reachable()  # no network: no retries, the cache only
     try:
-        with _datasets_logging_off():  # its own error line would come beside ours (a corrupt parquet's schema)
+        # datasets logs a failure as an error line and then raises it: the raise becomes our one line (a corrupt
+        # parquet's schema would otherwise print beside ours)
+        with logger_level("datasets", logging.CRITICAL):
             rows = _load(data, where)
     except ConfigError:
         raise
@@ -153,16 +155,6 @@ def _load(data: DataConfig, where: DatasetLocation):
     return datasets.load_dataset(where.name, data.dataset_config, split=data.dataset_split)
 
 
-@contextlib.contextmanager
-def _datasets_logging_off():
-    """datasets logs a failure as an error line and then raises it: the raise becomes our one line."""
-    logger = logging.getLogger("datasets")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def _pick_split(splits, split: str, name: str):

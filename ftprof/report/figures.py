@@ -27,15 +27,11 @@ def pyplot():
 @contextlib.contextmanager
 def quiet():
     """Library warnings and log lines (matplotlib's layout and font notes) stay out of the report's output."""
-    logger = logging.getLogger("matplotlib")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
+    from ftprof.runtime import logger_level
+
+    with logger_level("matplotlib", logging.ERROR), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 def figure(width: float, height: float, **kw):
