@@ -141,6 +141,24 @@ class AutoChoice(Record):
 
 
 @dataclass
+class Prediction(Record):
+    """What ftprof.plan predicted for this run before it loaded anything (result.json's ``prediction``): peak memory
+    per GPU from arithmetic plus a measured probe, tokens/s from FLOPs and a calibrated rate (ftprof/plan)."""
+
+    peak_bytes: int = 0  # predicted training peak of torch's allocator per GPU (loading excluded)
+    static_bytes: int = 0  # weights as stored, gradients, optimizer state (per GPU)
+    activation_bytes: int = 0  # what autograd keeps for backward over one micro-batch: probe x activation_factor
+    activation_factor: float = 1.0  # the calibration's measured / probed activations for this kind of run (compile,
+    # kernels); 1.0 where nothing calibrates it
+    transient_bytes: int = 0  # the loss backward's logits gradients, a recomputed layer, kept dequantized weights
+    tokens_per_s: Optional[float] = None  # global; None without a calibration for the device
+    memory_source: str = ""  # how the memory figure was reached (probe, calibration factor and its origin)
+    speed_source: str = ""  # where the rate came from: the local calibration store, shipped defaults, or none
+    device: str = ""  # the GPU the prediction is for ("cpu" on CPU)
+    candidate: dict[str, Any] = field(default_factory=dict)  # the configuration predicted (ftprof.plan.candidates)
+
+
+@dataclass
 class CompileOutcome(Record):
     """What ``--compile`` did (result.json's ``compile``)."""
 

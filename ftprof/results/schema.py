@@ -24,6 +24,7 @@ from ftprof.results.parts import (
     Memory,
     NvmlSummary,
     Part,
+    Prediction,
     RunIdentity,
     Saved,
     Throughput,
@@ -88,6 +89,7 @@ class RunResult(Part):
     evaluation: Evaluation = part(Evaluation)
     saved: Saved = part(Saved)
     training_proof: Optional[TrainingProof] = record(TrainingProof)  # what proved the run trained (engine/proof.py)
+    prediction: Optional[Prediction] = record(Prediction)  # what ftprof.plan predicted for the run before it loaded
     artifacts: dict[str, str] = field(default_factory=dict)  # open: artifact name -> path in the run directory
     profiling: dict[str, Any] = field(default_factory=dict)  # open: resolved profiler settings and overhead, when on
     notes: list[str] = field(default_factory=list)
