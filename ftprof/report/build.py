@@ -13,7 +13,7 @@ import pandas as pd
 from ftprof.errors import ConfigError
 from ftprof.report import choose as choose_mod
 from ftprof.report import compare as compare_mod
-from ftprof.report import eval_loss, plots, profiles
+from ftprof.report import eval_loss, plots, prediction, profiles
 from ftprof.report import slow_steps as slow_steps_mod
 from ftprof.report.tables import SummaryTable, load_results, summarize, to_csv_frame, to_markdown
 from ftprof.results.run_dir import ENV
@@ -115,6 +115,7 @@ def build_report(paths: list[str | Path], out_dir: str | Path | None = None, *, 
     if slow:
         markdown += "\n" + slow
     markdown += ("\n" + eval_loss.to_markdown(df)) if "eval_loss_last" in df else ""  # runs that evaluated
+    markdown += prediction.add_to_report(df, out, report.files, write_csv=formats in ("all", "csv"))
     if problems:
         markdown += "\n" + skipped_markdown(problems)
     if formats in ("all", "md"):
