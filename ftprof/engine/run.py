@@ -78,6 +78,14 @@ def _oom_snapshot(trainer, result: RunResult) -> None:
         result.artifacts["oom_snapshot"] = os.path.relpath(path, trainer.run_dir)
 
 
+def _record_calibration(run_dir: Path) -> None:
+    """Feed the planner's calibration store with a finished run (ftprof.plan.calibration: never raises, costs
+    milliseconds; a run recorded twice keeps one record)."""
+    from ftprof.plan import calibration
+
+    calibration.record_run(run_dir)
+
+
 def _launch_and_collect(cfg: RunConfig, quiet: bool | None) -> RunResult:
     """Relaunch this run under torchrun: every worker loads the run's config.json; read back rank 0's result."""
     import dataclasses
@@ -105,6 +113,8 @@ def _launch_and_collect(cfg: RunConfig, quiet: bool | None) -> RunResult:
         status = Status.INTERRUPTED if code in stopped else Status.ERROR  # Ctrl-C or SIGTERM: see torchrun_entry
         result = failure_result(cfg, run_dir, status.value, "torchrun", f"torchrun exited with code {code} before "
                                 "rank 0 recorded a result (see the ranks' output above)")
+    if path.is_file() and cfg.distributed.node_rank == 0:
+        _record_calibration(run_dir)
     if result.status == Status.INTERRUPTED.value:  # the ranks stay quiet about it: one line for all of them
         print(f"ftprof: interrupted (Ctrl-C); run dir {run_dir}", file=sys.stderr, flush=True)
     return result
@@ -156,6 +166,8 @@ def train(cfg: RunConfig, *, quiet: bool | None = None, make_profiler_fn=None) -
     if trainer.profiler.enabled and result.status == Status.OK.value:
         _summarize(trainer, result, display)
     trainer.teardown(result)
+    if plan.dist.is_main:  # under torchrun too (a torchrun started by hand has no ftprof launcher to record it)
+        _record_calibration(trainer.run_dir)
     trainer.release()
     exporters.finish(result)
     display.summary(result)

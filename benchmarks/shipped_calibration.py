@@ -1,0 +1,141 @@
+"""Derive ftprof/plan/shipped_calibration.json, the planner's calibration where a machine's own store has nothing,
+from the H200 measurements under docs/measurements: the fast-paths rounds and the h200x2 targets sweep.
+
+    python benchmarks/shipped_calibration.py     # rewrites the JSON, prints one line per speed row
+
+``speed``: one row per configuration measured (the newest measurement of it), shaped like a local store record
+(ftprof.plan.calibration): device, class key, model, micro-batch tokens, FLOPs per token, the rate in FLOP/s per
+GPU (model + recomputed FLOPs), tokens/s, the options off today's defaults, and the CSV and date it came from.
+``memory``: activation factors by class key (``memory_factors``; none yet).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ftprof.plan import calibration  # noqa: E402
+
+MEASUREMENTS = ROOT / "docs" / "measurements"
+SOURCES = ("*-fast-paths*-raw_summary.csv", "*-h200x2-targets-raw_summary.csv")
+DEVICE = "H200"  # only this GPU's measurements are shipped
+OUT = calibration.SHIPPED
+
+# What an option was before its column existed (the CSVs of earlier rounds lack it): how those runs really ran.
+BEFORE_THE_OPTION = {"prefetch": False, "lora_fused_a": False, "lora_addmm": False, "compile_loss": False,
+                     "compile_dequant": False, "compile_tuning": False, "compile_mode": "default",
+                     "keep_dequantized": False, "dequant_kernel": "bitsandbytes", "sdpa_backend": "auto",
+                     "kbit_prepare": False, "kernels": "eager", "compile": False}
+# The configuration a row measured, apart from its options (DEFAULT_KNOBS): rows equal in all of these and in their
+# options are one configuration, measured again.
+CONFIGURATION = ("device_name", "model", "method", "policy", "checkpointed_layers", "kernels", "compile", "seq_len",
+                 "batch_size", "grad_accum", "world_size", "parallel")
+
+
+def _value(text: str | None):
+    """A CSV cell as the JSON value it was: "" -> None, True/False, ints, floats, else the text."""
+    if text is None or text == "":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _config(row: dict[str, str]) -> dict:
+    """A row's flat configuration, with the options its CSV predates filled in as they ran then."""
+    cfg = {k: _value(v) for k, v in row.items()}
+    for key, before in BEFORE_THE_OPTION.items():
+        if key not in row or cfg[key] is None and key in ("sdpa_backend", "kbit_prepare"):
+            cfg[key] = before
+    # bench CSVs flatten config.json's compile_dequant (a bool) and the compile outcome's dequant (a count of
+    # dequantized linears) into one column: either way, a truthy value means dequantized by compiled torch ops.
+    cfg["compile_dequant"] = bool(cfg.get("compile_dequant"))
+    return cfg
+
+
+def _policy(cfg: dict) -> str:
+    if cfg.get("checkpointing_policy"):
+        return cfg["checkpointing_policy"]
+    return "full" if cfg.get("gradient_checkpointing") else "none"  # before policies: HF's full checkpointing
+
+
+def speed_row(row: dict[str, str], csv_name: str) -> dict | None:
+    """A CSV row as a shipped speed row; None unless it is an ok H200 run with steady throughput and FLOPs."""
+    cfg = _config(row)
+    tokens_per_s, flops = cfg.get("tokens_per_s"), cfg.get("flops_per_token")
+    if cfg.get("status") != "ok" or DEVICE not in str(cfg.get("device_name")) or not tokens_per_s or not flops:
+        return None
+    compiled = bool(cfg["compile_compiled"] if cfg.get("compile_compiled") is not None else cfg.get("compile"))
+    recompute, world = cfg.get("recompute_flops_per_token") or 0.0, cfg.get("world_size") or 1
+    kernels = cfg.get("kernels") or "eager"
+    return {
+        "source": "shipped", "device_name": cfg["device_name"], "model": cfg["model"], "method": cfg["method"],
+        "policy": _policy(cfg), "checkpointed_layers": cfg.get("checkpointed_layers"), "kernels": kernels,
+        "compile": compiled, "knobs": calibration.run_knobs(cfg, cfg["method"], kernels, compiled),
+        "seq_len": cfg["seq_len"], "batch_size": cfg["batch_size"],
+        "micro_batch_tokens": cfg["seq_len"] * cfg["batch_size"], "grad_accum": cfg.get("grad_accum") or 1,
+        "world_size": world, "parallel": cfg.get("parallel"),
+        "flops_per_token": flops, "recompute_flops_per_token": recompute, "tokens_per_s": tokens_per_s,
+        "flops_per_s": (flops + recompute) * tokens_per_s / world,  # per GPU, model + recomputed
+        "csv": csv_name, "date": csv_name[:10], "finished_at": cfg.get("finished_at"),
+        "experiment": cfg.get("experiment"),
+    }
+
+
+def read_rows() -> list[tuple[dict[str, str], str]]:
+    paths = sorted({p for pattern in SOURCES for p in MEASUREMENTS.glob(pattern)})
+    out = []
+    for path in paths:
+        with path.open(newline="") as fh:
+            out.extend((row, path.name) for row in csv.DictReader(fh))
+    return out
+
+
+def speed_rows(rows: list[tuple[dict[str, str], str]]) -> list[dict]:
+    """One row per configuration (its options included): the newest measurement of it."""
+    newest: dict[str, dict] = {}
+    for row, name in rows:
+        entry = speed_row(row, name)
+        if entry is None:
+            continue
+        identity = json.dumps([entry[k] for k in CONFIGURATION] + [sorted(entry["knobs"].items())])
+        if identity not in newest or str(entry["finished_at"]) > str(newest[identity]["finished_at"]):
+            newest[identity] = entry
+    return sorted(newest.values(), key=lambda e: (e["model"], e["method"], e["policy"], e["kernels"], e["compile"],
+                                                  len(calibration.off_default(e)), e["finished_at"]))
+
+
+def memory_factors(rows: list[tuple[dict[str, str], str]]) -> list[dict]:
+    """Shipped activation factors: rows with the class key fields (method, policy, kernels, compile), model,
+    activation_ratio (measured / probed activations), csv and date. None yet: the CSVs hold no prediction to
+    compare with (the planner adds them once its probe has run on these configurations)."""
+    return []
+
+
+def main() -> int:
+    rows = read_rows()
+    data = {"about": "ftprof plan's shipped calibration, derived by benchmarks/shipped_calibration.py from "
+                     "docs/measurements (do not edit by hand)",
+            "speed": speed_rows(rows), "memory": memory_factors(rows)}
+    OUT.write_text(json.dumps(data, indent=1) + "\n")
+    for e in data["speed"]:
+        key = calibration.class_key(e)
+        off = " ".join(f"{k}={v}" for k, v in sorted(calibration.off_default(e).items()))
+        print(f"{e['model']:10} {key.describe():32} {e['micro_batch_tokens']:>6} tok x{e['world_size']} "
+              f"{e['flops_per_s'] / 1e12:6.1f} TFLOP/s/GPU {e['tokens_per_s']:9.0f} tok/s  {e['csv'][11:-16]:22} {off}")
+    print(f"{len(data['speed'])} speed rows from {len({n for _, n in rows})} CSVs -> {OUT.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,452 @@
+"""The calibration store: what the planner's tokens/s, and its activation memory factor, are calibrated from.
+
+Every finished run appends one record (one JSON line) to a local store (``record_run``, called by the engine once a
+run ends; ``ftprof profile`` runs add their trace summary's per-bucket TFLOP/s). Where the store has nothing for a
+device and kind of run, the shipped defaults answer (shipped_calibration.json, derived from the measurements under
+docs/measurements by benchmarks/shipped_calibration.py), then the shipped defaults of another GPU scaled by the
+ratio of dense bf16 peaks.
+
+Units: a rate is FLOP/s per GPU counting model + recomputed FLOPs (HFU's numerator, README "Definitions"):
+(flops_per_token + recompute_flops_per_token) * tokens_per_s / world_size, tokens_per_s being global (all ranks).
+Memory is in bytes. torch is not imported at module level: the planner imports this before torch loads.
+
+FTPROF_CALIBRATION: the store's path; ``off`` stops recording and local look-ups (shipped defaults still apply).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import json
+import math
+import os
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ftprof.metrics import peak_flops
+from ftprof.results import run_dir as files
+from ftprof.results.status import Status
+
+STORE_ENV = "FTPROF_CALIBRATION"
+OFF = "off"
+STORE_NAME = "calibration.jsonl"
+SHIPPED = Path(__file__).with_name("shipped_calibration.json")
+VERSION_PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "gptqmodel")  # and any liger package
+
+# Options outside the ClassKey that move a run's speed by a few percent, at today's defaults. Among the records of
+# the nearest configuration, those with the fewest options off these defaults are used (a knob that does not
+# apply to a run is None and never counts).
+DEFAULT_KNOBS: dict[str, Any] = {
+    "dtype": "bfloat16", "sdpa_backend": "auto", "prefetch": True,
+    "compile_mode": "default", "compile_loss": True, "compile_dequant": False, "compile_tuning": False,
+    "lora_addmm": False, "lora_fused_a": True, "kbit_prepare": False, "keep_dequantized": True,
+    "dequant_kernel": "triton",
+}
+LORA_METHODS = ("lora", "qlora", "gptq-lora")
+_warned: set[str] = set()  # one warning per problem per process
+
+
+@dataclass(frozen=True)
+class ClassKey:
+    """What, beyond FLOPs, sets a run's speed and its activation memory."""
+
+    method: str  # full | lora | qlora | gptq-lora
+    policy: str  # none | selective | full   (full on N of L layers is still "full")
+    kernels: str  # the run's --kernels: eager | liger
+    compile: bool  # whether the blocks ran compiled (a compile that fell back to eager is False)
+
+    def describe(self) -> str:
+        return f"{self.method} {self.policy} {self.kernels} {'compiled' if self.compile else 'uncompiled'}"
+
+
+@dataclass(frozen=True)
+class Rate:
+    flops_per_s: float  # achieved (model + recomputed) FLOP/s per GPU
+    source: str  # one human line: where the rate came from
+    runs: int
+
+
+@dataclass(frozen=True)
+class Factor:
+    activation_ratio: float  # measured activations / probed activations for runs of this class
+    source: str
+    runs: int
+
+
+# ---------------------------------------------------------------------------------------------------- the store
+def enabled() -> bool:
+    return os.environ.get(STORE_ENV, "").strip().lower() != OFF
+
+
+def store_path() -> Path:
+    """$FTPROF_CALIBRATION if set (and not ``off``), else calibration.jsonl in ftprof's cache directory."""
+    value = os.environ.get(STORE_ENV, "").strip()
+    if value and value.lower() != OFF:
+        return Path(value).expanduser()
+    # The one resolver of FTPROF_CACHE_DIR (it lives beside the GPTQ cache, whose module imports torch: imported
+    # only when a path is needed, never at this module's import).
+    from ftprof.models.gptq import cache_root
+
+    return cache_root().parent / STORE_NAME
+
+
+def _warn(message: str, once: str | None = None) -> None:
+    if once is not None:
+        if once in _warned:
+            return
+        _warned.add(once)
+    print(message, file=sys.stderr, flush=True)
+
+
+def load_records(path: str | Path | None = None) -> list[dict]:
+    """The local store's records, oldest first. A damaged line is skipped (one warning per store per process);
+    no store, or FTPROF_CALIBRATION=off without an explicit path: []."""
+    if path is None:
+        if not enabled():
+            return []
+        path = store_path()
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        _warn(f"ftprof: calibration store {path} unreadable ({exc.strerror or exc}); not used", once=f"read {path}")
+        return []
+    records, damaged = [], 0
+    for line in data.splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)  # UnicodeDecodeError is a ValueError too
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            damaged += 1
+    if damaged:
+        _warn(f"ftprof: calibration store {path}: skipped {damaged} damaged line(s)", once=f"damaged {path}")
+    return records
+
+
+def _run_marker(run_key: str) -> bytes:
+    """How a record's key reads in the store (records are written with separators (",", ":"))."""
+    return b'"run_key":' + json.dumps(run_key).encode()
+
+
+def append_record(record: dict, path: str | Path | None = None) -> bool:
+    """Append ``record`` as one line, unless a record with its run_key is there already. Safe across processes and
+    hosts sharing the file: O_APPEND, one os.write of the whole line, under an exclusive flock (where the file
+    system refuses locks, the write goes on unlocked: one O_APPEND write still lands whole on local disks)."""
+    path = Path(path) if path is not None else store_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        existing = _read_all(fd)
+        if record.get("run_key") and _run_marker(record["run_key"]) in existing:
+            return False
+        if existing and not existing.endswith(b"\n"):  # a writer died mid-line: keep that damage to its own line
+            line = b"\n" + line
+        written = os.write(fd, line)
+        while written < len(line):  # a regular file takes the whole line at once; this is belt and braces
+            written += os.write(fd, line[written:])
+        return True
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _read_all(fd: int) -> bytes:
+    os.lseek(fd, 0, os.SEEK_SET)  # O_APPEND: writes still go to the end whatever the offset
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# ---------------------------------------------------------------------------------------------------- records
+def record_run(run_dir: str | Path) -> bool:
+    """Append the record of a finished run (status ok, with steady-state figures) to the local store. False, with
+    nothing written, for any other run, a run already recorded, or FTPROF_CALIBRATION=off. Never raises: a broken
+    store costs one warning line on stderr."""
+    try:
+        if not enabled():
+            return False
+        record = run_record(run_dir)
+        return record is not None and append_record(record)
+    except Exception as exc:  # the run is over and recorded in its own directory: the store must not fail it
+        _warn(f"ftprof: calibration store not updated ({type(exc).__name__}: {exc})")
+        return False
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def flat_config(config: dict) -> dict:
+    """config.json's sections merged into one dict (their keys are unique across sections, as in bench CSVs)."""
+    out: dict = {}
+    for section in config.values():
+        if isinstance(section, dict):
+            out.update(section)
+    return out
+
+
+def run_record(run_dir: str | Path) -> dict | None:
+    """A finished run's record, or None when it has no steady-state figures to calibrate from."""
+    run_dir = Path(run_dir).resolve()
+    result = _read_json(run_dir / files.RESULT)
+    tokens_per_s, flops = result.get("tokens_per_s"), result.get("flops_per_token")
+    if result.get("status") != Status.OK.value or not tokens_per_s or not flops or not result.get("finished_at"):
+        return None
+    cfg = flat_config(_read_json(run_dir / files.CONFIG))
+    env = _read_json(run_dir / files.ENV)
+    compiled = bool((result.get("compile") or {}).get("compiled", cfg.get("compile", False)))
+    kernels = cfg.get("kernels") or "eager"
+    recompute = result.get("recompute_flops_per_token") or 0.0
+    world = result.get("world_size") or 1
+    record = {
+        "run_key": f"{run_dir}@{result['finished_at']}", "source": "run",
+        "run_dir": str(run_dir), "finished_at": result["finished_at"],
+        "device_name": result.get("device_name") or result.get("device"), "versions": _versions(env),
+        "model": result.get("model"), "layers": model_layers(str(result.get("model") or "")),
+        "method": result.get("method"), "policy": result.get("checkpointing_policy") or "none",
+        "checkpointed_layers": result.get("checkpointed_layers"), "kernels": kernels, "compile": compiled,
+        "knobs": run_knobs(cfg, result.get("method"), kernels, compiled),
+        "seq_len": result.get("seq_len"), "batch_size": result.get("batch_size"),
+        "micro_batch_tokens": (result.get("batch_size") or 0) * (result.get("seq_len") or 0),
+        "grad_accum": result.get("grad_accum"), "world_size": world, "parallel": result.get("parallel"),
+        "flops_per_token": flops, "recompute_flops_per_token": recompute, "tokens_per_s": tokens_per_s,
+        "flops_per_s": (flops + recompute) * tokens_per_s / world,  # per GPU, model + recomputed
+        "training_peak": _training_peak(result), "prediction": result.get("prediction") or {},
+    }
+    buckets = _bucket_tflops(run_dir, result)
+    if buckets:
+        record["buckets"] = buckets
+    return record
+
+
+def _versions(env: dict) -> dict:
+    packages = env.get("packages") or {}
+    out = {k: packages[k] for k in VERSION_PACKAGES if packages.get(k)}
+    out.update({k: v for k, v in packages.items() if "liger" in k.lower() and v})
+    if env.get("ftprof_git_commit"):
+        out["ftprof_git_commit"] = env["ftprof_git_commit"]
+    return out
+
+
+def _training_peak(result: dict) -> int | None:
+    """The measured training peak on CUDA (loading excluded); None on CPU, whose allocator keeps no peak."""
+    if result.get("device") == "cpu" or result.get("device_name") == "cpu":
+        return None
+    return (result.get("memory_breakdown") or {}).get("training_peak") or result.get("torch_peak_allocated")
+
+
+def model_layers(model: str) -> int | None:
+    """Decoder layers of a preset or of a model directory holding config.json (None for anything else: reading a
+    hub model's config would cost more than a record may)."""
+    from ftprof.models.presets import PRESETS
+
+    if model in PRESETS:
+        return PRESETS[model].shape.get("num_hidden_layers")
+    try:
+        config = Path(model).expanduser() / "config.json"
+        layers = _read_json(config).get("num_hidden_layers") if model and config.is_file() else None
+    except OSError:
+        return None
+    return layers if isinstance(layers, int) else None
+
+
+def _bucket_tflops(run_dir: Path, result: dict) -> dict[str, float | None]:
+    """A profiled run's per-bucket achieved TFLOP/s, as its trace summary (summary.json beside summary.md)
+    reports them; {} without one."""
+    summary_md = (result.get("artifacts") or {}).get("summary")
+    if not summary_md:
+        return {}
+    summary = _read_json((run_dir / summary_md).with_suffix(".json"))
+    buckets = (summary.get("breakdown") or {}).get("buckets") or {}
+    return {name: b.get("tflops") for name, b in buckets.items() if isinstance(b, dict)}
+
+
+def run_knobs(cfg: dict, method: str | None, kernels: str, compiled: bool) -> dict[str, Any]:
+    """The DEFAULT_KNOBS options of a run from its flat configuration; None where an option does not apply to it."""
+    applies = {
+        "compile_mode": compiled, "compile_tuning": compiled, "compile_dequant": compiled and method == "qlora",
+        "compile_loss": compiled and kernels != "liger",  # Liger computes the loss itself
+        "lora_addmm": method in LORA_METHODS, "lora_fused_a": method in LORA_METHODS,
+        "kbit_prepare": method in ("qlora", "gptq-lora"),
+        "keep_dequantized": method == "qlora", "dequant_kernel": method == "qlora",
+    }
+    return {k: cfg.get(k) if applies.get(k, True) else None for k in DEFAULT_KNOBS}
+
+
+def off_default(record: dict) -> dict[str, Any]:
+    """The record's options that are not at today's defaults."""
+    knobs = record.get("knobs") or {}
+    return {k: v for k, v in knobs.items() if k in DEFAULT_KNOBS and v is not None and v != DEFAULT_KNOBS[k]}
+
+
+def class_key(record: dict) -> ClassKey:
+    return ClassKey(str(record.get("method")), str(record.get("policy")), str(record.get("kernels")),
+                    bool(record.get("compile")))
+
+
+def activation_ratio(record: dict) -> float | None:
+    """measured / probed activations of a recorded run: measured = training peak - predicted static - predicted
+    transients, probed = predicted activations / the factor they were scaled by (bytes). None without a CUDA
+    peak or a prediction."""
+    prediction = record.get("prediction") or {}
+    peak, activations = record.get("training_peak"), prediction.get("activation_bytes")
+    factor = prediction.get("activation_factor")
+    if record.get("device_name") == "cpu" or not peak or not activations or not factor or factor <= 0:
+        return None
+    measured = peak - (prediction.get("static_bytes") or 0) - (prediction.get("transient_bytes") or 0)
+    probed = activations / factor
+    return measured / probed if measured > 0 and probed > 0 else None
+
+
+# ---------------------------------------------------------------------------------------------------- shipped
+@functools.lru_cache(maxsize=1)
+def shipped() -> dict[str, list[dict]]:
+    """The shipped defaults: {"speed": [...], "memory": [...]}, rows shaped like local records."""
+    try:
+        data = json.loads(SHIPPED.read_text())
+        return {"speed": list(data.get("speed") or []), "memory": list(data.get("memory") or [])}
+    except (OSError, ValueError, AttributeError) as exc:
+        _warn(f"ftprof: shipped calibration {SHIPPED} unreadable ({exc}); not used", once="shipped")
+        return {"speed": [], "memory": []}
+
+
+# ---------------------------------------------------------------------------------------------------- look-ups
+def _speed_point(record: dict) -> tuple[float, float, float] | None:
+    """(model FLOPs per token, micro-batch tokens, FLOP/s per GPU) of a record usable for speed, else None."""
+    try:
+        point = (float(record["flops_per_token"]), float(record["micro_batch_tokens"]), float(record["flops_per_s"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return point if all(math.isfinite(x) and x > 0 for x in point) else None
+
+
+def _nearest(rows: list[dict], flops_per_token: float, micro_batch_tokens: int) -> list[dict]:
+    """The rows of the configuration nearest in (log model FLOPs per token, log micro-batch tokens), those with
+    the fewest options off today's defaults among them."""
+    def distance(row: dict) -> float:
+        flops, tokens, _ = _speed_point(row)
+        return math.hypot(math.log(flops / flops_per_token), math.log(tokens / micro_batch_tokens))
+
+    best = min(map(distance, rows))
+    near = [r for r in rows if distance(r) <= best + 1e-9]
+    fewest = min(len(off_default(r)) for r in near)
+    return [r for r in near if len(off_default(r)) == fewest]
+
+
+def _describe(rows: list[dict], key: ClassKey) -> str:
+    """llama-8b qlora none eager compiled, 8192 tokens/micro-batch[, 2 GPUs][, off defaults: ...]."""
+    models = "/".join(sorted({str(r.get("model")) for r in rows}))
+    tokens = "/".join(str(t) for t in sorted({int(r["micro_batch_tokens"]) for r in rows}))
+    out = f"{models} {key.describe()}, {tokens} tokens/micro-batch"
+    worlds = sorted({int(r.get("world_size") or 1) for r in rows} - {1})
+    if worlds:
+        out += f", {'/'.join(map(str, worlds))} GPUs"
+    off = {k: v for r in rows for k, v in off_default(r).items()}
+    if off:
+        out += ", off defaults: " + " ".join(f"{k}={v}" for k, v in sorted(off.items()))
+    return out
+
+
+def _rate(rows: list[dict], key: ClassKey, flops_per_token: float, micro_batch_tokens: int,
+          source: Callable[[list[dict], str], str], scale: float = 1.0) -> Rate:
+    chosen = _nearest(rows, flops_per_token, micro_batch_tokens)
+    rate = statistics.median(_speed_point(r)[2] for r in chosen) * scale
+    return Rate(rate, source(chosen, _describe(chosen, key)), len(chosen))
+
+
+def _runs(n: int) -> str:
+    return f"{n} run{'s' if n != 1 else ''}"
+
+
+def _shipped_origin(rows: list[dict]) -> str:
+    csvs = ", ".join(sorted({str(r.get("csv")) for r in rows}))
+    dates = "/".join(sorted({str(r.get("date")) for r in rows}))
+    return f"{csvs}, {dates}"
+
+
+def _matching(rows: list[dict], key: ClassKey, device_name: str | None = None) -> list[dict]:
+    return [r for r in rows if class_key(r) == key and _speed_point(r) is not None
+            and (device_name is None or r.get("device_name") == device_name)]
+
+
+def speed_rate(device_name: str, key: ClassKey, flops_per_token: float, micro_batch_tokens: int,
+               records: list[dict] | None = None) -> Rate | None:
+    """The achieved FLOP/s per GPU to expect on ``device_name`` (as torch names it; "cpu" on CPU) for a run of
+    class ``key``: from the local store's records of that device and class (the nearest configuration, the
+    median of its runs), else the shipped defaults for that device and class, else another GPU's shipped defaults
+    scaled by the ratio of dense bf16 peaks; None when nothing applies. Records of other kernels or compile
+    settings are never used (they differ by up to 40%). ``records``: the local records (default: the store)."""
+    if not (flops_per_token > 0 and micro_batch_tokens > 0):
+        raise ValueError(f"speed_rate needs positive FLOPs per token and micro-batch tokens, got "
+                         f"{flops_per_token} and {micro_batch_tokens}")
+    if records is None:
+        records = load_records()
+    local = _matching(records, key, device_name)
+    if local:
+        return _rate(local, key, flops_per_token, micro_batch_tokens,
+                     lambda rows, what: f"local store: {_runs(len(rows))} on {device_name} ({what})")
+    defaults = shipped()["speed"]
+    same_device = _matching(defaults, key, device_name)
+    if same_device:
+        return _rate(same_device, key, flops_per_token, micro_batch_tokens,
+                     lambda rows, what: f"shipped defaults ({_shipped_origin(rows)}, {device_name}: {what})")
+    return _scaled_rate(defaults, device_name, key, flops_per_token, micro_batch_tokens)
+
+
+def _scaled_rate(defaults: list[dict], device_name: str, key: ClassKey, flops_per_token: float,
+                 micro_batch_tokens: int) -> Rate | None:
+    """Another GPU's shipped defaults for ``key``, times target peak / its peak (the GPU of the nearest peak)."""
+    target = peak_flops(device_name) if device_name != "cpu" else None
+    if not target:
+        return None
+    others = {}
+    for row in _matching(defaults, key):
+        peak = peak_flops(row.get("device_name"))
+        if peak:
+            others.setdefault((row["device_name"], peak), []).append(row)
+    if not others:
+        return None
+    (other, peak), rows = min(others.items(), key=lambda kv: (abs(math.log(kv[0][1] / target)), -len(kv[1])))
+
+    def source(chosen: list[dict], what: str) -> str:
+        return (f"shipped {other} defaults scaled by peak bf16 FLOP/s to {device_name} ({target / 1e12:,.0f}/"
+                f"{peak / 1e12:,.0f} TFLOP/s; {_shipped_origin(chosen)}: {what})")
+
+    return _rate(rows, key, flops_per_token, micro_batch_tokens, source, scale=target / peak)
+
+
+def activation_factor(key: ClassKey, records: list[dict] | None = None) -> Factor:
+    """measured / probed activations for runs of class ``key``: the median over the local store's records (any GPU),
+    else over the shipped defaults' memory rows, else 1.0 (the probe as it is)."""
+    if records is None:
+        records = load_records()
+    local = [(r, x) for r in records if class_key(r) == key and (x := activation_ratio(r)) is not None]
+    if local:
+        models = "/".join(sorted({str(r.get("model")) for r, _ in local}))
+        return Factor(statistics.median(x for _, x in local),
+                      f"local store: {_runs(len(local))} ({models} {key.describe()})", len(local))
+    rows = [r for r in shipped()["memory"] if class_key(r) == key and r.get("activation_ratio")]
+    if rows:
+        models = "/".join(sorted({str(r.get("model")) for r in rows}))
+        return Factor(statistics.median(float(r["activation_ratio"]) for r in rows),
+                      f"shipped defaults ({_shipped_origin(rows)}: {models} {key.describe()})", len(rows))
+    return Factor(1.0, "probe (no calibration for this kind of run)", 0)

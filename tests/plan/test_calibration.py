@@ -1,0 +1,240 @@
+"""The calibration store: a real tiny CPU run recorded through the engine's hook and read back, idempotence, damaged
+lines, concurrent appends from two processes, the nearest-neighbour rate and its source line, the shipped and
+peak-scaled fallbacks, activation factors, FTPROF_CALIBRATION=off."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import ftprof
+from ftprof.plan import calibration
+from ftprof.plan.calibration import ClassKey, Factor
+from tests.conftest import tiny_config
+
+QLORA_COMPILED = ClassKey("qlora", "none", "eager", True)
+H200, A100 = "NVIDIA H200", "NVIDIA A100-SXM4-80GB"
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One tiny LoRA run on the CPU, recorded by the engine's hook into its own store: (run dir, store)."""
+    tmp = tmp_path_factory.mktemp("calibration")
+    store = tmp / "store.jsonl"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(calibration.STORE_ENV, str(store))
+        result = ftprof.train(tiny_config(tmp / "runs", "lora", max_steps=4, measure_warmup_steps=1, run_name="t"))
+    assert result.status == "ok", result.failure.error_message
+    return tmp / "runs" / "t", store
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    path = tmp_path / "calibration.jsonl"
+    monkeypatch.setenv(calibration.STORE_ENV, str(path))
+    return path
+
+
+def _copy_run(run_dir, dest, **result_changes):
+    """A copy of a run directory with some result.json keys changed (a run it stands for)."""
+    shutil.copytree(run_dir, dest)
+    result = json.loads((dest / "result.json").read_text())
+    result.update(result_changes)
+    (dest / "result.json").write_text(json.dumps(result))
+    return dest
+
+
+def test_the_engine_records_a_cpu_run_once(tiny_run, monkeypatch):
+    run_dir, store = tiny_run
+    records = calibration.load_records(store)
+    assert len(records) == 1
+    r = records[0]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert r["device_name"] == "cpu" and r["source"] == "run" and r["run_dir"] == str(run_dir.resolve())
+    assert (r["method"], r["policy"], r["kernels"], r["compile"]) == ("lora", "none", "eager", False)
+    assert (r["model"], r["layers"], r["seq_len"], r["micro_batch_tokens"]) == ("tiny", 2, 32, 4 * 32)
+    assert r["finished_at"] == result["finished_at"] and r["tokens_per_s"] == result["tokens_per_s"]
+    assert r["flops_per_s"] == pytest.approx(result["flops_per_token"] * result["tokens_per_s"])  # 1 process
+    assert r["training_peak"] is None and r["prediction"] == {}  # CPU: no allocator peak
+    assert r["versions"]["torch"] and r["versions"]["transformers"] and r["knobs"]["lora_fused_a"] is True
+    monkeypatch.setenv(calibration.STORE_ENV, str(store))
+    assert calibration.record_run(run_dir) is False  # recorded already: still one record
+    assert len(calibration.load_records(store)) == 1
+
+
+def test_a_cpu_record_gives_a_cpu_rate_and_no_memory_factor(tiny_run):
+    records = calibration.load_records(tiny_run[1])
+    key = ClassKey("lora", "none", "eager", False)
+    rate = calibration.speed_rate("cpu", key, 1e6, 128, records=records)
+    assert rate.runs == 1 and rate.flops_per_s == records[0]["flops_per_s"]
+    assert rate.source.startswith("local store: 1 run on cpu (tiny lora none eager uncompiled, 128 tokens/micro")
+    assert calibration.activation_factor(key, records=records) == Factor(
+        1.0, "probe (no calibration for this kind of run)", 0)
+    assert calibration.speed_rate(H200, key, 1e6, 128, records=records).source.startswith("shipped")  # not cpu's
+
+
+def test_only_finished_runs_with_steady_figures_are_recorded(tiny_run, store, tmp_path):
+    failed = _copy_run(tiny_run[0], tmp_path / "oom", status="oom_device")
+    unsteady = _copy_run(tiny_run[0], tmp_path / "short", tokens_per_s=None)
+    assert calibration.record_run(failed) is False and calibration.record_run(unsteady) is False
+    assert not store.exists()
+    again = _copy_run(tiny_run[0], tmp_path / "moved")  # another directory: another run
+    assert calibration.record_run(again) is True and calibration.record_run(again) is False
+    assert len(calibration.load_records()) == 1
+
+
+def test_a_profiled_run_keeps_its_buckets_tflops(tiny_run, store, tmp_path):
+    run_dir = _copy_run(tiny_run[0], tmp_path / "p", artifacts={"summary": "profile/summary.md"})
+    (run_dir / "profile").mkdir()
+    buckets = {"attention": {"label": "attention", "tflops": 312.5, "ms_per_step": 4.0},
+               "optimizer": {"label": "optimizer", "tflops": None, "ms_per_step": 1.0}}
+    (run_dir / "profile" / "summary.json").write_text(json.dumps({"breakdown": {"buckets": buckets}}))
+    assert calibration.record_run(run_dir)
+    assert calibration.load_records()[0]["buckets"] == {"attention": 312.5, "optimizer": None}
+
+
+def test_a_broken_store_costs_one_warning_line(tiny_run, tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(calibration.STORE_ENV, str(tmp_path / "file" / "calibration.jsonl"))  # parent is a file
+    assert calibration.record_run(tiny_run[0]) is False
+    err = capsys.readouterr().err
+    assert err.startswith("ftprof: calibration store not updated") and len(err.strip().splitlines()) == 1
+
+
+def test_damaged_lines_are_skipped_with_one_warning(tiny_run, tmp_path, capsys):
+    good = tiny_run[1].read_text()
+    path = tmp_path / "damaged.jsonl"
+    path.write_text("not json\n" + good + '["a list"]\n' + '{"run_key": "cut sho')  # a writer died mid-line
+    assert [r["model"] for r in calibration.load_records(path)] == ["tiny"]
+    assert calibration.load_records(path) and capsys.readouterr().err.count("skipped 3 damaged line(s)") == 1
+    assert calibration.append_record({"run_key": "next", "model": "m"}, path)  # starts a line of its own
+    assert [r["model"] for r in calibration.load_records(path)] == ["tiny", "m"]
+
+
+def test_two_processes_appending_at_once_lose_nothing(tmp_path):
+    path, go = tmp_path / "shared.jsonl", tmp_path / "go"
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        from ftprof.plan.calibration import append_record
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.001)
+        for i in range(300):
+            append_record({{"run_key": f"{{sys.argv[1]}}-{{i}}", "padding": "x" * 3000}}, {str(path)!r})
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script, name]) for name in ("a", "b")]
+    go.touch()
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    keys = [r["run_key"] for r in calibration.load_records(path)]
+    assert len(keys) == 600 and set(keys) == {f"{n}-{i}" for n in "ab" for i in range(300)}
+    assert len(path.read_text().splitlines()) == 600
+
+
+def _record(model="llama-8b", flops=3.35e10, tokens=8192, rate=5e14, device=H200, key=QLORA_COMPILED, **extra):
+    return {"device_name": device, "model": model, "method": key.method, "policy": key.policy,
+            "kernels": key.kernels, "compile": key.compile, "flops_per_token": flops, "micro_batch_tokens": tokens,
+            "flops_per_s": rate, "world_size": 1, "knobs": {}, **extra}
+
+
+def test_the_nearest_configuration_of_the_same_device_and_class_sets_the_rate():
+    records = [_record(rate=r) for r in (5.0e14, 5.2e14, 5.6e14)] + [
+        _record("llama-1b", flops=5.4e9, rate=3e14),
+        _record(rate=9e14, key=ClassKey("qlora", "none", "liger", True)),  # other kernels: never used
+        _record(rate=8e14, device="NVIDIA H100 80GB HBM3"),  # another GPU
+        _record(rate=4e14, knobs={"compile_mode": "reduce-overhead"}),  # off defaults beside default runs
+    ]
+    rate = calibration.speed_rate(H200, QLORA_COMPILED, 3.0e10, 8192, records=records)
+    assert (rate.flops_per_s, rate.runs) == (5.2e14, 3)
+    assert rate.source == "local store: 3 runs on NVIDIA H200 (llama-8b qlora none eager compiled, 8192 " \
+                          "tokens/micro-batch)"
+    small = calibration.speed_rate(H200, QLORA_COMPILED, 6e9, 4096, records=records)  # nearer the 1B model
+    assert small.flops_per_s == 3e14 and "(llama-1b qlora none eager compiled, 8192 tokens" in small.source
+    tuned = calibration.speed_rate(H200, QLORA_COMPILED, 3e10, 8192, records=records[-1:])
+    assert tuned.flops_per_s == 4e14 and tuned.source.endswith("off defaults: compile_mode=reduce-overhead)")
+
+
+def _shipped_default_rate():
+    rows = [r for r in calibration.shipped()["speed"] if r["device_name"] == H200 and r["model"] == "llama-8b"
+            and calibration.class_key(r) == QLORA_COMPILED and not calibration.off_default(r)]
+    assert len(rows) == 1
+    return rows[0]["flops_per_s"]
+
+
+def test_without_local_records_the_shipped_defaults_answer():
+    others = [_record(rate=9e14, key=ClassKey("qlora", "none", "liger", True))]  # same method, other kernels
+    rate = calibration.speed_rate(H200, QLORA_COMPILED, 3.35e10, 8192, records=others)
+    assert rate.flops_per_s == _shipped_default_rate() and rate.runs == 1
+    assert rate.source.startswith("shipped defaults (2026-12-01-fast-paths-round12-raw_summary.csv, 2026-12-01, "
+                                  "NVIDIA H200: llama-8b qlora none eager compiled, 8192 tokens/micro-batch")
+
+
+def test_another_gpu_gets_the_h200_defaults_scaled_by_peak():
+    rate = calibration.speed_rate(A100, QLORA_COMPILED, 3.35e10, 8192, records=[])
+    assert rate.flops_per_s == pytest.approx(_shipped_default_rate() * 312 / 989)
+    assert rate.source.startswith(f"shipped NVIDIA H200 defaults scaled by peak bf16 FLOP/s to {A100} (312/989")
+    assert calibration.speed_rate("Some Unknown GPU", QLORA_COMPILED, 3.35e10, 8192, records=[]) is None
+    assert calibration.speed_rate("cpu", QLORA_COMPILED, 3.35e10, 8192, records=[]) is None
+    assert calibration.speed_rate(H200, ClassKey("full", "selective", "eager", True), 1e10, 8192, records=[]) is None
+
+
+def test_the_shipped_defaults_are_what_the_script_derives():
+    from benchmarks import shipped_calibration
+
+    rows = shipped_calibration.read_rows()
+    shipped = calibration.shipped()
+    assert shipped["speed"] == json.loads(json.dumps(shipped_calibration.speed_rows(rows)))
+    assert shipped["memory"] == shipped_calibration.memory_factors(rows) == []
+    assert all(r["device_name"] == H200 and r["flops_per_s"] > 1e14 for r in shipped["speed"])
+
+
+def _measured(ratio, key=QLORA_COMPILED, device=H200, static=20e9, transient=3e9, probed=10e9, factor=1.0):
+    """A record whose measured activations are ``ratio`` x the probe's."""
+    prediction = {"static_bytes": static, "transient_bytes": transient, "activation_bytes": probed * factor,
+                  "activation_factor": factor}
+    return _record(key=key, device=device, training_peak=static + transient + ratio * probed, prediction=prediction)
+
+
+def test_activation_factor_is_the_median_measured_over_probed():
+    records = [_measured(1.1), _measured(1.3, factor=1.2, device=A100), _measured(1.2), _measured(2.0, device="cpu"),
+               _record(), _measured(0.5, key=ClassKey("qlora", "none", "eager", False))]
+    factor = calibration.activation_factor(QLORA_COMPILED, records=records)
+    assert factor.activation_ratio == pytest.approx(1.2) and factor.runs == 3
+    assert factor.source == "local store: 3 runs (llama-8b qlora none eager compiled)"
+    none = calibration.activation_factor(ClassKey("full", "full", "liger", False), records=records)
+    assert none == Factor(1.0, "probe (no calibration for this kind of run)", 0)
+
+
+def test_off_stops_recording_and_local_lookups(tiny_run, tmp_path, monkeypatch):
+    path = tmp_path / "store.jsonl"
+    calibration.append_record(_record(rate=1e15, run_key="k"), path)
+    monkeypatch.setenv(calibration.STORE_ENV, "off")
+    assert calibration.load_records() == [] and calibration.record_run(tiny_run[0]) is False
+    rate = calibration.speed_rate(H200, QLORA_COMPILED, 3.35e10, 8192)  # shipped defaults still apply
+    assert rate.flops_per_s == _shipped_default_rate() and rate.source.startswith("shipped defaults")
+    assert calibration.load_records(path)[0]["run_key"] == "k"  # an explicit path is still read
+
+
+def test_the_store_lives_in_ftprofs_cache_unless_named(tmp_path, monkeypatch):
+    monkeypatch.delenv(calibration.STORE_ENV, raising=False)
+    monkeypatch.setenv("FTPROF_CACHE_DIR", str(tmp_path / "cache"))
+    assert calibration.store_path() == tmp_path / "cache" / "calibration.jsonl"
+    monkeypatch.setenv(calibration.STORE_ENV, str(tmp_path / "mine.jsonl"))
+    assert calibration.store_path() == tmp_path / "mine.jsonl"
+
+
+@pytest.mark.slow  # two processes under torchrun, and a profiled run
+def test_a_torchrun_run_and_a_profiled_run_are_recorded_once_each(tmp_path, store):
+    ddp = ftprof.train(tiny_config(tmp_path, "lora", nproc_per_node=2, parallel="ddp", max_steps=3, run_name="d"))
+    profiled = ftprof.train(tiny_config(tmp_path, "lora", max_steps=6, run_name="p", profile=True,
+                                        prof_active_steps=1))
+    assert ddp.status == profiled.status == "ok"
+    records = {r["run_dir"]: r for r in calibration.load_records()}
+    assert len(records) == 2  # rank 0 and the launcher both record the torchrun run: one record
+    d, p = records[str((tmp_path / "d").resolve())], records[str((tmp_path / "p").resolve())]
+    assert d["world_size"] == 2 and d["parallel"] == "ddp" and d["tokens_per_s"] == ddp.throughput.tokens_per_s
+    summary = json.loads((tmp_path / "p" / "profile" / "summary.json").read_text())
+    assert p["buckets"] == {k: b["tflops"] for k, b in summary["breakdown"]["buckets"].items()}
