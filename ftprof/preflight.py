@@ -35,6 +35,8 @@ class RunPlan:
     tokenizer: object = None  # loaded here for real data (None for synthetic runs: the trainer picks one)
     data: object = None  # ftprof.data.PreparedData for real data: tokenized, checked, with its stats
     eval_data: object = None  # ftprof.data.PreparedData of --eval-dataset / --eval-split (None: none, or synthetic)
+    prediction: object = None  # ftprof.results.parts.Prediction: peak memory and tokens/s, before anything loads
+    auto_choice: object = None  # ftprof.results.parts.AutoChoice: what --checkpointing auto chose (else None)
 
     @property
     def device_type(self) -> str:
@@ -75,7 +77,21 @@ def preflight(cfg: RunConfig) -> RunPlan:
     dist = env_info()
     resolved = _steps_for_profiling(_steps_from_epochs(resolved, data, dist.world_size, notes), notes)
     _note_unmeasured(resolved, notes)
-    return RunPlan(source, device, dtype, resolved, dist, shards(resolved, dist), notes, tokenizer, data, eval_data)
+    sharded = shards(resolved, dist)
+    predicted = _predict(resolved, source, device, dtype, sharded, notes)
+    return RunPlan(source, device, dtype, resolved, dist, sharded, notes, tokenizer, data, eval_data,
+                   predicted.prediction, predicted.auto)
+
+
+def _predict(cfg: RunConfig, source: ModelSource, device, dtype: str, sharded: bool, notes: list[str]):
+    """The run's predicted peak and speed (ftprof/plan), auto's choice, --memory-limit-gib's check: a ConfigError
+    when nothing fits, before the model loads."""
+    from ftprof.plan.for_run import predict_run
+
+    predicted = predict_run(cfg, source, device, dtype, sharded)
+    if predicted.note:
+        notes.append(predicted.note)
+    return predicted
 
 
 def _model_source(name: str) -> ModelSource:

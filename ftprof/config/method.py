@@ -105,6 +105,13 @@ class MethodConfig:
         if self.gptq_calibration_samples is not None:
             require(self.gptq_calibration_samples >= 1, "--gptq-calibration-samples must be at least 1")
 
+    def for_method(self, method: str, run_dtype: str, preset: bool = False) -> MethodConfig:
+        """The same settings for another method (``ftprof plan`` compares methods): the options that apply to
+        both are kept, the others dropped, and the new method's defaults filled in."""
+        values = dataclasses.asdict(self)
+        values.update({name: None for name in inapplicable_options(method)}, method=method)
+        return MethodConfig(**values).resolved(run_dtype, preset=preset)
+
     def _fused_a(self) -> bool:
         """--lora-fused-a as it runs: on unless asked off, or --lora-addmm (which replaces the same forward), or
         --kbit-prepare (the textbook recipe runs PEFT's forward as it is)."""

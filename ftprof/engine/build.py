@@ -79,7 +79,7 @@ def build(plan: RunPlan, memory: MemoryTracker, log: Callable[[str], None]) -> B
         if hasattr(model, "config"):
             model.config.use_cache = False
         model.train()  # HF models start in eval mode, where gradient checkpointing silently does nothing
-        policy, layers, auto, selective = checkpointing.resolve_policy(model, autocast, plan, cfg.train.optimizer)
+        policy, layers, auto, selective = checkpointing.resolve_policy(model, plan)
         if auto is not None:
             log(f"--checkpointing auto: {auto.reason}")
         kept, torch_dequant = route_dequantization(model, cfg, policy, layers, compiling=cfg.model.compile)

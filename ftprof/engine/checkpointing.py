@@ -6,13 +6,11 @@
   activations, rotary, residual adds) are recomputed.
 - ``--checkpoint-layers N`` (with full or selective): only the first N decoder layers are checkpointed; the others
   keep their activations. Recomputation, and its cost, scale with N.
-- ``auto``: the first of none > selective > full on the N fewest layers > full on every layer whose estimated
-  peak fits the memory this process can have, with a margin. The estimate is the memory model the run records:
-  exact static parts (weights, gradients, optimizer state) plus activations per token measured for each policy on
-  a short probe sequence (what autograd saves, and what selective checkpointing caches), plus the loss backward's
-  logits gradients. Checkpointing N of L layers is estimated between the two: full's activations plus (L - N) / L
-  of what checkpointing saves. Selective comes first because it recomputes no matmul; when it does not fit,
-  checkpointing only as many layers as needed recomputes less than checkpointing all of them.
+- ``auto``: the first of none > selective > full on the N fewest layers > full on every layer whose predicted
+  peak fits the memory this process can have, with a margin: chosen before the model loads by ftprof.plan (the
+  predictor ``ftprof plan`` and every run's recorded prediction use; ftprof/plan/budget.py), applied here.
+
+The measuring helpers below (what each policy saves, on a probe forward) serve the planner's probe too.
 """
 
 from __future__ import annotations
@@ -23,15 +21,11 @@ import inspect
 import torch
 
 from ftprof import metrics
-from ftprof.models import dequant, kernels
 from ftprof.preflight import RunPlan
 from ftprof.profiling.memory import SavedActivations
 from ftprof.results.parts import AutoChoice  # what auto chose, as result.json records it
-from ftprof.runtime import torch_dtype
 
 SPEED_ORDER = ("none", "selective", "full")  # fastest first: less recomputation
-PROBE_TOKENS = 256  # activations scale linearly with tokens under SDPA/flash attention: a short probe suffices
-MARGIN_FRACTION, MARGIN_MIN = 0.08, 1 << 30  # headroom for fragmentation and kernels' workspaces
 
 
 def _saved_ops() -> set:
@@ -132,66 +126,12 @@ def apply_policy(model, policy: str, selective: SelectivePolicy | None = None, l
             block.gradient_checkpointing = False  # the flag transformers' layer wrapper reads at each call
 
 
-def choose(estimated_peak: dict[str, int], available: int, layer_count: int = 0,
-           recompute_extra: int = 0) -> tuple[str, int | None, int, str]:
-    """(policy, checkpointed layers or None for all, margin, reason): the first of none, selective, full on the
-    fewest of ``layer_count`` layers, full on all, whose estimate fits ``available`` less the margin; full when none
-    fits (the least memory there is: the run may still fail, and the reason says so). ``recompute_extra``: what
-    any full checkpointing adds once, however many layers it covers (already in the full estimate)."""
-    margin = max(int(MARGIN_FRACTION * available), MARGIN_MIN)
-    budget = available - margin
-    gib = metrics.GIB
-    fits = (f"fits {budget / gib:.1f} GiB ({available / gib:.1f} GiB available less a {margin / gib:.1f} GiB "
-            "margin)")
-    for policy in ("none", "selective"):
-        if estimated_peak[policy] <= budget:
-            return policy, None, margin, (f"{policy}: estimated peak {estimated_peak[policy] / gib:.1f} GiB {fits}"
-                                          + ("" if policy == "none" else "; no checkpointing did not"))
-    none, full = estimated_peak["none"], estimated_peak["full"] - recompute_extra
-    layers = fewest_layers(none, full, layer_count, budget - recompute_extra)
-    if layers is not None:
-        peak = partial_peak(none, full, layer_count, layers) + recompute_extra
-        return "full", layers, margin, (f"full on {layers} of {layer_count} layers: estimated peak "
-                                        f"{peak / gib:.1f} GiB {fits}; none and selective did not")
-    if estimated_peak["full"] <= budget:
-        return "full", None, margin, (f"full: estimated peak {estimated_peak['full'] / gib:.1f} GiB {fits}; "
-                                      "faster policies did not")
-    return "full", None, margin, (f"full: no policy's estimate fits {budget / gib:.1f} GiB; full needs the "
-                                  "least memory")
-
-
-def partial_peak(none: int, full: int, layer_count: int, layers: int) -> int:
-    """Estimated peak with ``layers`` of ``layer_count`` layers checkpointed: full's, plus what each layer left
-    unchecked keeps beyond its checkpointed input (an equal share of none - full)."""
-    return int(full + (none - full) * (layer_count - layers) / layer_count)
-
-
-def fewest_layers(none: int, full: int, layer_count: int, budget: int) -> int | None:
-    """The fewest checkpointed layers (1 .. layer_count - 1) whose estimate fits ``budget``; None if none does."""
-    for layers in range(1, layer_count):
-        if partial_peak(none, full, layer_count, layers) <= budget:
-            return layers
-    return None
-
-
-def static_bytes(model, optimizer_name: str) -> int:
-    """Weights (as stored), gradients and optimizer state of a model about to train: exact weights, gradients of
-    the trainable parameters in their dtype, AdamW's two moments (one byte each for 8-bit paged AdamW)."""
-    weights = sum(t.numel() * t.element_size() for t in {id(p): p for p in model.parameters()}.values())
-    weights += sum(b.numel() * b.element_size() for b in model.buffers())
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    grads = sum(p.numel() * p.element_size() for p in trainable)
-    state_bytes = 2 if optimizer_name == "paged_adamw_8bit" else None
-    state = sum(p.numel() * (state_bytes or 2 * p.element_size()) for p in trainable)
-    return weights + grads + state
-
-
 def measure_activations(model, autocast, vocab: int, device: torch.device, tokens: int,
-                        lora_rank: int = 0) -> dict[str, float]:
+                        lora_rank: int = 0, policies: tuple[str, ...] = SPEED_ORDER) -> dict[str, float]:
     """Bytes per token each policy keeps for backward, measured on one probe sequence (no backward is run)."""
     ids = torch.randint(0, vocab, (1, tokens), device=device)
     per_token: dict[str, float] = {}
-    for policy in SPEED_ORDER:
+    for policy in policies:
         selective = SelectivePolicy(lora_rank)
         apply_policy(model, policy, selective)
         selective.start_counting()
@@ -214,48 +154,15 @@ def available_memory(device: torch.device, cap_gib: float | None = None) -> int:
     return psutil.virtual_memory().available + psutil.Process().memory_info().rss
 
 
-def loss_transient_bytes(kernel_set: str, tokens: int, vocab: int) -> int:
-    """The loss backward's fp32 logits gradients, or nothing when the kernel set fuses the loss (Liger's fused
-    linear cross entropy works in chunks: counting them anyway made auto's estimate 8.7 GiB too high on an H200,
-    llama-8b 4 x 2048, where they would be 7.8 GiB)."""
-    return 0 if kernels.fuses_loss(kernel_set) else metrics.logits_gradient_bytes(tokens, vocab)
-
-
-def choose_auto(model, autocast, plan: RunPlan, optimizer_name: str) -> AutoChoice:
-    cfg = plan.config
-    tokens_per_micro = cfg.data.batch_size * cfg.data.seq_len
-    vocab = plan.source.config.vocab_size
-    probe = min(PROBE_TOKENS, cfg.data.seq_len)
-    per_token = measure_activations(model, autocast, vocab, plan.device, probe, cfg.method.lora_r or 0)
-    static = static_bytes(model, optimizer_name)
-    logits = loss_transient_bytes(cfg.model.kernels, tokens_per_micro, vocab)
-    estimates = {p: int(static + per_token[p] * tokens_per_micro + logits) for p in SPEED_ORDER}
-    kept = kept_weight_bytes(model, plan)
-    estimates["full"] += kept
-    available = available_memory(plan.device, cfg.output.memory_limit_gib)
-    policy, layers, margin, reason = choose(estimates, available, len(metrics.decoder_layers(model)), kept)
-    return AutoChoice(policy, reason, layers, estimates, per_token, static, available, margin, kept)
-
-
-def kept_weight_bytes(model, plan: RunPlan) -> int:
-    """What QLoRA's recomputation keeps for backward under full checkpointing: one layer's dequantized weights
-    (models/dequant.py), or nothing."""
-    m = plan.config.method
-    if not dequant.keeps_weights(m):
-        return 0
-    return dequant.largest_layer_bytes(metrics.decoder_layers(model), torch_dtype(m.compute_dtype or plan.dtype))
-
-
-def resolve_policy(model, autocast, plan: RunPlan, optimizer_name: str) -> tuple[str, int | None, AutoChoice | None,
-                                                                                SelectivePolicy | None]:
-    """Apply the configured policy (choosing it first under auto). Returns (policy, how many layers are
-    checkpointed or None for all, the auto choice or None, the selective policy object, whose counter sizes what
-    selective checkpointing caches, or None)."""
+def resolve_policy(model, plan: RunPlan) -> tuple[str, int | None, AutoChoice | None, SelectivePolicy | None]:
+    """Apply the configured policy (under auto, the one ftprof.plan chose before the model loaded: RunPlan's
+    auto_choice). Returns (policy, how many layers are checkpointed or None for all, the auto choice or None,
+    the selective policy object, whose counter sizes what selective checkpointing caches, or None)."""
     policy = plan.config.model.checkpointing
     layers = plan.config.model.checkpoint_layers
     choice = None
     if policy == "auto":
-        choice = choose_auto(model, autocast, plan, optimizer_name)
+        choice = plan.auto_choice
         policy, layers = choice.policy, choice.layers
     selective = SelectivePolicy(plan.config.method.lora_r or 0) if policy == "selective" else None
     apply_policy(model, policy, selective, layers)

@@ -81,6 +81,7 @@ def assemble(rec: Recorded, status: Status, exc: BaseException | None = None) ->
         res.compile = _compile(rec.built, rec.kernels_applied, res.notes, cfg.model.sdpa_backend)
     if not record_steady_state(res, steps, steady, res.run.world_size) and steps:
         res.notes.append("every step was a warm-up step: no steady-state figures")
+    res.prediction = rec.plan.prediction  # made before the model loaded (ftprof/plan)
     res.memory = _memory(rec, steps)
     res.nvml = _nvml(res.memory, rec.nvml, steps, res.notes)
     res.evaluation = _evaluation(steps, rec.built)

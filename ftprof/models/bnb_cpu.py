@@ -31,7 +31,10 @@ def _reference_dequantize(A: torch.Tensor, absmax: torch.Tensor, blocksize: int,
     if A.dtype != torch.uint8:
         A = A.view(torch.uint8)
     code = _get_4bit_code(quant_type, A.device)
-    return _dequantize_4bit_compute(A.reshape(-1), absmax.float(), code, blocksize, shape, dtype)
+    # Its eager form: bitsandbytes wraps it in torch.compile(dynamic=False), which compiles once per weight shape
+    # (seconds each on a 2-core CPU) and warns at dynamo's recompile limit after eight shapes.
+    eager = getattr(_dequantize_4bit_compute, "__wrapped__", _dequantize_4bit_compute)
+    return eager(A.reshape(-1), absmax.float(), code, blocksize, shape, dtype)
 
 
 def native_dequantize_error() -> float:

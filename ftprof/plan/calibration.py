@@ -304,15 +304,22 @@ def class_key(record: dict) -> ClassKey:
 
 
 def activation_ratio(record: dict) -> float | None:
-    """measured / probed activations of a recorded run: measured = training peak - predicted static - predicted
-    transients, probed = predicted activations / the factor they were scaled by (bytes). None without a CUDA
-    peak or a prediction."""
+    """measured / probed activations of a recorded run (bytes): measured = training peak - what the prediction
+    held resident under the activations (static bytes, less the gradients unless gradients accumulate) - its
+    transients; probed = predicted activations / the factor they were scaled by. None without a CUDA peak or a
+    prediction, or where gradients, not activations, set the predicted peak (full fine-tuning, small batches)."""
     prediction = record.get("prediction") or {}
     peak, activations = record.get("training_peak"), prediction.get("activation_bytes")
     factor = prediction.get("activation_factor")
     if record.get("device_name") == "cpu" or not peak or not activations or not factor or factor <= 0:
         return None
-    measured = peak - (prediction.get("static_bytes") or 0) - (prediction.get("transient_bytes") or 0)
+    grads = prediction.get("gradient_bytes") or 0
+    accumulates = int((prediction.get("candidate") or {}).get("grad_accum") or 1) > 1
+    resident = (prediction.get("static_bytes") or 0) - (0 if accumulates else grads)
+    transients = prediction.get("transient_bytes") or 0
+    if prediction.get("peak_bytes") != resident + activations + transients:
+        return None
+    measured = peak - resident - transients
     probed = activations / factor
     return measured / probed if measured > 0 and probed > 0 else None
 
@@ -445,7 +452,9 @@ def activation_factor(key: ClassKey, records: list[dict] | None = None) -> Facto
         return Factor(statistics.median(x for _, x in local),
                       f"local store: {_runs(len(local))} ({models} {key.describe()})", len(local))
     rows = [r for r in shipped()["memory"] if class_key(r) == key and r.get("activation_ratio")]
-    if rows:
+    if rows:  # those at today's defaults where there are any (compile_loss alone moves the ratio 0.70 -> 0.55)
+        fewest = min(len(off_default(r)) for r in rows)
+        rows = [r for r in rows if len(off_default(r)) == fewest]
         models = "/".join(sorted({str(r.get("model")) for r in rows}))
         return Factor(statistics.median(float(r["activation_ratio"]) for r in rows),
                       f"shipped defaults ({_shipped_origin(rows)}: {models} {key.describe()})", len(rows))

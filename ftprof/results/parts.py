@@ -147,6 +147,7 @@ class Prediction(Record):
 
     peak_bytes: int = 0  # predicted training peak of torch's allocator per GPU (loading excluded)
     static_bytes: int = 0  # weights as stored, gradients, optimizer state (per GPU)
+    gradient_bytes: int = 0  # the gradients among them: at the peak only with gradient accumulation (ftprof/plan)
     activation_bytes: int = 0  # what autograd keeps for backward over one micro-batch: probe x activation_factor
     activation_factor: float = 1.0  # the calibration's measured / probed activations for this kind of run (compile,
     # kernels); 1.0 where nothing calibrates it

@@ -68,19 +68,6 @@ def test_a_run_records_what_it_kept_and_trains_as_before(tmp_path):
     assert runs[True].throughput.loss_last == pytest.approx(runs[False].throughput.loss_last, rel=LOSS_AFTER_STEPS)
 
 
-def test_auto_counts_the_kept_layer_in_full_estimate(tmp_path):
-    plan, built = build_run(tiny_config(tmp_path, "qlora", checkpointing="auto"))
-    auto = built.auto_choice
-    layer = dequant.largest_layer_bytes(metrics.decoder_layers(built.model), torch.float32)
-    assert auto.kept_weight_bytes == layer > 0
-    cfg = plan.config
-    tokens, vocab = cfg.data.batch_size * cfg.data.seq_len, plan.source.config.vocab_size
-    measured = {p: auto.static_bytes + auto.activations_per_token[p] * tokens + metrics.logits_gradient_bytes(
-        tokens, vocab) for p in ("none", "full")}
-    assert auto.estimated_peak["none"] == int(measured["none"])
-    assert auto.estimated_peak["full"] == int(measured["full"]) + layer
-
-
 def test_the_option_is_qlora_only():
     from ftprof.config import RunConfig
     from ftprof.errors import ConfigError

@@ -43,6 +43,14 @@ def inject_prediction(run_dir: Path, **fields) -> dict:
     return record
 
 
+def strip_prediction(run_dir: Path) -> Path:
+    """A run as one from before the predictor: ``prediction: {}``."""
+    result = read_result(run_dir)
+    result["prediction"] = {}
+    write_result(run_dir, result)
+    return run_dir
+
+
 def cuda_copy(src: Path, dst: Path, *, allocated: int, training_peak: int | None, tokens_per_s: float,
               batch_size: int) -> Path:
     """A CPU run's directory, made to look like an H200 run: allocator peaks, a training peak (or none, as older
@@ -74,7 +82,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("accuracy")
     full, lora_a, lora_b = train_tiny(root, "full", "full-a"), train_tiny(root, "lora", "lora-a"), \
         train_tiny(root, "lora", "lora-b", batch_size=2)
-    shutil.copytree(lora_a, root / "lora-none")  # an ok run from before the predictor: prediction {}
+    strip_prediction(shutil.copytree(lora_a, root / "lora-none"))  # an ok run from before the predictor
     old = root / "lora-old"  # older still: no prediction key at all
     shutil.copytree(lora_a, old)
     result = read_result(old)

@@ -9,7 +9,7 @@ import pytest
 from ftprof.plan import accuracy
 from ftprof.report.build import build_report
 from ftprof.report.prediction import CSV_NAME
-from tests.plan.test_accuracy import GIB, cuda_copy, inject_prediction, parts_bytes, read_result, train_tiny
+from tests.plan.test_accuracy import GIB, cuda_copy, inject_prediction, parts_bytes, read_result, strip_prediction, train_tiny
 
 HEADING = "## Prediction error"
 
@@ -20,6 +20,7 @@ def roots(tmp_path_factory):
     under-predicted by 20%, a lora run without a prediction."""
     plain = tmp_path_factory.mktemp("no-prediction")
     full, lora = train_tiny(plain, "full", "full-p"), train_tiny(plain, "lora", "lora-n")
+    strip_prediction(full), strip_prediction(lora)  # the predictor's own records are replaced by known ones
     predicted = tmp_path_factory.mktemp("predicted")
     shutil.copytree(full, predicted / "full-p")
     shutil.copytree(lora, predicted / "lora-n")

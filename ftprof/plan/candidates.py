@@ -1,0 +1,83 @@
+"""The configurations a plan predicts for one model and shape: method (where several are allowed), checkpointing
+(none, selective, full, and full on part of the layers), kernels, compile, and micro-batch x gradient accumulation
+at the same tokens per optimizer step.
+
+A candidate is a set of train options (``flat``): the sweep YAML of the top K, ``--verify`` and the run's own
+prediction all speak the same option names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ftprof.config import RunConfig
+
+POLICIES = ("none", "selective", "full")
+KERNEL_SETS = ("eager", "liger")
+PARTIAL_FRACTIONS = (0.25, 0.5, 0.75)  # full checkpointing on this share of the layers, besides the fewest that fit
+
+
+@dataclass(frozen=True)
+class Candidate:
+    method: str
+    checkpointing: str  # none | selective | full
+    checkpoint_layers: int | None  # checkpointed decoder layers (None: all of them; only with full)
+    kernels: str
+    compile: bool
+    batch_size: int  # micro-batch per GPU
+    grad_accum: int
+
+    def flat(self) -> dict:
+        """The candidate as train options (RunConfig.from_flat names)."""
+        out = asdict(self)
+        if out["checkpoint_layers"] is None:
+            del out["checkpoint_layers"]
+        return out
+
+    @property
+    def label(self) -> str:
+        ckpt = self.checkpointing if self.checkpoint_layers is None else f"full x{self.checkpoint_layers}"
+        parts = [self.method, f"ckpt {ckpt}", self.kernels]
+        if self.compile:
+            parts.append("compiled")
+        parts.append(f"{self.batch_size}x{self.grad_accum}")
+        return " ".join(parts)
+
+
+def of_config(cfg: RunConfig) -> Candidate:
+    """The candidate a run's configuration is (auto's policy left as the caller resolves it)."""
+    m = cfg.model
+    policy = m.checkpointing or ("full" if m.gradient_checkpointing else "none")
+    layers = m.checkpoint_layers if policy in ("full", "selective") else None
+    return Candidate(cfg.method.method, policy, layers, m.kernels, bool(m.compile), cfg.data.batch_size,
+                     cfg.train.grad_accum)
+
+
+def micro_batches(batch_size: int, grad_accum: int) -> list[tuple[int, int]]:
+    """(micro-batch, accumulation) pairs with the same sequences per optimizer step, largest micro-batch first."""
+    total = batch_size * grad_accum
+    return [(b, total // b) for b in range(total, 0, -1) if total % b == 0]
+
+
+def enumerate_candidates(methods: list[str], layer_count: int, batch_size: int, grad_accum: int,
+                         kernel_sets: tuple[str, ...] = KERNEL_SETS, compile_options: tuple[bool, ...] = (False, True),
+                         policies: tuple[str, ...] = POLICIES) -> list[Candidate]:
+    """Every combination worth predicting. Partial checkpointing (full on N of L layers) is listed at a few
+    shares of the layers; ``plan`` adds the fewest layers that fit each budget on top."""
+    out: list[Candidate] = []
+    for method in methods:
+        for kernels in kernel_sets:
+            for compiled in compile_options:
+                for micro, accum in micro_batches(batch_size, grad_accum):
+                    for policy in policies:
+                        out.append(Candidate(method, policy, None, kernels, compiled, micro, accum))
+                    if "full" in policies:
+                        for layers in partial_layers(layer_count):
+                            out.append(Candidate(method, "full", layers, kernels, compiled, micro, accum))
+    return out
+
+
+def partial_layers(layer_count: int) -> list[int]:
+    """A few partial layer counts (1 .. L-1), without repeats."""
+    counts = {max(1, min(layer_count - 1, round(f * layer_count))) for f in PARTIAL_FRACTIONS}
+    return sorted(c for c in counts if 0 < c < layer_count)

@@ -1,0 +1,130 @@
+"""Peak memory per GPU of a candidate, from the probe's exact parts (ftprof/plan/probe.py).
+
+    peak = weights + optimizer state + max(activations + transients, gradients)   (one micro-batch per step)
+    peak = weights + optimizer state + gradients + activations + transients      (gradient accumulation)
+
+- weights, gradients, optimizer state: the probe's bytes outside the layers plus L times one layer's (GPTQ-LoRA:
+  its layers' 4-bit linears re-sized to GPTQ's layout). Under FSDP2 each GPU holds 1/world of them, plus one
+  layer's weights gathered at a time.
+- activations: bytes per token for the policy times the micro-batch's tokens; with full checkpointing on N of L
+  layers, N layers at full's rate and L - N at none's. A fused loss (Liger's fused linear cross entropy) saves
+  none of the loss's logits, only the gradient of its input, which it computes in the forward. Times the
+  calibration's factor for this kind of run on a GPU (compile and fused kernels save less than the eager probe
+  measured; ftprof/plan/calibration.py). A CPU run saves what the CPU probe measured: no factor.
+- transients: the larger of the loss backward's fp32 logits gradients (none with a fused loss) and, under full
+  checkpointing, the layer being recomputed (its activations at none's rate, for QLoRA/GPTQ-LoRA its dequantized
+  weights): the loss backward is over before the first layer is recomputed.
+- gradients land as activations are freed: without accumulation the peak is the larger of the two ends of
+  backward; with accumulation the previous micro-batches' gradients are there during the next forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ftprof.plan.candidates import Candidate
+from ftprof.plan.probe import ProbeResult, gptq_bytes, nf4_bytes
+
+
+@dataclass(frozen=True)
+class MemoryPrediction:
+    peak_bytes: int
+    static_bytes: int  # weights + gradients + optimizer state
+    weights: int
+    gradients: int
+    optimizer_state: int
+    activation_bytes: int  # calibrated
+    probed_activation_bytes: int  # before the factor
+    activation_factor: float
+    transient_bytes: int
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the memory of a candidate depends on besides the candidate itself."""
+
+    seq_len: int
+    vocab: int
+    world_size: int = 1
+    shards: bool = False  # FSDP2 (several GPUs, full or LoRA methods sharded)
+    gptq_bits: int = 4
+    gptq_group_size: int = 128
+    keeps_dequantized: bool = True  # QLoRA's --keep-dequantized under full checkpointing
+    double_quant: bool = True  # QLoRA's --double-quant
+    fused_loss_bytes_per_token: int = 0  # a fused loss's gradient of its input, computed in the forward and kept
+
+
+def static_parts(probe: ProbeResult, cand: Candidate, shape: Shape) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer state) per GPU."""
+    layers = probe.layers
+    per_layer_weights = probe.per_layer.weights
+    if cand.method == "qlora":
+        packed = sum(nf4_bytes(i, o, shape.double_quant) for i, o in probe.linear_shapes)
+        per_layer_weights += packed - probe.linear_bytes
+    elif cand.method == "gptq-lora":
+        packed = sum(gptq_bytes(i, o, shape.gptq_bits, shape.gptq_group_size) for i, o in probe.linear_shapes)
+        per_layer_weights += packed - probe.linear_bytes
+    weights = probe.outside.weights + layers * per_layer_weights
+    grads = probe.outside.gradients + layers * probe.per_layer.gradients
+    state = probe.outside.optimizer_state + layers * probe.per_layer.optimizer_state
+    if shape.shards and shape.world_size > 1:
+        # FSDP2: a shard of everything, and one layer's weights gathered while it runs
+        n = shape.world_size
+        weights, grads, state = weights // n + per_layer_weights, grads // n, state // n
+    return weights, grads, state
+
+
+def activations_per_token(probe: ProbeResult, cand: Candidate, shape: Shape) -> float:
+    """Bytes per token the forward saves under the candidate's policy and kernel set."""
+    from ftprof.models.kernels import fuses_loss
+
+    outside, layer = probe.outside, probe.per_layer
+    policy, layers = cand.checkpointing, probe.layers
+    checkpointed = layers if cand.checkpoint_layers is None else cand.checkpoint_layers
+    if policy == "none":
+        checkpointed = 0
+    rate = layer.activations[policy if policy != "none" else "none"]
+    total = outside.activations[policy] + checkpointed * rate + (layers - checkpointed) * layer.activations["none"]
+    if fuses_loss(cand.kernels):
+        total += shape.fused_loss_bytes_per_token - outside.loss_activations
+    return max(total, 0.0)
+
+
+def activations_fixed(probe: ProbeResult, cand: Candidate) -> float:
+    """Bytes the forward saves once whatever its length (adapters cast to the run dtype), under the policy."""
+    outside, layer, layers = probe.outside, probe.per_layer, probe.layers
+    checkpointed = 0 if cand.checkpointing == "none" else (
+        layers if cand.checkpoint_layers is None else cand.checkpoint_layers)
+    return max(0.0, outside.activations_fixed[cand.checkpointing] + checkpointed
+               * layer.activations_fixed[cand.checkpointing] + (layers - checkpointed)
+               * layer.activations_fixed["none"])
+
+
+def transient_bytes(probe: ProbeResult, cand: Candidate, shape: Shape) -> int:
+    from ftprof.models.kernels import fuses_loss
+
+    tokens = cand.batch_size * shape.seq_len
+    logits = 0 if fuses_loss(cand.kernels) else 2 * 4 * tokens * shape.vocab  # metrics.logits_gradient_bytes
+    recompute = 0
+    if cand.checkpointing == "full":
+        recompute = int(probe.per_layer.activations["none"] * tokens)  # the layer being recomputed
+        quantized = cand.method == "gptq-lora" or (cand.method == "qlora" and shape.keeps_dequantized)
+        if quantized:
+            recompute += probe.linear_bytes  # the layer's 4-bit weights dequantized to the run dtype
+    # The loss backward runs first and is done before any layer is recomputed: the two never coexist (measured on
+    # an H200, QLoRA full checkpointing: the peak above the other parts was the logits gradients alone).
+    return max(logits, recompute)
+
+
+def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: float = 1.0) -> MemoryPrediction:
+    weights, grads, state = static_parts(probe, cand, shape)
+    tokens = cand.batch_size * shape.seq_len
+    probed = int(activations_per_token(probe, cand, shape) * tokens + activations_fixed(probe, cand))
+    activations = int(probed * factor)
+    transients = transient_bytes(probe, cand, shape)
+    if cand.grad_accum > 1:
+        dynamic = grads + activations + transients
+    else:
+        dynamic = max(activations + transients, grads)
+    return MemoryPrediction(weights + state + dynamic, weights + grads + state, weights, grads, state, activations,
+                            probed, factor, transients)

@@ -1,0 +1,108 @@
+"""A candidate -> its Prediction (result.json's ``prediction`` record): the one entry point for ``ftprof plan``,
+``--checkpointing auto``, ``--memory-limit-gib`` and the prediction every run records.
+
+Memory: the probe's parts (probe.py) by the memory model (memory.py), activations times the calibration's factor
+for the run's class. Speed: FLOPs per token (speed.py) over the calibrated rate of the target GPU
+(calibration.py); None where nothing calibrates that GPU, and the record says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from ftprof.config import RunConfig
+from ftprof.plan import calibration, memory, speed
+from ftprof.plan.candidates import Candidate
+from ftprof.plan.probe import ProbeResult, probe
+from ftprof.results.parts import Prediction
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a prediction is for: the GPU by the name torch gives it ("cpu" on CPU), how many of them and whether
+    FSDP2 shards the model over them."""
+
+    device_name: str
+    world_size: int = 1
+    shards: bool = False
+
+
+@dataclass
+class Planner:
+    """Predictions for one model and shape (a resolved RunConfig, its model source and dtype) on one target."""
+
+    cfg: RunConfig
+    source: object  # ftprof.models.source.ModelSource
+    dtype: str
+    target: Target
+    records: list = field(default_factory=list)  # the calibration store's records, read once
+    probes: dict = field(default_factory=dict)  # method -> ProbeResult, measured (or read from the cache) once
+    calibrate_memory: bool = True  # False: the probe's activations as they are (deriving the calibration itself)
+
+    def probe(self, method: str) -> ProbeResult:
+        if method not in self.probes:
+            cfg = dataclasses.replace(self.cfg, method=self.cfg.method.for_method(method, self.dtype, preset=True))
+            self.probes[method] = probe(cfg, self.source, self.dtype)
+        return self.probes[method]
+
+    def predict(self, cand: Candidate) -> Prediction:
+        result = self.probe(cand.method)
+        key = calibration.ClassKey(cand.method, cand.checkpointing, cand.kernels, cand.compile)
+        factor = (calibration.activation_factor(key, records=self.records)
+                  if self.calibrate_memory and self.target.device_name != "cpu"
+                  else calibration.Factor(1.0, "probe (uncalibrated)" if self.calibrate_memory else
+                                          "probe (a CPU run saves what the CPU probe measures)", 0))
+        mem = memory.predict_memory(result, cand, self.shape(), factor.activation_ratio)
+        flops = speed.flops_per_token(result, cand, self.cfg.data.seq_len, self.attn_dim)
+        micro_tokens = cand.batch_size * self.cfg.data.seq_len
+        rate = calibration.speed_rate(self.target.device_name, key, flops.model, micro_tokens,
+                                      records=self.records)
+        tps = speed.tokens_per_s(flops, rate.flops_per_s, self.target.world_size) if rate else None
+        return Prediction(
+            peak_bytes=mem.peak_bytes, static_bytes=mem.static_bytes, gradient_bytes=mem.gradients,
+            activation_bytes=mem.activation_bytes,
+            activation_factor=factor.activation_ratio, transient_bytes=mem.transient_bytes, tokens_per_s=tps,
+            memory_source=_memory_source(result, factor), speed_source=rate.source if rate else (
+                f"no calibration for {self.target.device_name}: run ftprof on it once, or plan with --gpu"),
+            device=self.target.device_name, candidate={**cand.flat(), "seq_len": self.cfg.data.seq_len})
+
+    def shape(self) -> memory.Shape:
+        from ftprof.runtime import torch_dtype
+
+        m, config = self.cfg.method, self.source.config
+        return memory.Shape(self.cfg.data.seq_len, config.vocab_size, self.target.world_size,
+                            self.target.shards, m.gptq_bits or 4, m.gptq_group_size or 128,
+                            m.keep_dequantized is not False, m.double_quant is not False,
+                            config.hidden_size * torch_dtype(self.dtype).itemsize)
+
+    @property
+    def attn_dim(self) -> int:
+        from ftprof.metrics import attention_dims
+
+        return attention_dims(self.source.config)[1]
+
+    @property
+    def layer_count(self) -> int:
+        return self.source.config.num_hidden_layers
+
+
+def planner(cfg: RunConfig, source, dtype: str, target: Target) -> Planner:
+    return Planner(cfg, source, dtype, target, calibration.load_records())
+
+
+def _memory_source(result: ProbeResult, factor) -> str:
+    probed = f"2-layer probe of {result.probed_as}"
+    if factor.runs == 0:
+        return f"{probed}; {factor.source}"
+    return f"{probed} x {factor.activation_ratio:.2f} on activations ({factor.source})"
+
+
+def run_target(cfg: RunConfig, device, shards: bool) -> Target:
+    """The target of a run on this machine: its own GPU (or the CPU), its processes."""
+    name = "cpu"
+    if device.type == "cuda":
+        import torch
+
+        name = torch.cuda.get_device_name(device)
+    return Target(name, cfg.distributed.world_size, shards)

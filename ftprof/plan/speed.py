@@ -1,0 +1,46 @@
+"""Tokens/s of a candidate: FLOPs per token (README "Definitions", from the probe's matmul counts) over the rate a
+GPU achieves on that kind of run (ftprof/plan/calibration.py).
+
+    tokens/s = rate x GPUs / (model FLOPs + recomputed FLOPs) per token
+
+The rate is achieved FLOP/s per GPU counting recomputation (HFU's numerator), measured on runs of the same class
+(method, checkpointing policy, kernels, compile) nearest in model size and micro-batch: recomputation is work the
+GPU does at about the rate of the rest, so a policy's cost shows up through its FLOPs, and what FLOPs miss (the
+elementwise recomputation of selective checkpointing, fused kernels, launch gaps) through its class's rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ftprof.plan.candidates import Candidate
+from ftprof.plan.probe import ProbeResult
+
+
+@dataclass(frozen=True)
+class FlopsPerToken:
+    model: float  # MFU's numerator per token
+    recomputed: float  # what checkpointing runs again per token (HFU adds it)
+
+    @property
+    def executed(self) -> float:
+        return self.model + self.recomputed
+
+
+def flops_per_token(probe: ProbeResult, cand: Candidate, seq_len: int, attn_dim: int) -> FlopsPerToken:
+    """The same count a run records (ftprof.metrics), from the probe's parts: 6 N_trainable + 4 N_frozen +
+    12 L d T, and under full checkpointing 2 N_recomputed + 4 L d T over the checkpointed layers."""
+    layers, out, per = probe.layers, probe.outside, probe.per_layer
+    trainable = out.matmul_trainable + layers * per.matmul_trainable
+    frozen = out.matmul_frozen + layers * per.matmul_frozen
+    model = 6.0 * trainable + 4.0 * frozen + 12.0 * layers * attn_dim * seq_len
+    recomputed = 0.0
+    if cand.checkpointing == "full":
+        checkpointed = layers if cand.checkpoint_layers is None else cand.checkpoint_layers
+        recomputed = checkpointed * (2.0 * per.matmul_recomputed + 4.0 * attn_dim * seq_len)
+    return FlopsPerToken(model, recomputed)
+
+
+def tokens_per_s(flops: FlopsPerToken, rate_flops_per_s: float, world_size: int = 1) -> float:
+    """Global tokens/s (summed over GPUs)."""
+    return rate_flops_per_s * world_size / flops.executed
