@@ -7,6 +7,7 @@ import sys
 from ftprof.cli.bench import bench_parser
 from ftprof.cli.common import OneLineErrorParser
 from ftprof.cli.help import install_short_help
+from ftprof.cli.plan import plan_parser
 from ftprof.cli.profile import profile_parser
 from ftprof.cli.report import report_parser
 from ftprof.cli.train import train_parser
@@ -24,6 +25,7 @@ def build_parser() -> OneLineErrorParser:
     profile_parser(subparsers)
     bench_parser(subparsers)
     report_parser(subparsers)
+    plan_parser(subparsers)
     install_short_help(parser)  # train and profile: --help the options most runs use, --help-all every one
     return parser
 

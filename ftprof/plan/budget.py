@@ -80,16 +80,18 @@ def closest_fit(planner: Planner, cand: Candidate, budget: int, methods: tuple[s
     """The configuration nearest ``cand`` that fits ``budget``: another policy first, then another micro-batch
     (same tokens per step), then the fused kernels, then another method; among those that fit at the first
     distance that has any, the fastest predicted (the least memory where no speed is predicted)."""
+    kernel_sets = (cand.kernels,) if planner.target.device_name == "cpu" else (cand.kernels, "liger")
     steps = [
         [dataclasses.replace(cand, checkpointing=p, checkpoint_layers=None) for p in ("none", "selective", "full")],
         [dataclasses.replace(cand, checkpointing=p, checkpoint_layers=None, batch_size=b, grad_accum=a)
          for b, a in micro_batches(cand.batch_size, cand.grad_accum) for p in ("none", "selective", "full")],
         [dataclasses.replace(cand, checkpointing=p, checkpoint_layers=None, kernels="liger", batch_size=b,
                              grad_accum=a)
-         for b, a in micro_batches(cand.batch_size, cand.grad_accum) for p in ("none", "selective", "full")],
+         for b, a in micro_batches(cand.batch_size, cand.grad_accum) for p in ("none", "selective", "full")
+         if "liger" in kernel_sets],
         [dataclasses.replace(cand, method=m, checkpointing=p, checkpoint_layers=None, kernels=k, batch_size=b,
                              grad_accum=a)
-         for m in methods if m != cand.method for k in (cand.kernels, "liger")
+         for m in methods if m != cand.method for k in kernel_sets
          for b, a in micro_batches(cand.batch_size, cand.grad_accum) for p in ("none", "selective", "full")],
     ]
     for group in steps:

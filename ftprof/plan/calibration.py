@@ -68,6 +68,7 @@ class Rate:
     flops_per_s: float  # achieved (model + recomputed) FLOP/s per GPU
     source: str  # one human line: where the rate came from
     runs: int
+    micro_batch_tokens: int = 0  # the micro-batch the rate was measured at (the chosen runs' median)
 
 
 @dataclass(frozen=True)
@@ -377,7 +378,8 @@ def _rate(rows: list[dict], key: ClassKey, flops_per_token: float, micro_batch_t
           source: Callable[[list[dict], str], str], scale: float = 1.0) -> Rate:
     chosen = _nearest(rows, flops_per_token, micro_batch_tokens)
     rate = statistics.median(_speed_point(r)[2] for r in chosen) * scale
-    return Rate(rate, source(chosen, _describe(chosen, key)), len(chosen))
+    tokens = int(statistics.median(_speed_point(r)[1] for r in chosen))
+    return Rate(rate, source(chosen, _describe(chosen, key)), len(chosen), tokens)
 
 
 def _runs(n: int) -> str:

@@ -52,15 +52,17 @@ def predict_run(cfg: RunConfig, source, device, dtype: str, shards: bool) -> Run
 
 
 def _refusal(what: str, p: Planner, cand: Candidate, pred: Prediction, budget_bytes: int) -> str:
-    line = (f"{what}: {cand.label} is predicted to peak at {pred.peak_bytes / GIB:.1f} GiB per GPU, over the "
-            f"{budget_bytes / GIB:.1f} GiB it may use")
+    from ftprof.plan.output import gib
+
+    line = (f"{what}: {cand.label} is predicted to peak at {gib(pred.peak_bytes)} GiB per GPU, over the "
+            f"{gib(max(0, budget_bytes))} GiB it may use")
     closest = budget.closest_fit(p, cand, budget_bytes, METHODS_NEARBY.get(cand.method, ()))
     if closest is None:
         return line + "; no policy, micro-batch, kernel set or nearby method fits either"
     other, other_pred = closest
     speed = f", ~{other_pred.tokens_per_s:,.0f} tokens/s" if other_pred.tokens_per_s else ""
     return (line + f"; closest that fits: {budget.describe_change(cand, other)} "
-            f"({other_pred.peak_bytes / GIB:.1f} GiB predicted{speed})")
+            f"({gib(other_pred.peak_bytes)} GiB predicted{speed})")
 
 
 def _tight_note(pred: Prediction, available: int) -> str | None:

@@ -116,15 +116,27 @@ def transient_bytes(probe: ProbeResult, cand: Candidate, shape: Shape) -> int:
     return max(logits, recompute)
 
 
-def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: float = 1.0) -> MemoryPrediction:
+def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: float = 1.0,
+                   rest_factor: float | None = None) -> MemoryPrediction:
+    """``factor`` scales the policy's activations; ``rest_factor`` those of the layers partial checkpointing leaves
+    unchecked (none's; default ``factor``)."""
     weights, grads, state = static_parts(probe, cand, shape)
     tokens = cand.batch_size * shape.seq_len
-    probed = int(activations_per_token(probe, cand, shape) * tokens + activations_fixed(probe, cand))
-    activations = int(probed * factor)
+    probed = activations_per_token(probe, cand, shape) * tokens + activations_fixed(probe, cand)
+    unchecked = _unchecked_layers(probe, cand)
+    rest = unchecked * (probe.per_layer.activations["none"] * tokens + probe.per_layer.activations_fixed["none"])
+    rest = min(rest, probed)
+    activations = int((probed - rest) * factor + rest * (factor if rest_factor is None else rest_factor))
     transients = transient_bytes(probe, cand, shape)
     if cand.grad_accum > 1:
         dynamic = grads + activations + transients
     else:
         dynamic = max(activations + transients, grads)
     return MemoryPrediction(weights + state + dynamic, weights + grads + state, weights, grads, state, activations,
-                            probed, factor, transients)
+                            int(probed), activations / probed if probed else factor, transients)
+
+
+def _unchecked_layers(probe: ProbeResult, cand: Candidate) -> int:
+    if cand.checkpointing == "none" or cand.checkpoint_layers is None:
+        return 0
+    return probe.layers - cand.checkpoint_layers

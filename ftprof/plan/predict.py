@@ -49,23 +49,31 @@ class Planner:
     def predict(self, cand: Candidate) -> Prediction:
         result = self.probe(cand.method)
         key = calibration.ClassKey(cand.method, cand.checkpointing, cand.kernels, cand.compile)
-        factor = (calibration.activation_factor(key, records=self.records)
-                  if self.calibrate_memory and self.target.device_name != "cpu"
-                  else calibration.Factor(1.0, "probe (uncalibrated)" if self.calibrate_memory else
-                                          "probe (a CPU run saves what the CPU probe measures)", 0))
-        mem = memory.predict_memory(result, cand, self.shape(), factor.activation_ratio)
+        factor = self.factor(key)
+        # Partial checkpointing: the layers left unchecked save what none saves, calibrated as none is.
+        rest = self.factor(dataclasses.replace(key, policy="none")) if cand.checkpoint_layers else factor
+        mem = memory.predict_memory(result, cand, self.shape(), factor.activation_ratio, rest.activation_ratio)
         flops = speed.flops_per_token(result, cand, self.cfg.data.seq_len, self.attn_dim)
         micro_tokens = cand.batch_size * self.cfg.data.seq_len
         rate = calibration.speed_rate(self.target.device_name, key, flops.model, micro_tokens,
                                       records=self.records)
+        rate = speed.at_micro_batch(rate, micro_tokens) if rate else None
         tps = speed.tokens_per_s(flops, rate.flops_per_s, self.target.world_size) if rate else None
         return Prediction(
             peak_bytes=mem.peak_bytes, static_bytes=mem.static_bytes, gradient_bytes=mem.gradients,
             activation_bytes=mem.activation_bytes,
-            activation_factor=factor.activation_ratio, transient_bytes=mem.transient_bytes, tokens_per_s=tps,
+            activation_factor=mem.activation_factor, transient_bytes=mem.transient_bytes, tokens_per_s=tps,
             memory_source=_memory_source(result, factor), speed_source=rate.source if rate else (
                 f"no calibration for {self.target.device_name}: run ftprof on it once, or plan with --gpu"),
             device=self.target.device_name, candidate={**cand.flat(), "seq_len": self.cfg.data.seq_len})
+
+    def factor(self, key) -> calibration.Factor:
+        """measured / probed activations for runs of this class on a GPU; a CPU run saves what the probe saw."""
+        if not self.calibrate_memory:
+            return calibration.Factor(1.0, "probe (uncalibrated)", 0)
+        if self.target.device_name == "cpu":
+            return calibration.Factor(1.0, "probe (a CPU run saves what the CPU probe measures)", 0)
+        return calibration.activation_factor(key, records=self.records)
 
     def shape(self) -> memory.Shape:
         from ftprof.runtime import torch_dtype

@@ -7,14 +7,21 @@ The rate is achieved FLOP/s per GPU counting recomputation (HFU's numerator), me
 (method, checkpointing policy, kernels, compile) nearest in model size and micro-batch: recomputation is work the
 GPU does at about the rate of the rest, so a policy's cost shows up through its FLOPs, and what FLOPs miss (the
 elementwise recomputation of selective checkpointing, fused kernels, launch gaps) through its class's rate.
+
+A micro-batch other than the one the rate was measured at: each micro-batch pays a fixed cost (launch gaps, the
+optimizer's share, small GEMMs' lower efficiency) assumed at MICRO_BATCH_OVERHEAD of the measured step, the GPU's
+idle share in the profile of the compiled QLoRA step on an H200 (4.9%); the store replaces the assumption as soon
+as it holds the class at that micro-batch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ftprof.plan.candidates import Candidate
 from ftprof.plan.probe import ProbeResult
+
+MICRO_BATCH_OVERHEAD = 0.05  # of the measured micro-batch's time, paid once per micro-batch (see above)
 
 
 @dataclass(frozen=True)
@@ -44,3 +51,15 @@ def flops_per_token(probe: ProbeResult, cand: Candidate, seq_len: int, attn_dim:
 def tokens_per_s(flops: FlopsPerToken, rate_flops_per_s: float, world_size: int = 1) -> float:
     """Global tokens/s (summed over GPUs)."""
     return rate_flops_per_s * world_size / flops.executed
+
+
+def at_micro_batch(rate, micro_batch_tokens: int):
+    """The calibration's Rate moved to ``micro_batch_tokens`` (ftprof.plan.calibration.Rate; unchanged when it was
+    measured there)."""
+    ref = rate.micro_batch_tokens
+    if not ref or ref == micro_batch_tokens:
+        return rate
+    scale = 1.0 / ((1 - MICRO_BATCH_OVERHEAD) + MICRO_BATCH_OVERHEAD * ref / micro_batch_tokens)
+    note = (f"; at {micro_batch_tokens:,} tokens/micro-batch x{scale:.2f} (a {MICRO_BATCH_OVERHEAD:.0%} "
+            "per-micro-batch overhead assumed)")
+    return replace(rate, flops_per_s=rate.flops_per_s * scale, source=rate.source + note)

@@ -1,0 +1,129 @@
+"""`ftprof plan METHOD[,METHOD...]`: predict each configuration's peak memory per GPU and tokens/s before anything
+trains; rank them against a memory budget; write plan.json, plan.csv and a sweep of the top K; --verify K runs
+them and prints predicted against measured."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ftprof.cli.common import add_common_arguments, config_from_args
+from ftprof.config import METHODS
+from ftprof.errors import ConfigError
+
+PLAN_OPTIONS = {"gpu", "gpus", "top", "show", "verify", "plan_dir", "methods"}
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def plan_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "plan", help="predict peak memory and tokens/s of every configuration before training, and rank them",
+        description="Predict, for one model and shape, each configuration's peak memory per GPU and tokens/s "
+                    "(methods, checkpointing none/selective/full and partial, kernels, compile, micro-batch x "
+                    "gradient accumulation at the same tokens per step) without training the model: memory from a "
+                    "two-layer probe of the model on the CPU, speed from FLOPs and the calibration store. Ranks "
+                    "them against --memory-limit-gib (or the GPU's memory), writes plan.json, plan.csv and "
+                    "plan-sweep.yaml (the top K, for ftprof bench).")
+    parser.add_argument("methods", metavar="METHOD[,METHOD...]",
+                        help=f"the methods to compare: one of {', '.join(METHODS)}, several comma-separated, or all")
+    parser.add_argument("--gpu", metavar="NAME", help="plan for this GPU (e.g. h200, h100, a100-80gb, l4, rtx4090) "
+                        "instead of this machine's: works on a CPU machine too")
+    parser.add_argument("--gpus", type=_positive, default=1, help="GPUs per run (FSDP2 shards the model over them)")
+    parser.add_argument("--top", type=_positive, default=5, help="configurations in plan-sweep.yaml (default 5)")
+    parser.add_argument("--show", type=_positive, default=15, help="rows of the table (default 15)")
+    parser.add_argument("--verify", type=_positive, metavar="K", help="run the top K with ftprof bench and print "
+                        "predicted against measured")
+    parser.add_argument("--plan-dir", help="where the plan's files go (default: <output-dir>/plan-<model>)")
+    add_common_arguments(parser)
+    parser.set_defaults(func=plan_command)
+    return parser
+
+
+def parse_methods(text: str) -> tuple[str, ...]:
+    names = METHODS if text.strip() == "all" else tuple(m.strip() for m in text.split(",") if m.strip())
+    for name in names:
+        if name not in METHODS:
+            raise ConfigError(f"plan: unknown method '{name}'; choose from {', '.join(METHODS)} or all")
+    if not names:
+        raise ConfigError("plan: give at least one method")
+    return tuple(dict.fromkeys(names))
+
+
+def plan_request(args: argparse.Namespace):
+    """The request from the command line: every check that needs no torch, done (one line, exit 2 on a problem)."""
+    from ftprof.checks import check_before_load
+    from ftprof.plan.gpus import gpu_named
+    from ftprof.plan.make import PlanRequest
+
+    methods = parse_methods(args.methods)
+    if args.gpu is not None:
+        gpu_named(args.gpu)
+    given = {k: v for k, v in vars(args).items() if k not in PLAN_OPTIONS | {"func", "command"}}
+    lora_like = [m for m in methods if m != "full"]
+    cfg = config_from_args(argparse.Namespace(**given, method=(lora_like or list(methods))[0]))
+    check_before_load(cfg)
+    return PlanRequest(cfg, methods, args.gpu, args.gpus, args.top), given
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    request, given = plan_request(args)
+    from ftprof.console import make_console
+    from ftprof.plan import output
+    from ftprof.plan.make import make_plan
+
+    console = make_console()
+    plan = make_plan(request)
+    if not plan.fitting:
+        raise ConfigError(nothing_fits(plan))  # one line, exit 2
+    out_dir = Path(args.plan_dir or Path(request.cfg.output.output_dir) / f"plan-{_slug(request.cfg.model.model)}")
+    from ftprof.bench.sweep import SWEEP_ONLY
+
+    per_experiment = {"method", "checkpointing", "checkpoint_layers", "kernels", "compile", "batch_size", "grad_accum"}
+    base = {k: v for k, v in given.items() if k not in per_experiment | SWEEP_ONLY}
+    paths = output.write(plan, out_dir.expanduser(), request.top, base)
+    console.print(output.table(plan, args.show))
+    for line in output.sources(plan):
+        console.print(line)
+    console.print(f"{len(plan.fitting)} of {len(plan.rows)} configurations fit; plan in {plan.seconds:.1f} s "
+                  f"(probes {plan.probe_seconds:.1f} s); files: {paths['json']}, {paths['csv']}, {paths['sweep']}")
+    if args.verify:
+        return _verify(plan, paths["sweep"], out_dir, args.verify, request, base, console)
+    return 0
+
+
+def nothing_fits(plan) -> str:
+    from ftprof.plan.output import gib
+
+    least = min(plan.rows, key=lambda r: r.prediction.peak_bytes)
+    return (f"no configuration of {', '.join(plan.request.methods)} fits {gib(max(0, plan.budget_bytes))} GiB per GPU "
+            f"({plan.usable_from}, less a {gib(plan.margin_bytes)} GiB margin): the least memory is "
+            f"{least.candidate.label} at {gib(least.prediction.peak_bytes)} GiB predicted")
+
+
+def _verify(plan, sweep_path: Path, out_dir: Path, k: int, request, base: dict, console) -> int:
+    from ftprof.plan import output, verify
+
+    top = out_dir / "verify-sweep.yaml"
+    top.write_text(output.sweep_yaml(plan, k, base))
+    run_dirs = verify.run_top(top, out_dir / "verify")
+    table, summary, rows = verify.compare(run_dirs)
+    console.print(table.to_string(index=False) if len(table) else "no run finished with a prediction")
+    if len(summary):
+        console.print(summary.to_string(index=False))
+    failed = [f"{r.get('run_name')}: {r.get('status')}" for r in rows if r.get("status") != "ok"]
+    for line in failed:
+        console.print(f"not ok: {line}")
+    return 0 if not failed and len(table) else 1
+
+
+def _slug(model: str) -> str:
+    return model.strip("/").split("/")[-1] or "model"

@@ -1,0 +1,144 @@
+"""``ftprof plan``: every candidate configuration for a model and shape, predicted and ranked against a memory
+budget, without training the model (``make_plan``).
+
+Ranking: the configurations that fit the budget (less auto's margin) first, fastest predicted first (those without
+a speed prediction after, least memory first); then the ones that do not fit, least memory first, each with why.
+For full checkpointing the fewest layers that fit the budget are added to the candidates: the partial policy
+``--checkpointing auto`` would pick.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+from ftprof.config import RunConfig
+from ftprof.plan import budget, candidates
+from ftprof.plan.candidates import Candidate
+from ftprof.plan.predict import Planner, Target, planner
+from ftprof.results.parts import Prediction
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    cfg: RunConfig  # the common options; its method is the first of ``methods``
+    methods: tuple[str, ...]
+    gpu: str | None = None  # --gpu NAME: plan for this card instead of this machine's
+    gpus: int = 1  # GPUs per run (FSDP2 shards the model over them)
+    top: int = 5  # the sweep file's configurations
+
+
+@dataclass
+class Row:
+    candidate: Candidate
+    prediction: Prediction
+    fits: bool
+    headroom_bytes: int  # budget less the predicted peak (negative: over)
+    why_not: str = ""  # why a configuration does not make the list
+
+
+@dataclass
+class Plan:
+    request: PlanRequest
+    target: Target
+    usable_bytes: int  # memory a run may use per GPU: --memory-limit-gib, the card's, or what is free here
+    usable_from: str  # where that figure came from
+    margin_bytes: int
+    rows: list[Row] = field(default_factory=list)
+    layer_count: int = 0  # the model's decoder layers
+    seconds: float = 0.0
+    probe_seconds: float = 0.0  # the probes' own time (0 when every probe came from the cache)
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.usable_bytes - self.margin_bytes
+
+    @property
+    def fitting(self) -> list[Row]:
+        return [r for r in self.rows if r.fits]
+
+
+def make_plan(req: PlanRequest) -> Plan:
+    started = time.perf_counter()
+    cfg, source, target, dtype, usable, usable_from = _context(req)
+    p = planner(cfg, source, dtype, target)
+    margin = budget.margin_for(usable)
+    plan = Plan(req, target, usable, usable_from, margin, layer_count=p.layer_count)
+    on_gpu = target.device_name != "cpu"
+    pool = candidates.enumerate_candidates(list(req.methods), p.layer_count, cfg.data.batch_size,
+                                           cfg.train.grad_accum, kernel_sets=candidates.KERNEL_SETS if on_gpu
+                                           else ("eager",), compile_options=(False, True) if on_gpu else (False,))
+    pool += _fewest_layers(p, pool, plan.budget_bytes)
+    plan.rows = _rank([_row(p, c, plan.budget_bytes) for c in dict.fromkeys(pool)])
+    plan.seconds = time.perf_counter() - started
+    plan.probe_seconds = sum(r.seconds for r in p.probes.values())
+    return plan
+
+
+def _context(req: PlanRequest):
+    """(config with the method resolved, model source, target, dtype, usable bytes per GPU, where from)."""
+    from ftprof.models.source import resolve_model_source
+    from ftprof.plan.gpus import gpu_named
+
+    cfg = req.cfg
+    source = resolve_model_source(cfg.model.model)
+    limit = cfg.output.memory_limit_gib
+    if req.gpu is not None:
+        gpu = gpu_named(req.gpu)
+        target, dtype = Target(gpu.name, req.gpus, req.gpus > 1), _dtype(cfg, "cuda")
+        usable, usable_from = gpu.usable_bytes, f"{gpu.name}: {gpu.memory_gib:.1f} GiB less the CUDA context"
+    else:
+        target, dtype, usable, usable_from = _this_machine(cfg, req.gpus)
+    if limit is not None:
+        usable, usable_from = int(limit * (1 << 30)), f"--memory-limit-gib {limit:g}"
+    method = cfg.method.for_method(req.methods[0], dtype, preset=source.kind == "preset")
+    return dataclasses.replace(cfg, method=method), source, target, dtype, usable, usable_from
+
+
+def _dtype(cfg: RunConfig, device_type: str) -> str:
+    if cfg.model.dtype != "auto":
+        return cfg.model.dtype
+    return "bfloat16" if device_type == "cuda" else "float32"
+
+
+def _this_machine(cfg: RunConfig, gpus: int):
+    from ftprof.engine.checkpointing import available_memory
+    from ftprof.runtime import resolve_device
+
+    device = resolve_device(cfg.output.device)
+    if device.type == "cuda":
+        import torch
+
+        name = torch.cuda.get_device_name(device)
+        return (Target(name, gpus, gpus > 1), _dtype(cfg, "cuda"), available_memory(device),
+                f"{name}: free now")
+    return Target("cpu"), _dtype(cfg, "cpu"), available_memory(device), "this machine's available host memory"
+
+
+def _fewest_layers(p: Planner, pool: list[Candidate], budget_bytes: int) -> list[Candidate]:
+    """For each (method, kernels, compile, micro-batch) whose none and selective do not fit: full checkpointing on
+    the fewest layers that do."""
+    out = []
+    for cand in {dataclasses.replace(c, checkpointing="full", checkpoint_layers=None) for c in pool}:
+        layers = budget.fewest_layers(p, cand, budget_bytes)
+        if layers is not None:
+            out.append(dataclasses.replace(cand, checkpoint_layers=layers))
+    return sorted(out, key=lambda c: c.label)
+
+
+def _row(p: Planner, cand: Candidate, budget_bytes: int) -> Row:
+    pred = p.predict(cand)
+    headroom = budget_bytes - pred.peak_bytes
+    row = Row(cand, pred, headroom >= 0, headroom)
+    if not row.fits:
+        row.why_not = f"over the budget by {-headroom / (1 << 30):.2f} GiB"
+    return row
+
+
+def _rank(rows: list[Row]) -> list[Row]:
+    def key(r: Row):
+        speed = r.prediction.tokens_per_s
+        return (not r.fits, speed is None, -(speed or 0.0) if r.fits else 0.0, r.prediction.peak_bytes)
+
+    return sorted(rows, key=key)

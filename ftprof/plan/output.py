@@ -1,0 +1,100 @@
+"""What ``ftprof plan`` shows and writes: the ranked table (rich in a terminal), plan.json and plan.csv (every
+candidate, bytes and tokens/s), and plan-sweep.yaml: the top K configurations that fit, ready for ``ftprof bench``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from ftprof.metrics import GIB
+from ftprof.plan.make import Plan, Row
+from ftprof.results.store import write_text_atomic
+
+JSON_NAME, CSV_NAME, SWEEP_NAME = "plan.json", "plan.csv", "plan-sweep.yaml"
+COLUMNS = ("rank", "method", "checkpointing", "checkpoint_layers", "kernels", "compile", "batch_size", "grad_accum",
+           "fits", "peak_gib", "headroom_gib", "tokens_per_s", "why_not", "memory_source", "speed_source")
+
+
+def row_dict(rank: int, row: Row) -> dict:
+    c, p = row.candidate, row.prediction
+    return {"rank": rank, "method": c.method, "checkpointing": c.checkpointing,
+            "checkpoint_layers": c.checkpoint_layers, "kernels": c.kernels, "compile": c.compile,
+            "batch_size": c.batch_size, "grad_accum": c.grad_accum, "fits": row.fits,
+            "peak_gib": round(p.peak_bytes / GIB, 4), "headroom_gib": round(row.headroom_bytes / GIB, 4),
+            "tokens_per_s": None if p.tokens_per_s is None else round(p.tokens_per_s),
+            "why_not": row.why_not, "memory_source": p.memory_source, "speed_source": p.speed_source}
+
+
+def plan_json(plan: Plan) -> dict:
+    req = plan.request
+    return {"model": req.cfg.model.model, "seq_len": req.cfg.data.seq_len, "methods": list(req.methods),
+            "target": plan.target.device_name, "gpus": plan.target.world_size,
+            "usable_bytes": plan.usable_bytes, "usable_from": plan.usable_from, "margin_bytes": plan.margin_bytes,
+            "budget_bytes": plan.budget_bytes, "seconds": round(plan.seconds, 2),
+            "probe_seconds": round(plan.probe_seconds, 2),
+            "rows": [{**row_dict(i + 1, r), "prediction": r.prediction.to_dict()} for i, r in enumerate(plan.rows)]}
+
+
+def sweep_yaml(plan: Plan, top: int, base: dict) -> str:
+    """A sweep of the top ``top`` configurations that fit: ``base`` (the options given) plus one experiment each."""
+    import yaml
+
+    experiments = [r.candidate.flat() for r in plan.fitting[:top]]
+    name = f"plan-{plan.request.cfg.model.model.strip('/').split('/')[-1]}"
+    text = yaml.safe_dump({"name": name, "base": base, "experiments": experiments}, sort_keys=False)
+    return f"# ftprof plan's top {len(experiments)} for {plan.target.device_name}: run with ftprof bench\n{text}"
+
+
+def write(plan: Plan, out_dir: Path, top: int, base: dict) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / JSON_NAME, "csv": out_dir / CSV_NAME, "sweep": out_dir / SWEEP_NAME}
+    write_text_atomic(paths["json"], json.dumps(plan_json(plan), indent=1) + "\n")
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS)
+    writer.writeheader()
+    for i, r in enumerate(plan.rows):
+        writer.writerow(row_dict(i + 1, r))
+    write_text_atomic(paths["csv"], buf.getvalue())
+    write_text_atomic(paths["sweep"], sweep_yaml(plan, top, base))
+    return paths
+
+
+def table(plan: Plan, shown: int):
+    """The ranked table: every configuration that fits up to ``shown``, then the closest few that do not."""
+    from rich.table import Table
+
+    t = Table(title=f"ftprof plan: {plan.request.cfg.model.model} on {plan.target.device_name}"
+                    f"{f' x{plan.target.world_size}' if plan.target.world_size > 1 else ''}, budget "
+                    f"{plan.budget_bytes / GIB:.1f} GiB per GPU ({plan.usable_from}, less a "
+                    f"{plan.margin_bytes / GIB:.1f} GiB margin)", header_style="bold")
+    for name in ("#", "method", "checkpointing", "kernels", "compile", "batch x accum", "peak GiB", "headroom GiB",
+                 "tokens/s", "why not"):
+        t.add_column(name, justify="right" if name in ("#", "peak GiB", "headroom GiB", "tokens/s") else "left")
+    rows = plan.fitting[:shown] + [r for r in plan.rows if not r.fits][:3]
+    for r in rows:
+        d = row_dict(plan.rows.index(r) + 1, r)
+        ckpt = d["checkpointing"] if d["checkpoint_layers"] is None else (
+            f"full on {d['checkpoint_layers']} of {plan.layer_count} layers")
+        t.add_row(str(d["rank"]), d["method"], ckpt, d["kernels"], "yes" if d["compile"] else "no",
+                  f"{d['batch_size']} x {d['grad_accum']}", gib(r.prediction.peak_bytes),
+                  ("+" if r.headroom_bytes >= 0 else "-") + gib(abs(r.headroom_bytes)),
+                  "-" if d["tokens_per_s"] is None else f"{d['tokens_per_s']:,}", d["why_not"],
+                  style=None if r.fits else "dim")
+    return t
+
+
+def gib(nbytes: float) -> str:
+    """GiB with the digits that matter: 61.5, 9.73, 0.0042."""
+    value = nbytes / GIB
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}" if value >= 0.1 else f"{value:.2g}"
+
+
+def sources(plan: Plan) -> list[str]:
+    """Where the top row's figures come from: one line each."""
+    if not plan.rows:
+        return []
+    p = plan.rows[0].prediction
+    return [f"memory: {p.memory_source}", f"speed: {p.speed_source}"]

@@ -1,0 +1,85 @@
+"""--checkpointing auto and what fits a budget, from the one predictor, decided before the model loads: the fastest
+policy that fits, full checkpointing on the fewest layers that fit (a 4-layer checkpoint saved here), and a refusal
+naming the closest configuration that fits when none does. Budgets are set by capping the memory this process
+reports as available (the margin is at least 1 GiB, so the budgets sit just above it)."""
+
+import dataclasses
+
+import pytest
+
+from ftprof.engine import checkpointing
+from ftprof.errors import ConfigError
+from ftprof.metrics import GIB
+from ftprof.plan import budget
+from ftprof.plan.candidates import of_config
+from ftprof.plan.predict import Target, planner
+from ftprof.preflight import preflight
+from tests.conftest import assert_train_refuses, tiny_config
+from tests.data_files import save_checkpoint
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory):
+    return save_checkpoint(tmp_path_factory.mktemp("deep") / "ckpt", layers=4)
+
+
+def config(tmp_path, method, deep, policy="none", **flat):
+    return tiny_config(tmp_path, method, model=deep, seq_len=128, checkpointing=policy, **flat)
+
+
+def predicted_peaks(cfg):
+    plan = preflight(cfg)
+    p = planner(plan.config, plan.source, plan.dtype, Target("cpu"))
+    base = of_config(plan.config)
+    peaks = {policy: p.predict(dataclasses.replace(base, checkpointing=policy)).peak_bytes
+             for policy in ("none", "selective", "full")}
+    return p, base, peaks
+
+
+def auto_with(monkeypatch, cfg, available):
+    monkeypatch.setattr(checkpointing, "available_memory", lambda device, cap=None: available)
+    return preflight(cfg)
+
+
+def test_auto_takes_the_fastest_policy_that_fits(tmp_path, monkeypatch, deep):
+    _, _, peaks = predicted_peaks(config(tmp_path, "lora", deep))
+    assert peaks["none"] > peaks["selective"] > peaks["full"]
+    margin = GIB  # the smallest margin: these budgets are all under 12.5 GiB
+    for policy in ("none", "selective"):
+        plan = auto_with(monkeypatch, config(tmp_path, "lora", deep, "auto"), margin + peaks[policy])
+        assert plan.auto_choice.policy == policy and plan.auto_choice.layers is None, plan.auto_choice.reason
+        assert plan.prediction.peak_bytes == peaks[policy] and plan.auto_choice.estimated_peak == peaks
+
+
+def test_auto_checkpoints_the_fewest_layers_that_fit_before_all_of_them(tmp_path, monkeypatch, deep):
+    p, base, peaks = predicted_peaks(config(tmp_path, "lora", deep))
+    partial = {n: p.predict(dataclasses.replace(base, checkpointing="full", checkpoint_layers=n)).peak_bytes
+               for n in (1, 2, 3)}
+    assert peaks["none"] > partial[1] > partial[2] > partial[3] > peaks["full"]
+    assert partial[2] < peaks["selective"]  # a budget of partial[2] leaves selective out
+    plan = auto_with(monkeypatch, config(tmp_path, "lora", deep, "auto"), GIB + partial[2])
+    assert (plan.auto_choice.policy, plan.auto_choice.layers) == ("full", 2), plan.auto_choice.reason
+    assert "full on 2 of 4 layers" in plan.auto_choice.reason
+
+
+def test_nothing_fits_refuses_before_loading_and_names_the_closest_that_does(tmp_path, monkeypatch, capsys, deep):
+    _, _, peaks = predicted_peaks(config(tmp_path, "full", deep, batch_size=1))  # no smaller micro-batch to take
+    _, _, lora_peaks = predicted_peaks(config(tmp_path, "lora", deep, batch_size=1))
+    assert lora_peaks["full"] < peaks["full"]
+    available = GIB + (lora_peaks["full"] + peaks["full"]) // 2  # LoRA fits, full fine-tuning in no form does
+    monkeypatch.setattr(checkpointing, "available_memory", lambda device, cap=None: available)
+    with pytest.raises(ConfigError, match="closest that fits: .*--method") as caught:
+        preflight(config(tmp_path, "full", deep, "auto", batch_size=1))
+    assert "--checkpointing auto: full ckpt full eager 1x1 is predicted to peak at" in str(caught.value)
+    (tmp_path / "cli").mkdir()
+    assert_train_refuses(tmp_path / "cli", capsys, "full", ["--model", deep, "--seq-len", "128", "--batch-size",
+                                                            "1", "--checkpointing", "auto"], "closest that fits")
+
+
+def test_describe_change_names_the_flags():
+    from ftprof.plan.candidates import Candidate
+
+    a = Candidate("full", "none", None, "eager", False, 4, 1)
+    b = Candidate("lora", "full", None, "liger", True, 2, 2)
+    assert budget.describe_change(a, b) == ("--method lora --checkpointing full --kernels liger --compile "
+                                            "--batch-size 2 --grad-accum 2")
