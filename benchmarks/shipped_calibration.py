@@ -6,7 +6,8 @@ from the H200 measurements under docs/measurements: the fast-paths rounds and th
 ``speed``: one row per configuration measured (the newest measurement of it), shaped like a local store record
 (ftprof.plan.calibration): device, class key, model, micro-batch tokens, FLOPs per token, the rate in FLOP/s per
 GPU (model + recomputed FLOPs), tokens/s, the options off today's defaults, and the CSV and date it came from.
-``memory``: activation factors by class key (``memory_factors``; none yet).
+``memory``: activation factors by class key (``memory_factors``): the planner's probe against what the runs' peaks
+say the activations were; it probes llama-8b on this machine's CPU (about a minute per method, cached).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ sys.path.insert(0, str(ROOT))
 from ftprof.plan import calibration  # noqa: E402
 
 MEASUREMENTS = ROOT / "docs" / "measurements"
-SOURCES = ("*-fast-paths*-raw_summary.csv", "*-h200x2-targets-raw_summary.csv")
+SOURCES = ("*-fast-paths*-raw_summary.csv", "*-h200x2-targets-raw_summary.csv", "*-h200-methods-1b-raw_summary.csv",
+           "*-h200x2-mistral-7b-classic-raw_summary.csv")
+MEMORY_MODELS = ("llama-8b",)  # probed here on the CPU (a 2-layer copy): about a minute per method
 DEVICE = "H200"  # only this GPU's measurements are shipped
 OUT = calibration.SHIPPED
 
@@ -116,10 +119,54 @@ def speed_rows(rows: list[tuple[dict[str, str], str]]) -> list[dict]:
 
 
 def memory_factors(rows: list[tuple[dict[str, str], str]]) -> list[dict]:
-    """Shipped activation factors: rows with the class key fields (method, policy, kernels, compile), model,
-    activation_ratio (measured / probed activations), csv and date. None yet: the CSVs hold no prediction to
-    compare with (the planner adds them once its probe has run on these configurations)."""
-    return []
+    """Shipped activation factors, one row per configuration measured (the newest): the class key, the options,
+    and activation_ratio = (the run's training peak - the planner's static bytes and transients) / the probe's
+    activations, from the planner's own uncalibrated prediction of that configuration. Runs on one GPU only, of
+    the models in MEMORY_MODELS."""
+    newest: dict[str, dict] = {}
+    for entry, peak in _memory_rows(rows):
+        identity = json.dumps([entry[k] for k in CONFIGURATION] + [sorted(entry["knobs"].items())])
+        if identity not in newest or str(entry["finished_at"]) > str(newest[identity]["finished_at"]):
+            newest[identity] = {**entry, "training_peak": peak}
+    planners: dict[str, object] = {}
+    out = []
+    for entry in newest.values():
+        ratio = _ratio(entry, planners)
+        if ratio is not None:
+            keep = ("device_name", "model", "method", "policy", "checkpointed_layers", "kernels", "compile", "knobs",
+                    "micro_batch_tokens", "training_peak", "csv", "date", "finished_at")
+            out.append({**{k: entry[k] for k in keep}, "activation_ratio": round(ratio, 4)})
+    return sorted(out, key=lambda e: (e["method"], e["policy"], e["kernels"], e["compile"], e["finished_at"]))
+
+
+def _memory_rows(rows):
+    for row, name in rows:
+        entry = speed_row(row, name)
+        peak = _value(row.get("memory_breakdown_training_peak")) or _value(row.get("torch_peak_allocated"))
+        if entry is not None and entry["model"] in MEMORY_MODELS and entry["world_size"] == 1 and peak:
+            yield entry, peak
+
+
+def _ratio(entry: dict, planners: dict) -> float | None:
+    import dataclasses
+
+    from ftprof.config import RunConfig
+    from ftprof.models.source import resolve_model_source
+    from ftprof.plan.candidates import Candidate
+    from ftprof.plan.predict import Planner, Target
+
+    model, seq = entry["model"], entry["seq_len"]
+    if (model, seq) not in planners:
+        cfg = RunConfig.from_flat(dict(method="lora", model=model, seq_len=seq, device="cpu"))
+        cfg = dataclasses.replace(cfg, method=cfg.method.resolved("bfloat16", preset=True))
+        planners[(model, seq)] = Planner(cfg, resolve_model_source(model), "bfloat16", Target(entry["device_name"]),
+                                         [], calibrate_memory=False)
+    layers = entry["checkpointed_layers"]
+    cand = Candidate(entry["method"], entry["policy"], int(layers) if layers else None, entry["kernels"],
+                     entry["compile"], entry["batch_size"], entry["grad_accum"])
+    pred = planners[(model, seq)].predict(cand)
+    return calibration.activation_ratio({"device_name": entry["device_name"], "training_peak": entry["training_peak"],
+                                         "prediction": pred.to_dict()})
 
 
 def main() -> int:

@@ -46,7 +46,8 @@ FLAT_KEYS_V1 = [
 # Keys added since (additive: a reader of version 1 skips them), with what a run that did not do it holds.
 ADDED = {"eval_loss_first": None, "eval_loss_last": None, "eval_loss_best": None, "eval_loss_best_step": None,
          "eval_runs": 0, "eval_time_s": None, "eval_tokens": None,
-         "saved": None, "save_dir": None, "save_base_dir": None, "save_time_s": None, "training_proof": {}}
+         "saved": None, "save_dir": None, "save_base_dir": None, "save_time_s": None, "training_proof": {},
+         "prediction": {}}
 _AT = FLAT_KEYS_V1.index("artifacts")
 FLAT_KEYS = FLAT_KEYS_V1[:_AT] + list(ADDED) + FLAT_KEYS_V1[_AT:]
 
@@ -94,7 +95,8 @@ def test_a_populated_result_flattens_to_the_v1_keys_in_their_order():
 def test_unmeasured_records_are_empty_objects_as_before():
     flat = RunResult("ok", "/r", RunIdentity("lora", "tiny", "cpu", "cpu")).to_dict()
     assert list(flat) == FLAT_KEYS
-    for key in ("host_time", "memory_breakdown", "checkpointing_auto", "compile", "data", "nvml", "per_rank"):
+    for key in ("host_time", "memory_breakdown", "checkpointing_auto", "compile", "data", "nvml", "per_rank",
+                "prediction"):
         assert flat[key] == {}, key
 
 
