@@ -11,7 +11,8 @@
   none of the loss's logits, only the gradient of its input, which it computes in the forward. Times the
   calibration's factor for this kind of run on a GPU (compile and fused kernels save less than the eager probe
   measured; ftprof/plan/calibration.py). A CPU run saves what the CPU probe measured: no factor.
-- transients: the larger of the loss backward's fp32 logits gradients (none with a fused loss) and, under full
+- transients: the larger of the loss backward's fp32 logits gradients (none with a fused loss; one logits-sized
+  gradient in the run dtype with the compiled loss) and, under full
   checkpointing, the layer being recomputed (its activations at none's rate, for QLoRA/GPTQ-LoRA its dequantized
   weights): the loss backward is over before the first layer is recomputed.
 - gradients land as activations are freed: without accumulation the peak is the larger of the two ends of
@@ -52,6 +53,8 @@ class Shape:
     keeps_dequantized: bool = True  # QLoRA's --keep-dequantized under full checkpointing
     double_quant: bool = True  # QLoRA's --double-quant
     fused_loss_bytes_per_token: int = 0  # a fused loss's gradient of its input, computed in the forward and kept
+    compile_loss: bool = True  # --compile-loss: with --compile (and an unfused loss) the loss is compiled too
+    dtype_bytes: int = 2  # the run dtype's width (the logits' when the compiled loss keeps them)
 
 
 def static_parts(probe: ProbeResult, cand: Candidate, shape: Shape) -> tuple[int, int, int]:
@@ -87,7 +90,17 @@ def activations_per_token(probe: ProbeResult, cand: Candidate, shape: Shape) -> 
     total = outside.activations[policy] + checkpointed * rate + (layers - checkpointed) * layer.activations["none"]
     if fuses_loss(cand.kernels):
         total += shape.fused_loss_bytes_per_token - outside.loss_activations
+    elif compiled_loss(cand, shape):
+        # the compiled loss keeps the logits in the run dtype, not their fp32 upcast and log-softmax (measured on
+        # an H200, llama-8b 4 x 2048: 4.08 GiB saved with full checkpointing against the eager probe's 6.04)
+        total += shape.vocab * shape.dtype_bytes - outside.loss_activations
     return max(total, 0.0)
+
+
+def compiled_loss(cand: Candidate, shape: Shape) -> bool:
+    from ftprof.models.kernels import fuses_loss
+
+    return cand.compile and shape.compile_loss and not fuses_loss(cand.kernels)
 
 
 def activations_fixed(probe: ProbeResult, cand: Candidate) -> float:
@@ -105,6 +118,10 @@ def transient_bytes(probe: ProbeResult, cand: Candidate, shape: Shape) -> int:
 
     tokens = cand.batch_size * shape.seq_len
     logits = 0 if fuses_loss(cand.kernels) else 2 * 4 * tokens * shape.vocab  # metrics.logits_gradient_bytes
+    if compiled_loss(cand, shape):
+        # one logits-sized gradient in the run dtype: 1.86-1.87 GiB above the other parts on an H200 (llama-8b,
+        # 4 x 2048, vocab 128,256: 1.96 GiB of bf16 logits), compiled with and without checkpointing
+        logits = tokens * shape.vocab * shape.dtype_bytes
     recompute = 0
     if cand.checkpointing == "full":
         recompute = int(probe.per_layer.activations["none"] * tokens)  # the layer being recomputed
