@@ -56,7 +56,7 @@ class Planner:
         flops = speed.flops_per_token(result, cand, self.cfg.data.seq_len, self.attn_dim)
         micro_tokens = cand.batch_size * self.cfg.data.seq_len
         rate = self.rate(key, flops.model, micro_tokens)
-        rate = speed.at_micro_batch(rate, micro_tokens) if rate else None
+        rate = speed.at_micro_batch(rate, micro_tokens, cand.compile) if rate else None
         tps = speed.tokens_per_s(flops, rate.flops_per_s, self.target.world_size) if rate else None
         return Prediction(
             peak_bytes=mem.peak_bytes, static_bytes=mem.static_bytes, gradient_bytes=mem.gradients,
