@@ -75,20 +75,36 @@ class ProbeResult:
 
 
 def probe(cfg: RunConfig, source, dtype: str) -> ProbeResult:
-    """The probe of ``cfg``'s model and method in ``dtype`` (the run's compute dtype), from the cache when there."""
+    """The probe of ``cfg``'s model and method in ``dtype`` (the run's compute dtype), from the cache when there.
+    One process measures at a time per cache entry: the ranks of a run started by torchrun or Slurm all plan
+    before they load, and each probing llama-70b at once would hold several two-layer copies in host memory."""
+    import fcntl
+
     cfg = _probe_config(cfg, dtype)
-    key = cache_key(cfg, source, dtype)
-    path = _cache_dir() / f"probe-{key}.json"
-    if path.is_file():
-        try:
-            return ProbeResult.from_dict(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError):
-            pass  # a damaged cache entry: measure again and overwrite it
-    started = time.perf_counter()
-    result = _measure(cfg, source, dtype)
-    result = dataclasses.replace(result, seconds=time.perf_counter() - started)
-    _write_atomic(path, json.dumps(result.to_dict()))
+    path = _cache_dir() / f"probe-{cache_key(cfg, source, dtype)}.json"
+    cached = _read_cached(path)
+    if cached is not None:
+        return cached
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes; waiting ranks then read the cache
+        cached = _read_cached(path)
+        if cached is not None:
+            return cached
+        started = time.perf_counter()
+        result = _measure(cfg, source, dtype)
+        result = dataclasses.replace(result, seconds=time.perf_counter() - started)
+        _write_atomic(path, json.dumps(result.to_dict()))
     return result
+
+
+def _read_cached(path: Path) -> ProbeResult | None:
+    try:
+        return ProbeResult.from_dict(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a damaged cache entry: measure again and overwrite it
 
 
 def probed_method(method: str) -> str:

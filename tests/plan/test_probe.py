@@ -77,3 +77,23 @@ def test_nf4_layout_is_what_bitsandbytes_stores(shape, double_quant):
     assert linear.weight.quant_state is not None
     stored = static_breakdown(linear, torch.optim.SGD([torch.zeros(1)]))["weights_frozen"]
     assert nf4_bytes(fin, fout, double_quant) == stored
+
+
+def test_processes_probing_at_once_measure_once(tmp_path):
+    """Two processes planning the same model at the same time (the ranks of one run): one measures, the other
+    waits and reads its result."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import dataclasses, json, sys; from ftprof.config import RunConfig; "
+            "from ftprof.models.source import resolve_model_source; from ftprof.plan.probe import probe; "
+            "cfg = RunConfig.from_flat({'method': 'lora', 'model': 'tiny', 'device': 'cpu'}); "
+            "r = probe(cfg, resolve_model_source('tiny'), 'float32'); print(json.dumps(r.seconds))")
+    env = {**os.environ, "FTPROF_CACHE_DIR": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    seconds = sorted(float(p.communicate(timeout=300)[0].strip().splitlines()[-1]) for p in procs)
+    assert all(p.returncode == 0 for p in procs)
+    assert seconds[0] == 0.0 < seconds[1]  # one read the other's measurement from the cache
+    assert len(list((tmp_path / "plan").glob("probe-*.json"))) == 1
