@@ -9,7 +9,15 @@ import pytest
 from ftprof.plan import accuracy
 from ftprof.report.build import build_report
 from ftprof.report.prediction import CSV_NAME
-from tests.plan.test_accuracy import GIB, cuda_copy, inject_prediction, parts_bytes, read_result, strip_prediction, train_tiny
+from tests.plan.test_accuracy import (
+    GIB,
+    cuda_copy,
+    inject_prediction,
+    parts_bytes,
+    read_result,
+    strip_prediction,
+    train_tiny,
+)
 
 HEADING = "## Prediction error"
 
