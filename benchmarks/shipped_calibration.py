@@ -24,7 +24,7 @@ from ftprof.plan import calibration  # noqa: E402
 
 MEASUREMENTS = ROOT / "docs" / "measurements"
 SOURCES = ("*-fast-paths*-raw_summary.csv", "*-h200x2-targets-raw_summary.csv", "*-h200-methods-1b-raw_summary.csv",
-           "*-h200x2-mistral-7b-classic-raw_summary.csv")
+           "*-h200x2-mistral-7b-classic-raw_summary.csv", "*-h200-plan-accuracy-*-raw_summary.csv")
 MEMORY_MODELS = ("llama-8b",)  # probed here on the CPU (a 2-layer copy): about a minute per method
 DEVICE = "H200"  # only this GPU's measurements are shipped
 OUT = calibration.SHIPPED

@@ -169,8 +169,8 @@ def test_without_local_records_the_shipped_defaults_answer():
     others = [_record(rate=9e14, key=ClassKey("qlora", "none", "liger", True))]  # same method, other kernels
     rate = calibration.speed_rate(H200, QLORA_COMPILED, 3.35e10, 8192, records=others)
     assert rate.flops_per_s == _shipped_default_rate() and rate.runs == 1
-    assert rate.source.startswith("shipped defaults (2026-12-01-fast-paths-round12-raw_summary.csv, 2026-12-01, "
-                                  "NVIDIA H200: llama-8b qlora none eager compiled, 8192 tokens/micro-batch")
+    assert rate.source.startswith("shipped defaults (") and rate.source.endswith(
+        "NVIDIA H200: llama-8b qlora none eager compiled, 8192 tokens/micro-batch)")
 
 
 def test_another_gpu_gets_the_h200_defaults_scaled_by_peak():
