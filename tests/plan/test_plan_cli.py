@@ -39,6 +39,7 @@ def test_a_plan_ranks_what_fits_and_writes_its_files(tmp_path, capsys):
     assert (tmp_path / "plan" / "plan.csv").read_text().splitlines()[0].startswith("rank,method,checkpointing")
 
 
+@pytest.mark.slow  # two training processes through bench: 25 s on the 2-core machine
 def test_verify_runs_the_top_and_each_run_recorded_the_plans_prediction(tmp_path, capsys):
     code, out, _ = plan(tmp_path, capsys, "lora", "--model", "tiny", "--device", "cpu", "--max-steps", "4",
                         "--verify", "2")

@@ -79,6 +79,7 @@ def test_nf4_layout_is_what_bitsandbytes_stores(shape, double_quant):
     assert nf4_bytes(fin, fout, double_quant) == stored
 
 
+@pytest.mark.slow  # two processes importing torch and probing: 13 s on the 2-core machine
 def test_processes_probing_at_once_measure_once(tmp_path):
     """Two processes planning the same model at the same time (the ranks of one run): one measures, the other
     waits and reads its result."""
