@@ -33,8 +33,11 @@ SHORT_TEXT = {
     "summarize": "summarize this trace or cycle folder, and exit",
     "baseline": "with --summarize: compare against this profile (A/B, bucket by bucket)",
 }
+# plan: its own options, the shape it plans for, and the budget.
+PLAN_SHORT_OPTIONS = frozenset({"gpu", "gpus", "top", "show", "verify", "plan_dir", "model", "dtype", "seq_len",
+                                "batch_size", "grad_accum", "memory_limit_gib", "device", "output_dir"})
 _DEFAULT = re.compile(r"\s*\(default:? [^()]*(\([^()]*\)[^()]*)*\)\s*$")
-COMMANDS = ("train", "profile")  # bench's --help is short already
+COMMANDS = ("train", "profile", "plan")  # bench's --help is short already
 
 
 class HelpAllAction(argparse.Action):
@@ -111,7 +114,7 @@ def install_short_help(root: argparse.ArgumentParser, commands: tuple[str, ...] 
     for name, parser in _subparsers(root).items():
         if name not in commands:
             continue
-        keep = PROFILE_SHORT_OPTIONS if name == "profile" else SHORT_OPTIONS
+        keep = {"profile": PROFILE_SHORT_OPTIONS, "plan": PLAN_SHORT_OPTIONS}.get(name, SHORT_OPTIONS)
         install(parser, keep)
         for method_parser in _subparsers(parser).values():
             install(method_parser, keep)
