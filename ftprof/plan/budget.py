@@ -75,31 +75,45 @@ def _tokens(pred: Prediction) -> int:
     return int(c.get("batch_size", 1)) * int(c.get("seq_len", 1))
 
 
-def closest_fit(planner: Planner, cand: Candidate, budget: int, methods: tuple[str, ...]) -> tuple[Candidate,
-                                                                                                   Prediction] | None:
-    """The configuration nearest ``cand`` that fits ``budget``: another policy first, then another micro-batch
-    (same tokens per step), then the fused kernels, then another method; among those that fit at the first
-    distance that has any, the fastest predicted (the least memory where no speed is predicted)."""
-    kernel_sets = (cand.kernels,) if planner.target.device_name == "cpu" else (cand.kernels, "liger")
-    steps = [
-        [dataclasses.replace(cand, checkpointing=p, checkpoint_layers=None) for p in ("none", "selective", "full")],
-        [dataclasses.replace(cand, checkpointing=p, checkpoint_layers=None, batch_size=b, grad_accum=a)
-         for b, a in micro_batches(cand.batch_size, cand.grad_accum) for p in ("none", "selective", "full")],
-        [dataclasses.replace(cand, checkpointing=p, checkpoint_layers=None, kernels="liger", batch_size=b,
-                             grad_accum=a)
-         for b, a in micro_batches(cand.batch_size, cand.grad_accum) for p in ("none", "selective", "full")
-         if "liger" in kernel_sets],
-        [dataclasses.replace(cand, method=m, checkpointing=p, checkpoint_layers=None, kernels=k, batch_size=b,
-                             grad_accum=a)
-         for m in methods if m != cand.method for k in kernel_sets
-         for b, a in micro_batches(cand.batch_size, cand.grad_accum) for p in ("none", "selective", "full")],
-    ]
-    for group in steps:
+def closest_fit(planner: Planner, cand: Candidate, budget: int, methods: tuple[str, ...]) -> list[tuple[
+        Candidate, Prediction]]:
+    """What fits ``budget`` near ``cand``: the closest (another policy first, then another micro-batch at the same
+    tokens per step, then the fused kernels, then another method; the fastest predicted at the first distance that
+    has any), then, if it is faster by more than 10%, the fastest that fits at any distance. Empty: nothing fits."""
+    fits: list[tuple[Candidate, Prediction]] = []
+    for group in _neighbours(planner, cand, methods):
         fitting = [(c, planner.predict(c)) for c in dict.fromkeys(group) if c != cand]
         fitting = [(c, p) for c, p in fitting if p.peak_bytes <= budget]
         if fitting:
-            return max(fitting, key=lambda cp: (cp[1].tokens_per_s or 0.0, -cp[1].peak_bytes))
-    return None
+            fits.append(max(fitting, key=_speed_then_memory))
+    if not fits:
+        return []
+    fastest = max(fits, key=_speed_then_memory)
+    closest_speed, best_speed = fits[0][1].tokens_per_s or 0.0, fastest[1].tokens_per_s or 0.0
+    return [fits[0]] + ([fastest] if best_speed > 1.1 * closest_speed else [])
+
+
+def _speed_then_memory(pair: tuple[Candidate, Prediction]) -> tuple[float, int]:
+    return pair[1].tokens_per_s or 0.0, -pair[1].peak_bytes
+
+
+def _neighbours(planner: Planner, cand: Candidate, methods: tuple[str, ...]) -> list[list[Candidate]]:
+    """Candidates by distance from ``cand``: policies, micro-batches, fused kernels (GPU only), methods."""
+    kernel_sets = (cand.kernels,) if planner.target.device_name == "cpu" else (cand.kernels, "liger")
+    batches = micro_batches(cand.batch_size, cand.grad_accum)
+    policies = ("none", "selective", "full")
+
+    def variant(**changes) -> Candidate:
+        return dataclasses.replace(cand, checkpoint_layers=None, **changes)
+
+    return [
+        [variant(checkpointing=p) for p in policies],
+        [variant(checkpointing=p, batch_size=b, grad_accum=a) for b, a in batches for p in policies],
+        [variant(checkpointing=p, kernels="liger", batch_size=b, grad_accum=a) for b, a in batches for p in policies
+         if "liger" in kernel_sets],
+        [variant(method=m, checkpointing=p, kernels=k, batch_size=b, grad_accum=a) for m in methods
+         if m != cand.method for k in kernel_sets for b, a in batches for p in policies],
+    ]
 
 
 def describe_change(base: Candidate, other: Candidate) -> str:

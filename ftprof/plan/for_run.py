@@ -56,13 +56,19 @@ def _refusal(what: str, p: Planner, cand: Candidate, pred: Prediction, budget_by
 
     line = (f"{what}: {cand.label} is predicted to peak at {gib(pred.peak_bytes)} GiB per GPU, over the "
             f"{gib(max(0, budget_bytes))} GiB it may use")
-    closest = budget.closest_fit(p, cand, budget_bytes, METHODS_NEARBY.get(cand.method, ()))
-    if closest is None:
+    fits = budget.closest_fit(p, cand, budget_bytes, METHODS_NEARBY.get(cand.method, ()))
+    if not fits:
         return line + "; no policy, micro-batch, kernel set or nearby method fits either"
-    other, other_pred = closest
-    speed = f", ~{other_pred.tokens_per_s:,.0f} tokens/s" if other_pred.tokens_per_s else ""
-    return (line + f"; closest that fits: {budget.describe_change(cand, other)} "
-            f"({gib(other_pred.peak_bytes)} GiB predicted{speed})")
+    names = ("closest that fits", "fastest that fits")[:len(fits)]
+    return line + "".join(f"; {name}: {_described(cand, other, pred)}"
+                          for name, (other, pred) in zip(names, fits, strict=True))
+
+
+def _described(cand: Candidate, other: Candidate, pred: Prediction) -> str:
+    from ftprof.plan.output import gib
+
+    speed = f", ~{pred.tokens_per_s:,.0f} tokens/s" if pred.tokens_per_s else ""
+    return f"{budget.describe_change(cand, other)} ({gib(pred.peak_bytes)} GiB predicted{speed})"
 
 
 def _tight_note(pred: Prediction, available: int) -> str | None:
