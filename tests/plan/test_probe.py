@@ -98,3 +98,25 @@ def test_processes_probing_at_once_measure_once(tmp_path):
     assert all(p.returncode == 0 for p in procs)
     assert seconds[0] == 0.0 < seconds[1]  # one read the other's measurement from the cache
     assert len(list((tmp_path / "plan").glob("probe-*.json"))) == 1
+
+
+@pytest.mark.parametrize("family", ["qwen2", "mistral"])
+def test_other_families_are_probed_as_exactly(tmp_path, family):
+    """A 3-layer Qwen2 (biased q/k/v projections) and Mistral checkpoint saved here: static parts to the byte,
+    activations as measured, from the two-layer probe."""
+    import transformers
+
+    from ftprof.models.tokenizer import build_tokenizer
+
+    names = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM")}
+    config_cls, model_cls = (getattr(transformers, n) for n in names[family])
+    tokenizer = build_tokenizer()
+    config = config_cls(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=176, num_hidden_layers=3,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model_cls(config).save_pretrained(tmp_path / family)
+    tokenizer.save_pretrained(tmp_path / family)
+    result = ftprof.train(tiny_config(tmp_path / "runs", "lora", model=str(tmp_path / family), seq_len=64,
+                                      max_steps=2))
+    weights, grads, state, saved = measured(result)
+    assert result.status == "ok" and result.prediction.static_bytes == weights + grads + state
+    assert result.prediction.activation_bytes == pytest.approx(saved, rel=ACTIVATIONS)
