@@ -22,11 +22,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from ftprof.metrics import GIB
+
+if TYPE_CHECKING:  # pandas only where a table is built: a run's calibration record reads ``measured`` alone
+    import pandas as pd
 
 UNDER_PREDICTION_FLAG = 0.05  # memory under-predicted by more than this fraction is flagged
 # What autograd and the optimizer hold on the CPU, as the memory breakdown records them: the predictor's static
@@ -159,6 +160,8 @@ def row_from_records(result: Mapping[str, Any], config: Mapping[str, Any] | None
 
 
 def _frame(rows) -> pd.DataFrame:
+    import pandas as pd
+
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
     return frame.reset_index(drop=True)
 
@@ -166,6 +169,8 @@ def _frame(rows) -> pd.DataFrame:
 def _labels(frame: pd.DataFrame) -> pd.Series:
     """The report's run labels (method plus the options that vary between the ok runs; "#k" for repeats), or the
     run directory's name for rows without the configuration columns."""
+    import pandas as pd
+
     names = frame.get("run_name", pd.Series([""] * len(frame), index=frame.index)).map(str)
     ok = frame[frame["status"] == "ok"] if "status" in frame else frame.iloc[0:0]
     if not len(ok) or "method" not in ok or "world_size" not in ok:
@@ -220,6 +225,8 @@ def comparison(rows, with_bytes: bool = False) -> pd.DataFrame:
     """One row per compared run (ok, with a prediction), in the rows' order: its label, predicted and measured
     memory (GiB) and tokens/s, the signed errors in percent, the prediction's sources. ``with_bytes`` adds the
     memory figures in bytes (``predicted_memory_bytes``, ``measured_memory_bytes``), as the report's CSV holds them."""
+    import pandas as pd
+
     frame = _frame(rows)
     columns = list(COMPARISON_COLUMNS) + (list(BYTES_COLUMNS) if with_bytes else [])
     if not len(frame):
@@ -259,6 +266,8 @@ def summarize(rows) -> pd.DataFrame:
     """Per quantity (peak memory per GPU, CPU memory parts, tokens/s) and per method, then over all methods: runs
     compared, median |error| and the worst signed error (percent) with its run's label, and for memory the runs
     under-predicted by more than 5% (None for tokens/s). Empty (with the columns) when nothing was compared."""
+    import pandas as pd
+
     table = comparison(rows)
     memory_quantity = table["memory_compared"].map(
         lambda c: None if c is None or (isinstance(c, float) and math.isnan(c)) else

@@ -250,10 +250,12 @@ def _versions(env: dict) -> dict:
 
 
 def _training_peak(result: dict) -> int | None:
-    """The measured training peak on CUDA (loading excluded); None on CPU, whose allocator keeps no peak."""
-    if result.get("device") == "cpu" or result.get("device_name") == "cpu":
-        return None
-    return (result.get("memory_breakdown") or {}).get("training_peak") or result.get("torch_peak_allocated")
+    """The measured training peak on CUDA, as ftprof.plan.accuracy (the one owner of "measured") reads it; None on
+    CPU, whose allocator keeps no peak."""
+    from ftprof.plan import accuracy
+
+    got = accuracy.measured(accuracy.row_from_records(result))
+    return None if got["on_cpu"] or got["memory_bytes"] is None else int(got["memory_bytes"])
 
 
 def model_layers(model: str) -> int | None:
