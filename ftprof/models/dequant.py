@@ -112,12 +112,3 @@ def dequantize(module: nn.Module, dequantizer: str, for_backward: bool = False) 
     if dequantizer == "triton":
         return dequant_kernels.triton_dequantize(module.weight, state, for_backward)
     return dequant_kernels.torch_dequantize(module.weight, state)
-
-
-def largest_layer_bytes(blocks: list[nn.Module], dtype: torch.dtype) -> int:
-    """The 16-bit (``dtype``) size of the largest block's 4-bit weights: what keeping them adds at the peak, the
-    recomputed layer's weights held through its backward."""
-    size = torch.empty((), dtype=dtype).element_size()
-    per_block = [sum(m.weight.quant_state.shape.numel() * size for m in b.modules() if is_4bit_linear(m))
-                 for b in blocks]
-    return max(per_block, default=0)

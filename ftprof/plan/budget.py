@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from ftprof.metrics import GIB
-from ftprof.plan.candidates import Candidate, micro_batches
+from ftprof.plan.candidates import POLICIES, Candidate, micro_batches
 from ftprof.plan.predict import Planner
 from ftprof.results.parts import AutoChoice, Prediction
 
@@ -40,7 +40,7 @@ def auto_policy(planner: Planner, cand: Candidate, available: int) -> tuple[Cand
     fits = (f"fits {budget / GIB:.1f} GiB ({available / GIB:.1f} GiB available less a {margin / GIB:.1f} GiB "
             "margin)")
     by_policy = {p: dataclasses.replace(cand, checkpointing=p, checkpoint_layers=None)
-                 for p in ("none", "selective", "full")}
+                 for p in POLICIES}
     predicted = {p: planner.predict(c) for p, c in by_policy.items()}
     order: list[tuple[Candidate, str]] = [(by_policy["none"], "none"), (by_policy["selective"], "selective; none "
                                                                         "did not")]
@@ -101,7 +101,7 @@ def _neighbours(planner: Planner, cand: Candidate, methods: tuple[str, ...]) -> 
     """Candidates by distance from ``cand``: policies, micro-batches, fused kernels (GPU only), methods."""
     kernel_sets = (cand.kernels,) if planner.target.device_name == "cpu" else (cand.kernels, "liger")
     batches = micro_batches(cand.batch_size, cand.grad_accum)
-    policies = ("none", "selective", "full")
+    policies = POLICIES
 
     def variant(**changes) -> Candidate:
         return dataclasses.replace(cand, checkpoint_layers=None, **changes)

@@ -79,15 +79,12 @@ def make_plan(req: PlanRequest) -> Plan:
 def _context(req: PlanRequest):
     """(config with the method resolved, model source, target, dtype, usable bytes per GPU, where from)."""
     from ftprof.models.source import resolve_model_source
-    from ftprof.plan.gpus import gpu_named
 
     cfg = req.cfg
     source = resolve_model_source(cfg.model.model)
     limit = cfg.output.memory_limit_gib
     if req.gpu is not None:
-        gpu = gpu_named(req.gpu)
-        target, dtype = Target(gpu.name, req.gpus, req.gpus > 1), _dtype(cfg, "cuda")
-        usable, usable_from = gpu.usable_bytes, f"{gpu.name}: {gpu.memory_gib:.1f} GiB less the CUDA context"
+        target, dtype, usable, usable_from = _named_card(cfg, req.gpu, req.gpus)
     else:
         target, dtype, usable, usable_from = _this_machine(cfg, req.gpus)
     if limit is not None:
@@ -96,24 +93,32 @@ def _context(req: PlanRequest):
     return dataclasses.replace(cfg, method=method), source, target, dtype, usable, usable_from
 
 
-def _dtype(cfg: RunConfig, device_type: str) -> str:
-    if cfg.model.dtype != "auto":
-        return cfg.model.dtype
-    return "bfloat16" if device_type == "cuda" else "float32"
+def _named_card(cfg: RunConfig, name: str, gpus: int):
+    """(target, dtype, usable bytes, where from) for --gpu NAME: the dtype a run on a CUDA device resolves to
+    (torch.device only names the device type: no GPU is needed here)."""
+    import torch
+
+    from ftprof.plan.gpus import gpu_named
+    from ftprof.runtime import resolve_dtype_name
+
+    gpu = gpu_named(name)
+    return (Target(gpu.name, gpus, gpus > 1), resolve_dtype_name(cfg.model.dtype, torch.device("cuda")),
+            gpu.usable_bytes, f"{gpu.name}: {gpu.memory_gib:.1f} GiB less the CUDA context")
 
 
 def _this_machine(cfg: RunConfig, gpus: int):
     from ftprof.engine.checkpointing import available_memory
-    from ftprof.runtime import resolve_device
+    from ftprof.runtime import resolve_device, resolve_dtype_name
 
     device = resolve_device(cfg.output.device)
     if device.type == "cuda":
         import torch
 
         name = torch.cuda.get_device_name(device)
-        return (Target(name, gpus, gpus > 1), _dtype(cfg, "cuda"), available_memory(device),
+        return (Target(name, gpus, gpus > 1), resolve_dtype_name(cfg.model.dtype, device), available_memory(device),
                 f"{name}: free now")
-    return Target("cpu"), _dtype(cfg, "cpu"), available_memory(device), "this machine's available host memory"
+    return (Target("cpu"), resolve_dtype_name(cfg.model.dtype, device), available_memory(device),
+            "this machine's available host memory")
 
 
 def _fewest_layers(p: Planner, pool: list[Candidate], budget_bytes: int) -> list[Candidate]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ftprof.metrics import logits_gradient_bytes
 from ftprof.plan.candidates import Candidate
 from ftprof.plan.probe import ProbeResult, gptq_bytes, nf4_bytes
 
@@ -81,13 +82,10 @@ def activations_per_token(probe: ProbeResult, cand: Candidate, shape: Shape) -> 
     """Bytes per token the forward saves under the candidate's policy and kernel set."""
     from ftprof.models.kernels import fuses_loss
 
-    outside, layer = probe.outside, probe.per_layer
-    policy, layers = cand.checkpointing, probe.layers
-    checkpointed = layers if cand.checkpoint_layers is None else cand.checkpoint_layers
-    if policy == "none":
-        checkpointed = 0
-    rate = layer.activations[policy if policy != "none" else "none"]
-    total = outside.activations[policy] + checkpointed * rate + (layers - checkpointed) * layer.activations["none"]
+    outside, layer, policy = probe.outside, probe.per_layer, cand.checkpointing
+    checkpointed = _checkpointed_layers(probe, cand)
+    total = (outside.activations[policy] + checkpointed * layer.activations[policy]
+             + (probe.layers - checkpointed) * layer.activations["none"])
     if fuses_loss(cand.kernels):
         total += shape.fused_loss_bytes_per_token - outside.loss_activations
     elif compiled_loss(cand, shape):
@@ -105,19 +103,17 @@ def compiled_loss(cand: Candidate, shape: Shape) -> bool:
 
 def activations_fixed(probe: ProbeResult, cand: Candidate) -> float:
     """Bytes the forward saves once whatever its length (adapters cast to the run dtype), under the policy."""
-    outside, layer, layers = probe.outside, probe.per_layer, probe.layers
-    checkpointed = 0 if cand.checkpointing == "none" else (
-        layers if cand.checkpoint_layers is None else cand.checkpoint_layers)
-    return max(0.0, outside.activations_fixed[cand.checkpointing] + checkpointed
-               * layer.activations_fixed[cand.checkpointing] + (layers - checkpointed)
-               * layer.activations_fixed["none"])
+    outside, layer, policy = probe.outside, probe.per_layer, cand.checkpointing
+    checkpointed = _checkpointed_layers(probe, cand)
+    return max(0.0, outside.activations_fixed[policy] + checkpointed * layer.activations_fixed[policy]
+               + (probe.layers - checkpointed) * layer.activations_fixed["none"])
 
 
 def transient_bytes(probe: ProbeResult, cand: Candidate, shape: Shape) -> int:
     from ftprof.models.kernels import fuses_loss
 
     tokens = cand.batch_size * shape.seq_len
-    logits = 0 if fuses_loss(cand.kernels) else 2 * 4 * tokens * shape.vocab  # metrics.logits_gradient_bytes
+    logits = 0 if fuses_loss(cand.kernels) else logits_gradient_bytes(tokens, shape.vocab)
     if compiled_loss(cand, shape):
         # one logits-sized gradient in the run dtype: 1.86-1.87 GiB above the other parts on an H200 (llama-8b,
         # 4 x 2048, vocab 128,256: 1.96 GiB of bf16 logits), compiled with and without checkpointing
@@ -140,7 +136,7 @@ def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: fl
     weights, grads, state = static_parts(probe, cand, shape)
     tokens = cand.batch_size * shape.seq_len
     probed = activations_per_token(probe, cand, shape) * tokens + activations_fixed(probe, cand)
-    unchecked = _unchecked_layers(probe, cand)
+    unchecked = 0 if cand.checkpointing == "none" else probe.layers - _checkpointed_layers(probe, cand)
     rest = unchecked * (probe.per_layer.activations["none"] * tokens + probe.per_layer.activations_fixed["none"])
     rest = min(rest, probed)
     activations = int((probed - rest) * factor + rest * (factor if rest_factor is None else rest_factor))
@@ -153,7 +149,8 @@ def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: fl
                             int(probed), activations / probed if probed else factor, transients)
 
 
-def _unchecked_layers(probe: ProbeResult, cand: Candidate) -> int:
-    if cand.checkpointing == "none" or cand.checkpoint_layers is None:
+def _checkpointed_layers(probe: ProbeResult, cand: Candidate) -> int:
+    """Decoder layers the candidate's policy applies to (0 for none; all unless --checkpoint-layers says)."""
+    if cand.checkpointing == "none":
         return 0
-    return probe.layers - cand.checkpoint_layers
+    return probe.layers if cand.checkpoint_layers is None else cand.checkpoint_layers

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftprof.config import RunConfig
+from ftprof.plan.candidates import POLICIES
 
-POLICIES = ("none", "selective", "full")
 # Saved bytes are linear in tokens under SDPA's flash kernels: bytes(T) = fixed + T x per token. Two short forwards
 # give the slope; one alone would count as per-token what is saved once per forward (the adapters' weights cast to
 # bf16 under autocast: 35 KB per "token" per llama-8b layer at 64 tokens).
