@@ -51,6 +51,7 @@ def test_activations_match_a_real_run_per_policy(tmp_path, policy):
     assert result.prediction.activation_factor == 1.0  # a CPU run: the probe is the measurement
 
 
+@pytest.mark.slow  # two runs of a checkpoint saved here: 6 s on the 2-core machine
 def test_a_model_deeper_than_the_probe_is_predicted_from_two_layers(tmp_path):
     """A 4-layer checkpoint (saved here) trained for real: the probe builds 2 layers and scales."""
     deep = save_checkpoint(tmp_path / "deep", layers=4)
@@ -100,6 +101,7 @@ def test_processes_probing_at_once_measure_once(tmp_path):
     assert len(list((tmp_path / "plan").glob("probe-*.json"))) == 1
 
 
+@pytest.mark.slow  # a checkpoint saved and trained per family: 6 s each on the 2-core machine
 @pytest.mark.parametrize("family", ["qwen2", "mistral"])
 def test_other_families_are_probed_as_exactly(tmp_path, family):
     """A 3-layer Qwen2 (biased q/k/v projections) and Mistral checkpoint saved here: static parts to the byte,
