@@ -21,7 +21,8 @@ from ftprof.errors import ConfigError
 # Method options by the methods they apply to: (methods, option names). MethodConfig rejects the others; the CLI
 # leaves them out of a method's --help.
 METHOD_OPTION_GROUPS = {
-    "lora": (LORA_METHODS, ("lora_r", "lora_alpha", "lora_dropout", "lora_targets", "lora_addmm", "lora_fused_a")),
+    "lora": (LORA_METHODS, ("lora_r", "lora_alpha", "lora_dropout", "lora_targets", "lora_addmm", "lora_fused_a",
+                                  "lora_fused_projections")),
     "bitsandbytes": (("qlora",), ("quant_type", "double_quant", "compute_dtype", "quant_storage",
                                    "keep_dequantized", "dequant_kernel")),
     "quantized-base": (("qlora", "gptq-lora"), ("kbit_prepare",)),
@@ -53,6 +54,10 @@ class MethodConfig:
         "gate, up) instead of one each: the input read once, one input gradient written; PEFT's numbers, "
         "+1.1-1.8% on an H200 (default on, except beside --lora-addmm and in the textbook recipe of the quantized "
         "methods, which runs PEFT as it is)")
+    lora_fused_projections: Optional[bool] = option(
+        None, "one GEMM for each group of adapted projections that read the same input (q, k, v; gate, up), the "
+        "adapters' B matmuls inside it: base weights side by side, no full-size adapter output or add (lora, "
+        "qlora; gptq-lora bases keep their own; not under FSDP; default off)")
     quant_type: Optional[str] = option(None, "bitsandbytes 4-bit type (qlora; default nf4)", choices=("nf4", "fp4"))
     double_quant: Optional[bool] = option(None, "quantize the quantization constants too (qlora; default on)")
     compute_dtype: Optional[str] = option(None, "dtype of the 4-bit matmuls (qlora; default: the run dtype)",
@@ -99,6 +104,8 @@ class MethodConfig:
             require(len(self.lora_targets) > 0, "--lora-targets must name at least one module")
         require(not (self.lora_addmm and self.lora_fused_a), "--lora-addmm and --lora-fused-a each replace PEFT's "
                  "adapter forward: pick one")
+        require(not (self.lora_addmm and self.lora_fused_projections), "--lora-addmm and --lora-fused-projections "
+                 "each replace PEFT's adapter forward: pick one")
         if self.gptq_group_size is not None:
             require(self.gptq_group_size == -1 or self.gptq_group_size >= 16,
                      f"--gptq-group-size must be -1 or >= 16, got {self.gptq_group_size}")
@@ -138,7 +145,8 @@ class MethodConfig:
             values.update(lora_r=r, lora_alpha=self.lora_alpha if self.lora_alpha is not None else 2.0 * r,
                           lora_dropout=self.lora_dropout or 0.0,
                           lora_targets=self.lora_targets or DEFAULT_LORA_TARGETS,
-                          lora_addmm=bool(self.lora_addmm), lora_fused_a=self._fused_a())
+                          lora_addmm=bool(self.lora_addmm), lora_fused_a=self._fused_a(),
+                          lora_fused_projections=bool(self.lora_fused_projections))
         if self.method in ("qlora", "gptq-lora"):
             values.update(kbit_prepare=bool(self.kbit_prepare))
         if self.method == "qlora":

@@ -49,6 +49,10 @@ class RunConfig:
         if self.model.kernels == "liger" and "lm_head" in (self.method.lora_targets or ()):
             raise ConfigError("--lora-targets lm_head: Liger's fused linear cross entropy computes the loss from "
                               "lm_head's weight directly and would skip its adapter; use --kernels eager")
+        require(not (self.method.lora_fused_projections and self.distributed.parallel == "fsdp" and
+                     (self.distributed.world_size > 1 or self.distributed.fsdp_cpu_offload)),
+                "--lora-fused-projections joins base weights into one buffer, which FSDP cannot shard per "
+                "parameter: use --parallel ddp or leave it off")
         require(not (self.model.compile_dequant and self.method.dequant_kernel == "triton"),
                  "--compile-dequant and --dequant-kernel triton each dequantize the 4-bit weights: pick one")
         self._check_steps()

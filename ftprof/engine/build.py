@@ -17,7 +17,7 @@ from ftprof.engine.checkpointing import AutoChoice, SelectivePolicy
 from ftprof.engine.compile import CompileOutcome, warm_up
 from ftprof.engine.evaluate import eval_batches_for
 from ftprof.engine.schedule import make_scheduler
-from ftprof.models import attention, dequant, kernels
+from ftprof.models import attention, dequant, fused_projections, kernels
 from ftprof.models.materialize import materialize_sharded
 from ftprof.models.methods import LoadContext, get_strategy
 from ftprof.models.tokenizer import load_tokenizer as tokenizer_for
@@ -83,6 +83,8 @@ def build(plan: RunPlan, memory: MemoryTracker, log: Callable[[str], None]) -> B
         if auto is not None:
             log(f"--checkpointing auto: {auto.reason}")
         kept, torch_dequant = route_dequantization(model, cfg, policy, layers, compiling=cfg.model.compile)
+        if cfg.method.lora_fused_projections:
+            fused_projections.fuse(model, metrics.decoder_layers(model))
         model = wrap_model(model, plan, dtype, defer)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = make_optimizer(params, plan)

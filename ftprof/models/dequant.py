@@ -64,6 +64,7 @@ def route(blocks: list[nn.Module], kept: int, dequantizer: str = "bitsandbytes")
             keep = index < kept
             module.__dict__.pop("forward", None)  # back to Linear4bit.forward before choosing again
             other = dequantizer != "bitsandbytes" and (keep or module.bias is None)  # (biased, not kept: bnb's)
+            module._ftprof_route = (keep, dequantizer)  # what a fused group of projections follows
             if keep or other:
                 module.forward = types.MethodType(_forward(keep, dequantizer), module)
             keeping += keep

@@ -33,9 +33,9 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def dequantize_4bit_kernel(packed, absmax, code, absmax2, code2, offset, out, n_bytes,
+    def dequantize_4bit_kernel(packed, absmax, code, absmax2, code2, offset, out, n_bytes, columns, row_stride,
                                BLOCKSIZE: tl.constexpr, BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr,
-                               BYTES: tl.constexpr):
+                               BYTES: tl.constexpr, STRIDED: tl.constexpr):
         index = tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES)
         inside = index < n_bytes
         byte = tl.load(packed + index, mask=inside, other=0).to(tl.int32)
@@ -51,7 +51,10 @@ def _kernel():
             scale = tl.load(absmax + block, mask=inside, other=0.0)
         values = tl.interleave(first * scale, second * scale).to(out.dtype.element_ty)
         where = tl.program_id(0).to(tl.int64) * (2 * BYTES) + tl.arange(0, 2 * BYTES)
-        tl.store(out + where, values, mask=where < 2 * n_bytes)
+        inside = where < 2 * n_bytes
+        if STRIDED:  # the weight's rows land ``row_stride`` apart: the left columns of a wider matrix
+            where = (where // columns) * row_stride + where % columns
+        tl.store(out + where, values, mask=inside)
 
     return dequantize_4bit_kernel
 
@@ -74,13 +77,16 @@ def dequantize_4bit(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tens
 
 
 def launch(data, absmax, code, absmax2, code2, offset, blocksize: int, blocksize2: int, out: torch.Tensor,
-           bytes_per_program: int | None = None, warps: int | None = None) -> None:
-    """The kernel over ``data`` (packed bytes, two values each) into ``out`` (``data.numel() * 2`` values)."""
+           bytes_per_program: int | None = None, warps: int | None = None, columns: int = 0) -> None:
+    """The kernel over ``data`` (packed bytes, two values each) into ``out``: ``data.numel() * 2`` values, or, with
+    ``columns``, rows of that many values written into the left columns of ``out`` (a 2-D view, unit column stride)."""
     nested = absmax2 is not None
     size = bytes_per_program or BYTES
+    strided = bool(columns) and out.stride(0) != columns
     _kernel()[(-(-data.numel() // size),)](  # programs: ceil(bytes / size)
         data, absmax, code, absmax2 if nested else absmax, code2 if nested else code, offset if nested else absmax,
-        out, data.numel(), BLOCKSIZE=blocksize, BLOCKSIZE2=blocksize2 if nested else 1, NESTED=nested, BYTES=size,
+        out, data.numel(), columns or 1, out.stride(0) if strided else 1,
+        BLOCKSIZE=blocksize, BLOCKSIZE2=blocksize2 if nested else 1, NESTED=nested, BYTES=size, STRIDED=strided,
         num_warps=warps or WARPS,
         enable_fp_fusion=False)  # bitsandbytes rounds the nested multiply and the add apart
 
@@ -122,3 +128,48 @@ def torch_dequantize(packed: torch.Tensor, state) -> torch.Tensor:
     """The same, as torch ops."""
     return blockwise(packed.reshape(-1).view(torch.uint8), *_state_args(state), state.shape, state.dtype)
 
+
+
+@torch.library.custom_op("ftprof::dequantize_4bit_rows", mutates_args=())
+def dequantize_4bit_rows(packed: list[torch.Tensor], absmax: list[torch.Tensor], code: list[torch.Tensor],
+                         absmax2: list[torch.Tensor], code2: list[torch.Tensor], offset: list[torch.Tensor],
+                         blocksize: int, blocksize2: int, rows: list[int], columns: int, right: torch.Tensor,
+                         for_backward: bool) -> torch.Tensor:
+    """Several 4-bit weights of ``columns`` input features stacked by rows (``rows``: each one's output features),
+    with ``right`` (sum(rows) x k, the output dtype) beside them: one (sum(rows), columns + k) matrix, each weight
+    dequantized straight into its place (models/fused_projections.py). Double quantization's lists are empty
+    without it; ``for_backward`` as for ``dequantize_4bit``."""
+    nested = bool(absmax2)
+    out = torch.empty(sum(rows), columns + right.shape[1], dtype=right.dtype, device=right.device)
+    start = 0
+    for i, count in enumerate(rows):
+        data = packed[i].reshape(-1).view(torch.uint8)
+        inner = (absmax2[i], code2[i], offset[i]) if nested else (None, None, None)
+        block = out[start:start + count, :columns]
+        if data.device.type != "cuda":
+            block.copy_(blockwise(data, absmax[i], code[i], *inner, blocksize, blocksize2, (count, columns),
+                                  right.dtype))
+        else:
+            with torch.cuda.device(data.device):
+                launch(data, absmax[i], code[i], *inner, blocksize, blocksize2, block, columns=columns)
+        start += count
+    out[:, columns:] = right
+    return out
+
+
+@dequantize_4bit_rows.register_fake
+def _(packed, absmax, code, absmax2, code2, offset, blocksize, blocksize2, rows, columns, right, for_backward):
+    return right.new_empty((sum(rows), columns + right.shape[1]))
+
+
+def triton_dequantize_rows(modules, columns: int, right: torch.Tensor, for_backward: bool = False) -> torch.Tensor:
+    """The 4-bit weights of ``modules`` (bitsandbytes linears with the same blocksizes) stacked by rows, ``right``
+    beside them, by ``dequantize_4bit_rows``."""
+    states = [m.weight.quant_state for m in modules]
+    args = [_state_args(s) for s in states]
+    nested = states[0].nested
+    return torch.ops.ftprof.dequantize_4bit_rows(
+        [m.weight for m in modules], [a[0] for a in args], [a[1] for a in args],
+        [a[2] for a in args] if nested else [], [a[3] for a in args] if nested else [],
+        [a[4] for a in args] if nested else [], args[0][5], args[0][6], [int(s.shape[0]) for s in states], columns,
+        right, for_backward)
