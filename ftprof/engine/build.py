@@ -83,11 +83,12 @@ def build(plan: RunPlan, memory: MemoryTracker, log: Callable[[str], None]) -> B
         if auto is not None:
             log(f"--checkpointing auto: {auto.reason}")
         kept, torch_dequant = route_dequantization(model, cfg, policy, layers, compiling=cfg.model.compile)
-        if cfg.method.lora_fused_projections:
-            fused_projections.fuse(model, metrics.decoder_layers(model))
+        joined = (fused_projections.fuse(model, metrics.decoder_layers(model))
+                  if cfg.method.lora_fused_projections else [])
         model = wrap_model(model, plan, dtype, defer)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = make_optimizer(params, plan)
+        fused_projections.follow(optimizer, joined)
         t = cfg.train
         scheduler = make_scheduler(optimizer, t.lr_scheduler_type, t.lr_warmup_steps(), t.max_steps)
     compiled = None

@@ -130,16 +130,15 @@ def torch_dequantize(packed: torch.Tensor, state) -> torch.Tensor:
 
 
 
-@torch.library.custom_op("ftprof::dequantize_4bit_rows", mutates_args=())
-def dequantize_4bit_rows(packed: list[torch.Tensor], absmax: list[torch.Tensor], code: list[torch.Tensor],
-                         absmax2: list[torch.Tensor], code2: list[torch.Tensor], offset: list[torch.Tensor],
-                         blocksize: int, blocksize2: int, rows: list[int], columns: int, right: torch.Tensor,
-                         for_backward: bool) -> torch.Tensor:
-    """Several 4-bit weights of ``columns`` input features stacked by rows (``rows``: each one's output features),
-    with ``right`` (sum(rows) x k, the output dtype) beside them: one (sum(rows), columns + k) matrix, each weight
-    dequantized straight into its place (models/fused_projections.py). Double quantization's lists are empty
-    without it; ``for_backward`` as for ``dequantize_4bit``."""
+def dequantize_rows(packed: list[torch.Tensor], absmax: list[torch.Tensor], code: list[torch.Tensor],
+                    absmax2: list[torch.Tensor], code2: list[torch.Tensor], offset: list[torch.Tensor],
+                    blocksize: int, blocksize2: int, rows: list[int], right: torch.Tensor) -> torch.Tensor:
+    """Several 4-bit weights stacked by rows (``rows``: each one's output features), with ``right`` (sum(rows) x
+    k, the output dtype) beside them: one (sum(rows), in_features + k) matrix, each weight dequantized straight
+    into its place (models/fused_projections.py): the Triton kernel on CUDA, the same arithmetic as torch ops
+    elsewhere. Double quantization's lists are empty without it. Every weight is a whole number of blocks."""
     nested = bool(absmax2)
+    columns = packed[0].numel() * packed[0].element_size() * 2 // rows[0]
     out = torch.empty(sum(rows), columns + right.shape[1], dtype=right.dtype, device=right.device)
     start = 0
     for i, count in enumerate(rows):
@@ -157,19 +156,12 @@ def dequantize_4bit_rows(packed: list[torch.Tensor], absmax: list[torch.Tensor],
     return out
 
 
-@dequantize_4bit_rows.register_fake
-def _(packed, absmax, code, absmax2, code2, offset, blocksize, blocksize2, rows, columns, right, for_backward):
-    return right.new_empty((sum(rows), columns + right.shape[1]))
-
-
-def triton_dequantize_rows(modules, columns: int, right: torch.Tensor, for_backward: bool = False) -> torch.Tensor:
-    """The 4-bit weights of ``modules`` (bitsandbytes linears with the same blocksizes) stacked by rows, ``right``
-    beside them, by ``dequantize_4bit_rows``."""
+def quant_args(modules) -> tuple:
+    """The packed weights and quantization states of bitsandbytes linears (with the same blocksizes), as
+    ``dequantize_rows`` takes them after ``packed``: (absmax, code, absmax2, code2, offset, blocksize,
+    blocksize2), the lists of double quantization empty without it."""
     states = [m.weight.quant_state for m in modules]
     args = [_state_args(s) for s in states]
     nested = states[0].nested
-    return torch.ops.ftprof.dequantize_4bit_rows(
-        [m.weight for m in modules], [a[0] for a in args], [a[1] for a in args],
-        [a[2] for a in args] if nested else [], [a[3] for a in args] if nested else [],
-        [a[4] for a in args] if nested else [], args[0][5], args[0][6], [int(s.shape[0]) for s in states], columns,
-        right, for_backward)
+    return ([a[0] for a in args], [a[1] for a in args], [a[2] for a in args] if nested else [],
+            [a[3] for a in args] if nested else [], [a[4] for a in args] if nested else [], args[0][5], args[0][6])

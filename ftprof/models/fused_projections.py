@@ -18,12 +18,16 @@ under 1% of the GEMM.
 Where the joined weight comes from:
 
 - **QLoRA**: each 4-bit weight is dequantized straight into its rows of the joined matrix (ftprof's Triton kernel
-  writes rows with a stride; other dequantizers dequantize and concatenate), the B blocks written beside them, in
-  forward and again in backward (nothing weight-sized saved), or kept for backward where ``--keep-dequantized``
-  keeps the layer's weights (models/dequant.py's routing, followed per linear).
+  writing rows with a stride; the same arithmetic as torch ops off CUDA: bitsandbytes' bits either way), the B
+  blocks written beside them, in forward and again in backward: nothing weight-sized is saved, under full
+  checkpointing too (``--keep-dequantized`` does not apply to joined groups).
 - **LoRA** (16/32-bit frozen base): the base weights are moved once into one joined buffer (their parameters
-  become views of it: same memory) and the B blocks are copied in before a forward when they changed (after
-  every optimizer step), so a forward reads the weight with no copy.
+  become views of it: same memory) and the B blocks are copied in after every optimizer step, and before a
+  forward where they changed otherwise, so a forward reads the weight with no copy.
+
+The matmul and its backward are two torch custom ops (``ftprof::joined_linear`` and its backward), opaque to
+torch.compile: the compiled blocks fuse around them, and the gradient is the one written here, with the B
+matrices' gradient routed through ``block_diag`` (whose backward takes the diagonal blocks).
 
 The outputs are handed to the siblings through an attribute, set by the first projection and cleared by the
 sibling that reads it within one forward of the layer (as models/lora_fused_a.py does). A call the joined form
@@ -39,7 +43,7 @@ import torch
 from torch import nn
 
 from ftprof.models import dequant_kernels
-from ftprof.models.dequant import dequantize, is_4bit_linear
+from ftprof.models.dequant import is_4bit_linear
 from ftprof.models.lora_addmm import is_lora_linear
 from ftprof.models.lora_fused_a import GROUPS, _plain
 
@@ -63,11 +67,18 @@ def fuse(model: nn.Module, blocks: list[nn.Module]) -> list[Group]:
             groups.append(group)
     held = [g for g in groups if g.kind == "dense"]
     if held:
-        # Before each forward of the model (not compiled: only its blocks are), B matrices that changed since the
-        # last copy (an optimizer step, a loaded adapter: any in-place write bumps a tensor's version) are copied
-        # into their joined weights. Reading the versions costs microseconds.
+        # Before each forward of the model (not compiled: only its blocks are), B matrices written in place since
+        # the last copy (a loaded adapter, a test) are copied into their joined weights; reading the versions costs
+        # microseconds. Fused optimizers do not bump versions: ``follow`` copies after each optimizer step.
         model.register_forward_pre_hook(lambda *_: _follow(held))  # (a hook's return value would replace args)
     return groups
+
+
+def follow(optimizer: torch.optim.Optimizer, groups: list[Group]) -> None:
+    """Copy the LoRA groups' B matrices into their joined weights after each step of ``optimizer``."""
+    held = [g for g in groups if g.kind == "dense"]
+    if held:
+        optimizer.register_step_post_hook(lambda *_: [g.copy_adapters() for g in held] and None)
 
 
 def _follow(groups: list[Group]) -> None:
@@ -88,7 +99,8 @@ def _kind(members) -> str | None:
     if all(is_4bit_linear(b) for b in bases):
         states = [b.weight.quant_state for b in bases]
         same = {(s.blocksize, s.nested, s.dtype, s.state2.blocksize if s.nested else 0) for s in states}
-        return "4bit" if len(same) == 1 else None
+        whole = all(s.shape.numel() % s.blocksize == 0 for s in states)
+        return "4bit" if len(same) == 1 and whole else None
     if all(type(b) is nn.Linear for b in bases) and len({(b.weight.dtype, b.weight.device) for b in bases}) == 1:
         return "dense"
     return None
@@ -138,24 +150,6 @@ class Group:
     def ready(self) -> bool:
         return all(_plain(m) == self.name for m in self.members)
 
-    def keeps(self) -> bool:
-        """Whether backward keeps the forward's weight (QLoRA routed to keep: --keep-dequantized)."""
-        return self.kind == "4bit" and getattr(self.members[0].base_layer, "_ftprof_route", (False,))[0]
-
-    def weight(self, adapters, dtype: torch.dtype, for_backward: bool) -> torch.Tensor:
-        """The joined matrix (sum(rows), columns + sum(ranks)): base weights stacked, B blocks on the right."""
-        if self.kind == "dense":
-            return self.joined
-        bases = [m.base_layer for m in self.members]
-        dtype = bases[0].compute_dtype or dtype
-        right = torch.block_diag(*[b.to(dtype) for b in adapters])
-        dequantizer = getattr(bases[0], "_ftprof_route", (False, "bitsandbytes"))[1]
-        whole = all(b.weight.quant_state.shape.numel() % b.weight.quant_state.blocksize == 0 for b in bases)
-        if dequantizer == "triton" and whole:
-            return dequant_kernels.triton_dequantize_rows(bases, self.columns, right, for_backward)
-        left = torch.cat([dequantize(b, dequantizer, for_backward).to(dtype) for b in bases])
-        return torch.cat([left, right], dim=1)
-
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         name = self.name
         down_weight = torch.cat([m.lora_A[name].weight for m in self.members])
@@ -165,38 +159,83 @@ class Group:
             scaled = down * scales[0]
         else:
             scaled = down * torch.cat([down.new_full((r,), s) for r, s in zip(self.ranks, scales, strict=True)])
-        adapters = [m.lora_B[name].weight for m in self.members]
-        return _JoinedLinear.apply(x, scaled, self, *adapters).split(self.rows, dim=-1)
+        bases = [m.base_layer for m in self.members]
+        if self.kind == "dense":
+            dtype, joined, quant = self.joined.dtype, self.joined, ([], [], [], [], [], [], 0, 0)
+        else:
+            dtype, joined = bases[0].compute_dtype or x.dtype, None
+            quant = ([b.weight for b in bases], *dequant_kernels.quant_args(bases))
+        # The B blocks on the right of the joined weight; their gradient comes back through block_diag's backward.
+        right = torch.block_diag(*[m.lora_B[name].weight for m in self.members]).to(dtype)
+        out = torch.ops.ftprof.joined_linear(x.to(dtype), scaled.to(dtype), right, joined, *quant, self.rows)
+        return out.to(x.dtype).split(self.rows, dim=-1)
 
 
-class _JoinedLinear(torch.autograd.Function):
-    """``[x | scaled] @ joined^T`` with the B matrices' gradients (the joined weight itself does not train)."""
+@torch.library.custom_op("ftprof::joined_linear", mutates_args=())
+def joined_linear(x: torch.Tensor, scaled: torch.Tensor, right: torch.Tensor, joined: torch.Tensor | None,
+                  packed: list[torch.Tensor], absmax: list[torch.Tensor], code: list[torch.Tensor],
+                  absmax2: list[torch.Tensor], code2: list[torch.Tensor], offset: list[torch.Tensor], blocksize: int,
+                  blocksize2: int, rows: list[int]) -> torch.Tensor:
+    """``[x | scaled] @ W^T`` with W the joined weight: ``joined`` (LoRA, B blocks already in it) or the 4-bit
+    weights of ``packed`` dequantized with ``right`` (the B blocks) beside them."""
+    weight = _weight(right, joined, packed, absmax, code, absmax2, code2, offset, blocksize, blocksize2, rows)
+    return nn.functional.linear(torch.cat([x, scaled], dim=-1), weight)
 
-    @staticmethod
-    def forward(ctx, x, scaled, group, *adapters):
-        weight = group.weight(adapters, x.dtype, for_backward=False)
-        joint_input = torch.cat([x.to(weight.dtype), scaled.to(weight.dtype)], dim=-1)
-        out = nn.functional.linear(joint_input, weight)
-        ctx.group, ctx.dtypes, ctx.kept = group, (x.dtype, out.dtype), group.keeps()
-        ctx.save_for_backward(scaled, *adapters, *((weight,) if ctx.kept else ()))
-        return out.to(x.dtype)
 
-    @staticmethod
-    def backward(ctx, grad):
-        group, (x_dtype, dtype) = ctx.group, ctx.dtypes
-        scaled, *rest = ctx.saved_tensors
-        adapters = rest[:len(group.members)]
-        weight = rest[-1] if ctx.kept else group.weight(adapters, x_dtype, for_backward=True)
-        grad = grad.to(dtype)
-        joint = grad @ weight.to(dtype)  # the input's and the adapters' rank-side gradients, one GEMM
-        flat_grad, flat_scaled = grad.reshape(-1, grad.shape[-1]), scaled.reshape(-1, scaled.shape[-1]).to(dtype)
-        grads, row, column = [], 0, 0
-        for i, (b, rows, rank) in enumerate(zip(adapters, group.rows, group.ranks, strict=True)):
-            wanted = ctx.needs_input_grad[3 + i]
-            grads.append((flat_grad[:, row:row + rows].t() @ flat_scaled[:, column:column + rank]).to(b.dtype)
-                         if wanted else None)
-            row, column = row + rows, column + rank
-        return (joint[..., :group.columns].to(x_dtype), joint[..., group.columns:].to(scaled.dtype), None, *grads)
+@joined_linear.register_fake
+def _(x, scaled, right, joined, packed, absmax, code, absmax2, code2, offset, blocksize, blocksize2, rows):
+    return x.new_empty((*x.shape[:-1], sum(rows)))
+
+
+@torch.library.custom_op("ftprof::joined_linear_backward", mutates_args=())
+def joined_linear_backward(grad: torch.Tensor, scaled: torch.Tensor, right: torch.Tensor,
+                           joined: torch.Tensor | None, packed: list[torch.Tensor], absmax: list[torch.Tensor],
+                           code: list[torch.Tensor], absmax2: list[torch.Tensor], code2: list[torch.Tensor],
+                           offset: list[torch.Tensor], blocksize: int, blocksize2: int,
+                           rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the gradient of ``[x | scaled]``, the gradient of ``right``): the first one GEMM, the second ``grad^T @
+    scaled`` over the whole right block (its off-diagonal blocks are dropped by block_diag's backward; they cost a
+    GEMM of rank-sized output, which reads ``grad`` once as the diagonal blocks alone would)."""
+    weight = _weight(right, joined, packed, absmax, code, absmax2, code2, offset, blocksize, blocksize2, rows)
+    flat = grad.reshape(-1, grad.shape[-1])
+    return grad @ weight, flat.t() @ scaled.reshape(-1, scaled.shape[-1])
+
+
+@joined_linear_backward.register_fake
+def _(grad, scaled, right, joined, packed, absmax, code, absmax2, code2, offset, blocksize, blocksize2, rows):
+    columns = (joined.shape[1] - right.shape[1]) if joined is not None else \
+        packed[0].numel() * packed[0].element_size() * 2 // rows[0]
+    return grad.new_empty((*grad.shape[:-1], columns + right.shape[1])), right.new_empty(right.shape)
+
+
+def _weight(right, joined, packed, absmax, code, absmax2, code2, offset, blocksize, blocksize2, rows):
+    if joined is not None:
+        return joined
+    return dequant_kernels.dequantize_rows(packed, absmax, code, absmax2, code2, offset, blocksize, blocksize2, rows,
+                                           right)
+
+
+def _setup_context(ctx, inputs, output):
+    x, scaled, right, joined, packed, absmax, code, absmax2, code2, offset, blocksize, blocksize2, rows = inputs
+    lists = (packed, absmax, code, absmax2, code2, offset)
+    ctx.sizes, ctx.columns = [len(t) for t in lists], x.shape[-1]
+    ctx.ints, ctx.dense = (blocksize, blocksize2, rows), joined is not None
+    ctx.save_for_backward(scaled, right, *((joined,) if joined is not None else ()), *(t for ts in lists for t in ts))
+
+
+def _backward(ctx, grad):
+    scaled, right, *rest = ctx.saved_tensors
+    joined = rest.pop(0) if ctx.dense else None
+    lists, start = [], 0
+    for size in ctx.sizes:
+        lists.append(rest[start:start + size])
+        start += size
+    joint, grad_right = torch.ops.ftprof.joined_linear_backward(grad, scaled, right, joined, *lists, *ctx.ints)
+    none_lists = tuple([None] * size for size in ctx.sizes)  # the structure of the inputs: lists stay lists
+    return (joint[..., :ctx.columns], joint[..., ctx.columns:], grad_right, None, *none_lists, None, None, None)
+
+
+joined_linear.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _member_forward(previous):

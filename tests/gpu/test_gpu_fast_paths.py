@@ -180,13 +180,11 @@ def test_row_strided_dequantization_gives_the_same_bits():
     quantized = [bf.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4",
                                   quant_storage=torch.bfloat16) for w in weights]
 
-    class Holder:  # what triton_dequantize_rows reads from a bitsandbytes linear
-        def __init__(self, packed, state):
-            self.weight = packed
-            self.weight.quant_state = state
-
     right = torch.randn(6144, 48, device="cuda").to(torch.bfloat16)
-    joined = dequant_kernels.triton_dequantize_rows([Holder(p, s) for p, s in quantized], 4096, right)
+    args = [[q[1].absmax for q in quantized], [q[1].code for q in quantized],
+            [q[1].state2.absmax for q in quantized], [q[1].state2.code for q in quantized],
+            [q[1].offset for q in quantized], 64, quantized[0][1].state2.blocksize]
+    joined = dequant_kernels.dequantize_rows([q[0] for q in quantized], *args, [4096, 1024, 1024], right)
     expected = torch.cat([torch.cat([bf.dequantize_4bit(p, s) for p, s in quantized]), right], dim=1)
     assert torch.equal(joined, expected)
 
