@@ -81,6 +81,12 @@ def follow(optimizer: torch.optim.Optimizer, groups: list[Group]) -> None:
         optimizer.register_step_post_hook(lambda *_: [g.copy_adapters() for g in held] and None)
 
 
+def routed_to_keep(groups: list[Group]) -> int:
+    """How many joined 4-bit linears models/dequant.py routed to keep their weights (the joined matmul does not)."""
+    return sum(getattr(m.base_layer, "_ftprof_route", (False,))[0] for g in groups if g.kind == "4bit"
+               for m in g.members)
+
+
 def _follow(groups: list[Group]) -> None:
     for group in groups:
         group.follow_adapters()

@@ -132,3 +132,12 @@ def test_the_option_is_off_by_default_and_refused_where_it_cannot_run():
         RunConfig.from_flat({"method": "lora", "lora_fused_projections": True, "nproc_per_node": 2})
     with pytest.raises(ConfigError, match="--lora-fused-projections is a lora option"):
         RunConfig.from_flat({"method": "full", "lora_fused_projections": True})
+
+
+def test_joined_linears_are_not_counted_as_keeping_weights(tmp_path):
+    """Under full checkpointing only the o and down projections keep their dequantized weights: the joined groups
+    dequantize again in backward, and the run's count says so."""
+    _, plain = build_run(tiny_config(tmp_path / "p", "qlora", checkpointing="full"))
+    _, joined = build_run(tiny_config(tmp_path / "j", "qlora", checkpointing="full", lora_fused_projections=True))
+    layers = len(metrics.decoder_layers(plain.model))
+    assert plain.kept_dequantized == 7 * layers and joined.kept_dequantized == 2 * layers

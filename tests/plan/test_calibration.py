@@ -5,6 +5,7 @@ peak-scaled fallbacks, activation factors, FTPROF_CALIBRATION=off."""
 from __future__ import annotations
 
 import json
+import statistics
 import shutil
 import subprocess
 import sys
@@ -161,14 +162,14 @@ def test_the_nearest_configuration_of_the_same_device_and_class_sets_the_rate():
 def _shipped_default_rate():
     rows = [r for r in calibration.shipped()["speed"] if r["device_name"] == H200 and r["model"] == "llama-8b"
             and calibration.class_key(r) == QLORA_COMPILED and not calibration.off_default(r)]
-    assert len(rows) == 1
-    return rows[0]["flops_per_s"]
+    assert rows
+    return statistics.median(r["flops_per_s"] for r in rows)  # the class's runs at today's defaults, one rate
 
 
 def test_without_local_records_the_shipped_defaults_answer():
     others = [_record(rate=9e14, key=ClassKey("qlora", "none", "liger", True))]  # same method, other kernels
     rate = calibration.speed_rate(H200, QLORA_COMPILED, 3.35e10, 8192, records=others)
-    assert rate.flops_per_s == _shipped_default_rate() and rate.runs == 1
+    assert rate.flops_per_s == pytest.approx(_shipped_default_rate()) and rate.runs >= 1
     assert rate.source.startswith("shipped defaults (") and rate.source.endswith(
         "NVIDIA H200: llama-8b qlora none eager compiled, 8192 tokens/micro-batch)")
 
