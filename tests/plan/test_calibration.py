@@ -5,8 +5,8 @@ peak-scaled fallbacks, activation factors, FTPROF_CALIBRATION=off."""
 from __future__ import annotations
 
 import json
-import statistics
 import shutil
+import statistics
 import subprocess
 import sys
 import textwrap
