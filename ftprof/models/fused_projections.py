@@ -44,31 +44,27 @@ from torch import nn
 
 from ftprof.models import dequant_kernels
 from ftprof.models.dequant import is_4bit_linear
-from ftprof.models.lora_addmm import is_lora_linear
-from ftprof.models.lora_fused_a import GROUPS, _plain
+from ftprof.models.lora_fused_a import adapted_groups, plain_adapter
 
 
 def fuse(model: nn.Module, blocks: list[nn.Module]) -> list[Group]:
     """Join each eligible group of adapted projections in ``blocks`` (``model``'s decoder layers). Returns the
     groups."""
     groups = []
-    for block in blocks:
-        for parent_name, names in GROUPS:
-            parent = getattr(block, parent_name, None)
-            members = tuple(m for m in (getattr(parent, n, None) for n in names) if m is not None and is_lora_linear(m))
-            kind = _kind(members)
-            if kind is None:
-                continue
-            # SDPA saves v as it gets it, while q and k are saved after rotary (new tensors): a view of the joined
-            # output would keep the whole q/k/v output alive until backward (+80 MB a layer on llama-8b at
-            # 4 x 2048; +2.5 GiB measured). v is copied out (16 MB).
-            copied = {i for i, m in enumerate(members) if m is getattr(parent, "v_proj", None)}
-            group = Group(members, kind, copied)
-            for index, member in enumerate(members):
-                object.__setattr__(member, "_ftprof_joined", (group, index))  # not a submodule: PEFT's tree stays
-                member._ftprof_out = None
-                member.forward = types.MethodType(_member_forward(member.forward), member)
-            groups.append(group)
+    for parent, members in adapted_groups(blocks):
+        kind = _kind(members)
+        if kind is None:
+            continue
+        # SDPA saves v as it gets it, while q and k are saved after rotary (new tensors): a view of the joined
+        # output would keep the whole q/k/v output alive until backward (+80 MB a layer on llama-8b at 4 x 2048;
+        # +2.5 GiB measured). v is copied out (16 MB).
+        copied = {i for i, m in enumerate(members) if m is getattr(parent, "v_proj", None)}
+        group = Group(members, kind, copied)
+        for index, member in enumerate(members):
+            object.__setattr__(member, "_ftprof_joined", (group, index))  # not a submodule: PEFT's tree stays
+            member._ftprof_out = None
+            member.forward = types.MethodType(_member_forward(member.forward), member)
+        groups.append(group)
     held = [g for g in groups if g.kind == "dense"]
     if held:
         # Before each forward of the model (not compiled: only its blocks are), B matrices written in place since
@@ -98,9 +94,7 @@ def _follow(groups: list[Group]) -> None:
 
 def _kind(members) -> str | None:
     """"4bit" (bitsandbytes bases), "dense" (plain linears) or None where the group cannot be joined."""
-    if len(members) < 2 or len({m.base_layer.in_features for m in members}) != 1:
-        return None
-    names = {_plain(m) for m in members}
+    names = {plain_adapter(m) for m in members}
     if len(names) != 1 or None in names:
         return None
     bases = [m.base_layer for m in members]
@@ -121,7 +115,7 @@ class Group:
 
     def __init__(self, members, kind: str, copied: set[int] = frozenset()):
         self.members, self.kind, self.copied = members, kind, copied  # copied: outputs handed out as copies
-        self.name = _plain(members[0])
+        self.name = plain_adapter(members[0])
         self.columns = members[0].base_layer.in_features
         self.rows = [m.base_layer.out_features for m in members]
         self.ranks = [m.lora_B[self.name].weight.shape[1] for m in members]
@@ -158,7 +152,7 @@ class Group:
             row, column = row + rows, column + rank
 
     def ready(self) -> bool:
-        return all(_plain(m) == self.name for m in self.members)
+        return all(plain_adapter(m) == self.name for m in self.members)
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         name = self.name

@@ -33,22 +33,28 @@ def fuse_groups(blocks: list[nn.Module]) -> int:
     """Give the adapted projections of each group in ``blocks`` (the decoder layers) the shared A matmul. Returns
     how many projections take part."""
     count = 0
+    for _, members in adapted_groups(blocks):
+        for index, member in enumerate(members):
+            # Not registered as submodules (object.__setattr__): the siblings stay where PEFT put them.
+            object.__setattr__(member, "_ftprof_group", (members, index))
+            member._ftprof_slice = None
+            member.forward = types.MethodType(_group_forward(member.forward), member)
+        count += len(members)
+    return count
+
+
+def adapted_groups(blocks: list[nn.Module]):
+    """(parent, members) for each GROUPS entry of ``blocks`` with at least two PEFT LoRA linears that read inputs
+    of one width (models/fused_projections.py joins the same groups)."""
     for block in blocks:
         for parent_name, names in GROUPS:
             parent = getattr(block, parent_name, None)
             members = tuple(m for m in (getattr(parent, n, None) for n in names) if m is not None and is_lora_linear(m))
-            if len(members) < 2 or len({m.base_layer.in_features for m in members}) != 1:
-                continue
-            for index, member in enumerate(members):
-                # Not registered as submodules (object.__setattr__): the siblings stay where PEFT put them.
-                object.__setattr__(member, "_ftprof_group", (members, index))
-                member._ftprof_slice = None
-                member.forward = types.MethodType(_group_forward(member.forward), member)
-            count += len(members)
-    return count
+            if len(members) >= 2 and len({m.base_layer.in_features for m in members}) == 1:
+                yield parent, members
 
 
-def _plain(module: nn.Module) -> str | None:
+def plain_adapter(module: nn.Module) -> str | None:
     """The active adapter's name when the shared form computes what PEFT would (no dropout); else None."""
     name = single_plain_adapter(module)
     return name if name is not None and isinstance(module.lora_dropout[name], nn.Identity) else None
@@ -58,12 +64,12 @@ def _group_forward(peft_forward):
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         members, index = self._ftprof_group
         handed, self._ftprof_slice = self._ftprof_slice, None
-        name = _plain(self)
+        name = plain_adapter(self)
         if name is None or args or kwargs:
             return peft_forward(x, *args, **kwargs)
         result = self.base_layer(x)
         lora_x = self._cast_input_dtype(x, self.lora_A[name].weight.dtype)  # as PEFT does (a no-op under autocast)
-        if index == 0 and all(_plain(m) == name for m in members):
+        if index == 0 and all(plain_adapter(m) == name for m in members):
             weights = [m.lora_A[name].weight for m in members]
             slices = nn.functional.linear(lora_x, torch.cat(weights)).split([w.shape[0] for w in weights], dim=-1)
             for sibling, part in zip(members[1:], slices[1:], strict=True):
