@@ -10,6 +10,7 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -52,3 +53,16 @@ def kill_tree(process) -> None:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
+
+
+def answer_ctrl_c() -> None:
+    """Make SIGINT raise KeyboardInterrupt in this process whatever its parent left: a process started with SIGINT
+    ignored (a background job of a script, some test runners) or blocked in its signal mask inherits that, and
+    bench, which stops its experiments with SIGINT, would never stop them (seen in CI: a bench and its experiment
+    ran on for 18 minutes after Ctrl-C). Main thread only; elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

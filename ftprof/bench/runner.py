@@ -25,7 +25,7 @@ from pathlib import Path
 from ftprof.bench.lock import Claim, claim_cell, claim_holder
 from ftprof.bench.sweep import Experiment, Sweep
 from ftprof.config import RunConfig
-from ftprof.lifetime import preexec_die_with
+from ftprof.lifetime import answer_ctrl_c, preexec_die_with
 from ftprof.results import run_dir as files
 from ftprof.results.load import read_result, read_runs
 from ftprof.results.run_dir import RunDirWriter
@@ -345,6 +345,7 @@ class BenchRunner:
     def run(self) -> list[Outcome]:
         """Run the planned experiments. SIGTERM is handled like Ctrl-C (children stopped, 'interrupted' recorded)
         while this runs in the main thread."""
+        answer_ctrl_c()  # and the experiments inherit Python's Ctrl-C, which _stop_all relies on
         with _sigterm_as_interrupt():
             return self._run()
 

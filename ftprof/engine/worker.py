@@ -13,6 +13,7 @@ import signal
 import sys
 
 from ftprof.errors import FtprofError
+from ftprof.lifetime import answer_ctrl_c
 
 
 def run_config_file(path: str) -> int:
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m ftprof.engine.worker CONFIG.json", file=sys.stderr)
         return 2
+    answer_ctrl_c()  # bench stops us with SIGINT, whatever our parent's parent left ignored or blocked
     signal.signal(signal.SIGTERM, _interrupt)  # bench stopping us (or dying: its parent-death signal) = Ctrl-C
     from ftprof.ranks import under_torchrun
 

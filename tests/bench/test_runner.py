@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import pytest
 
@@ -262,6 +263,37 @@ def test_double_ctrl_c_still_records_and_summarizes(tmp_path):
     assert bench.returncode == 130, err.decode()[-2000:]
     assert [_status(d) for d in out.iterdir() if d.is_dir()] == ["interrupted"]
     assert (out / "raw_summary.csv").is_file()
+
+
+def _leave_sigint(how: str):
+    """A preexec_fn: the child starts with SIGINT ``ignored`` or ``blocked``, as a parent may leave it."""
+    def pre():
+        if how == "ignored":
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        else:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    return pre
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ignored", "blocked"])
+def test_ctrl_c_stops_bench_whatever_its_parent_left(tmp_path, how):
+    """A bench started with SIGINT ignored or blocked (inherited from its parent) still stops its experiment and
+    records it on Ctrl-C (seen in CI: one ran on for 18 minutes)."""
+    path = _sweep(tmp_path, LONG)
+    out = tmp_path / "out"
+    bench = subprocess.Popen([sys.executable, "-m", "ftprof", "bench", str(path), "--output-dir", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_leave_sigint(how))
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(out.glob("*/steps*.csv")) and bench.poll() is None:
+        time.sleep(0.2)
+    bench.send_signal(signal.SIGINT)
+    try:
+        _, err = bench.communicate(timeout=90)
+    finally:
+        BenchRunner._signal(types.SimpleNamespace(proc=bench), signal.SIGKILL)  # whatever the verdict
+    assert bench.returncode == 130, err.decode()[-2000:]
+    assert [_status(d) for d in out.iterdir() if d.is_dir()] == ["interrupted"]
 
 
 @pytest.mark.slow
