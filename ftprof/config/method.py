@@ -21,8 +21,9 @@ from ftprof.errors import ConfigError
 # Method options by the methods they apply to: (methods, option names). MethodConfig rejects the others; the CLI
 # leaves them out of a method's --help.
 METHOD_OPTION_GROUPS = {
-    "lora": (LORA_METHODS, ("lora_r", "lora_alpha", "lora_dropout", "lora_targets", "lora_addmm", "lora_fused_a",
-                                  "lora_fused_projections")),
+    "lora": (LORA_METHODS, ("lora_r", "lora_alpha", "lora_dropout", "lora_targets", "lora_addmm", "lora_fused_a")),
+    # GPTQ-LoRA's quantized bases keep their own kernels: its projections are not joined
+    "LoRA and QLoRA": (("lora", "qlora"), ("lora_fused_projections",)),
     "bitsandbytes": (("qlora",), ("quant_type", "double_quant", "compute_dtype", "quant_storage",
                                    "keep_dequantized", "dequant_kernel")),
     "quantized-base": (("qlora", "gptq-lora"), ("kbit_prepare",)),
@@ -145,8 +146,9 @@ class MethodConfig:
             values.update(lora_r=r, lora_alpha=self.lora_alpha if self.lora_alpha is not None else 2.0 * r,
                           lora_dropout=self.lora_dropout or 0.0,
                           lora_targets=self.lora_targets or DEFAULT_LORA_TARGETS,
-                          lora_addmm=bool(self.lora_addmm), lora_fused_a=self._fused_a(),
-                          lora_fused_projections=bool(self.lora_fused_projections))
+                          lora_addmm=bool(self.lora_addmm), lora_fused_a=self._fused_a())
+        if self.method in ("lora", "qlora"):
+            values.update(lora_fused_projections=bool(self.lora_fused_projections))
         if self.method in ("qlora", "gptq-lora"):
             values.update(kbit_prepare=bool(self.kbit_prepare))
         if self.method == "qlora":

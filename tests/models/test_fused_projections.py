@@ -130,7 +130,9 @@ def test_the_option_is_off_by_default_and_refused_where_it_cannot_run():
         RunConfig.from_flat({"method": "lora", "lora_addmm": True, "lora_fused_projections": True})
     with pytest.raises(ConfigError, match="FSDP"):
         RunConfig.from_flat({"method": "lora", "lora_fused_projections": True, "nproc_per_node": 2})
-    with pytest.raises(ConfigError, match="--lora-fused-projections is a lora option"):
+    with pytest.raises(ConfigError, match="a LoRA and QLoRA option and does not apply to method 'gptq-lora'"):
+        RunConfig.from_flat({"method": "gptq-lora", "lora_fused_projections": True})
+    with pytest.raises(ConfigError, match="--lora-fused-projections is a LoRA and QLoRA option"):
         RunConfig.from_flat({"method": "full", "lora_fused_projections": True})
 
 
