@@ -78,7 +78,7 @@ def follow(optimizer: torch.optim.Optimizer, groups: list[Group]) -> None:
     """Copy the LoRA groups' B matrices into their joined weights after each step of ``optimizer``."""
     held = [g for g in groups if g.kind == "dense"]
     if held:
-        optimizer.register_step_post_hook(lambda *_: [g.copy_adapters() for g in held] and None)
+        optimizer.register_step_post_hook(lambda *_: _copy_adapters(held))
 
 
 def routed_to_keep(groups: list[Group]) -> int:
@@ -90,6 +90,11 @@ def routed_to_keep(groups: list[Group]) -> int:
 def _follow(groups: list[Group]) -> None:
     for group in groups:
         group.follow_adapters()
+
+
+def _copy_adapters(groups: list[Group]) -> None:
+    for group in groups:
+        group.copy_adapters()
 
 
 def _kind(members) -> str | None:
@@ -120,7 +125,7 @@ class Group:
         self.rows = [m.base_layer.out_features for m in members]
         self.ranks = [m.lora_B[self.name].weight.shape[1] for m in members]
         self.joined: torch.Tensor | None = None
-        self._copied: tuple[int, ...] = ()  # the B matrices' versions when last copied into ``joined``
+        self._versions_copied: tuple[int, ...] = ()  # the B matrices' versions when last copied into ``joined``
         if kind == "dense":
             self._join_bases()
 
@@ -139,13 +144,13 @@ class Group:
     def follow_adapters(self) -> None:
         """Copy the B matrices into the joined weight (LoRA) if any changed since the last copy."""
         versions = tuple(m.lora_B[self.name].weight._version for m in self.members)
-        if versions != self._copied:
+        if versions != self._versions_copied:
             self.copy_adapters()
 
     @torch.no_grad()
     def copy_adapters(self) -> None:
         """The B matrices into the joined buffer's right columns (LoRA), each in its block."""
-        self._copied = tuple(m.lora_B[self.name].weight._version for m in self.members)
+        self._versions_copied = tuple(m.lora_B[self.name].weight._version for m in self.members)
         row, column = 0, self.columns
         for member, rows, rank in zip(self.members, self.rows, self.ranks, strict=True):
             self.joined[row:row + rows, column:column + rank] = member.lora_B[self.name].weight
