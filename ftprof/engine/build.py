@@ -82,10 +82,9 @@ def build(plan: RunPlan, memory: MemoryTracker, log: Callable[[str], None]) -> B
         policy, layers, auto, selective = checkpointing.resolve_policy(model, plan)
         if auto is not None:
             log(f"--checkpointing auto: {auto.reason}")
-        kept, torch_dequant = route_dequantization(model, cfg, policy, layers, compiling=cfg.model.compile)
         joined = (fused_projections.fuse(model, metrics.decoder_layers(model))
                   if cfg.method.lora_fused_projections else [])
-        kept -= fused_projections.routed_to_keep(joined)  # joined groups dequantize again in backward
+        kept, torch_dequant = route_dequantization(model, cfg, policy, layers, compiling=cfg.model.compile)
         model = wrap_model(model, plan, dtype, defer)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = make_optimizer(params, plan)

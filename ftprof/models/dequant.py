@@ -59,12 +59,12 @@ def route(blocks: list[nn.Module], kept: int, dequantizer: str = "bitsandbytes")
     keeping = rerouted = 0
     for index, block in enumerate(blocks):
         for module in block.modules():
-            if not is_4bit_linear(module) or any(p.requires_grad for p in module.parameters(recurse=False)):
+            if not is_4bit_linear(module) or any(p.requires_grad for p in module.parameters(recurse=False)) \
+                    or getattr(module, "_ftprof_in_joined_group", False):  # dequantized by its joined group
                 continue
             keep = index < kept
             module.__dict__.pop("forward", None)  # back to Linear4bit.forward before choosing again
             other = dequantizer != "bitsandbytes" and (keep or module.bias is None)  # (biased, not kept: bnb's)
-            module._ftprof_route = (keep, dequantizer)  # what a fused group of projections follows
             if keep or other:
                 module.forward = types.MethodType(_forward(keep, dequantizer), module)
             keeping += keep

@@ -129,6 +129,10 @@ def torch_dequantize(packed: torch.Tensor, state) -> torch.Tensor:
     return blockwise(packed.reshape(-1).view(torch.uint8), *_state_args(state), state.shape, state.dtype)
 
 
+def packed_columns(packed: torch.Tensor, rows: int) -> int:
+    """The input features of a 4-bit weight of ``rows`` output features: two values per packed byte."""
+    return packed.numel() * packed.element_size() * 2 // rows
+
 
 def dequantize_rows(packed: list[torch.Tensor], absmax: list[torch.Tensor], code: list[torch.Tensor],
                     absmax2: list[torch.Tensor], code2: list[torch.Tensor], offset: list[torch.Tensor],
@@ -138,7 +142,7 @@ def dequantize_rows(packed: list[torch.Tensor], absmax: list[torch.Tensor], code
     into its place (models/fused_projections.py): the Triton kernel on CUDA, the same arithmetic as torch ops
     elsewhere. Double quantization's lists are empty without it. Every weight is a whole number of blocks."""
     nested = bool(absmax2)
-    columns = packed[0].numel() * packed[0].element_size() * 2 // rows[0]
+    columns = packed_columns(packed[0], rows[0])
     out = torch.empty(sum(rows), columns + right.shape[1], dtype=right.dtype, device=right.device)
     start = 0
     for i, count in enumerate(rows):

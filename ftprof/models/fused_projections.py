@@ -62,6 +62,7 @@ def fuse(model: nn.Module, blocks: list[nn.Module]) -> list[Group]:
         group = Group(members, kind, copied)
         for index, member in enumerate(members):
             object.__setattr__(member, "_ftprof_joined", (group, index))  # not a submodule: PEFT's tree stays
+            member.base_layer._ftprof_in_joined_group = True  # models/dequant.py's routing leaves it alone
             member._ftprof_out = None
             member.forward = types.MethodType(_member_forward(member.forward), member)
         groups.append(group)
@@ -79,12 +80,6 @@ def follow(optimizer: torch.optim.Optimizer, groups: list[Group]) -> None:
     held = [g for g in groups if g.kind == "dense"]
     if held:
         optimizer.register_step_post_hook(lambda *_: _copy_adapters(held))
-
-
-def routed_to_keep(groups: list[Group]) -> int:
-    """How many joined 4-bit linears models/dequant.py routed to keep their weights (the joined matmul does not)."""
-    return sum(getattr(m.base_layer, "_ftprof_route", (False,))[0] for g in groups if g.kind == "4bit"
-               for m in g.members)
 
 
 def _follow(groups: list[Group]) -> None:
@@ -214,7 +209,7 @@ def joined_linear_backward(grad: torch.Tensor, scaled: torch.Tensor, right: torc
 @joined_linear_backward.register_fake
 def _(grad, scaled, right, joined, packed, absmax, code, absmax2, code2, offset, blocksize, blocksize2, rows):
     columns = (joined.shape[1] - right.shape[1]) if joined is not None else \
-        packed[0].numel() * packed[0].element_size() * 2 // rows[0]
+        dequant_kernels.packed_columns(packed[0], rows[0])
     return grad.new_empty((*grad.shape[:-1], columns + right.shape[1])), right.new_empty(right.shape)
 
 
