@@ -182,8 +182,20 @@ def _check_model_options(cfg: RunConfig, source: ModelSource, device) -> None:
         from ftprof.models.kernels import check_liger
 
         check_liger(getattr(source.config, "model_type", None))
-    if cfg.method.dequant_kernel == "triton":
+    if cfg.method.dequant_kernel == "triton" or (cfg.method.fp8_base and cfg.method.method == "qlora" and
+                                                 device.type == "cuda"):
         _check_triton()
+    if cfg.method.fp8_base and device.type == "cuda":
+        _check_fp8(device)
+
+
+def _check_fp8(device) -> None:
+    import torch
+
+    capability = torch.cuda.get_device_capability(device)
+    if capability < (8, 9):
+        raise ConfigError(f"--fp8-base needs FP8 tensor cores (compute capability 8.9+: Ada, Hopper or newer); "
+                          f"{torch.cuda.get_device_name(device)} is {capability[0]}.{capability[1]}")
 
 
 def _prepare_data(cfg: RunConfig, source: ModelSource):

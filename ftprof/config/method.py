@@ -23,7 +23,7 @@ from ftprof.errors import ConfigError
 METHOD_OPTION_GROUPS = {
     "lora": (LORA_METHODS, ("lora_r", "lora_alpha", "lora_dropout", "lora_targets", "lora_addmm", "lora_fused_a")),
     # GPTQ-LoRA's quantized bases keep their own kernels: its projections are not joined
-    "LoRA and QLoRA": (("lora", "qlora"), ("lora_fused_projections",)),
+    "LoRA and QLoRA": (("lora", "qlora"), ("lora_fused_projections", "fp8_base")),
     "bitsandbytes": (("qlora",), ("quant_type", "double_quant", "compute_dtype", "quant_storage",
                                    "keep_dequantized", "dequant_kernel")),
     "quantized-base": (("qlora", "gptq-lora"), ("kbit_prepare",)),
@@ -59,6 +59,11 @@ class MethodConfig:
         None, "one GEMM for each group of adapted projections that read the same input (q, k, v; gate, up), the "
         "adapters' B matmuls inside it: base weights side by side, no full-size adapter output or add (lora, "
         "qlora; gptq-lora bases keep their own; not under FSDP; default off)")
+    fp8_base: Optional[bool] = option(
+        None, "run the frozen base weights' matmuls (forward and input gradient) as rowwise-scaled e4m3 GEMMs, "
+        "twice the bf16 tensor-core rate on Hopper and Ada; adapters, attention and the loss stay 16-bit: FP8's "
+        "numerics, checked against eager on the GPU (lora, qlora; CUDA compute capability 8.9+, or the CPU; not "
+        "under FSDP; default off)")
     quant_type: Optional[str] = option(None, "bitsandbytes 4-bit type (qlora; default nf4)", choices=("nf4", "fp4"))
     double_quant: Optional[bool] = option(None, "quantize the quantization constants too (qlora; default on)")
     compute_dtype: Optional[str] = option(None, "dtype of the 4-bit matmuls (qlora; default: the run dtype)",
@@ -107,11 +112,19 @@ class MethodConfig:
                  "adapter forward: pick one")
         require(not (self.lora_addmm and self.lora_fused_projections), "--lora-addmm and --lora-fused-projections "
                  "each replace PEFT's adapter forward: pick one")
+        self._check_fp8_base()
         if self.gptq_group_size is not None:
             require(self.gptq_group_size == -1 or self.gptq_group_size >= 16,
                      f"--gptq-group-size must be -1 or >= 16, got {self.gptq_group_size}")
         if self.gptq_calibration_samples is not None:
             require(self.gptq_calibration_samples >= 1, "--gptq-calibration-samples must be at least 1")
+
+    def _check_fp8_base(self) -> None:
+        if not self.fp8_base:
+            return
+        for flag, value in (("--lora-fused-projections", self.lora_fused_projections),
+                            ("--kbit-prepare", self.kbit_prepare), ("--keep-dequantized", self.keep_dequantized)):
+            require(not value, f"--fp8-base and {flag} each decide how the base weights are multiplied: pick one")
 
     def for_method(self, method: str, run_dtype: str, preset: bool = False) -> MethodConfig:
         """The same settings for another method (``ftprof plan`` compares methods): the options that apply to
@@ -148,7 +161,7 @@ class MethodConfig:
                           lora_targets=self.lora_targets or DEFAULT_LORA_TARGETS,
                           lora_addmm=bool(self.lora_addmm), lora_fused_a=self._fused_a())
         if self.method in ("lora", "qlora"):
-            values.update(lora_fused_projections=bool(self.lora_fused_projections))
+            values.update(lora_fused_projections=bool(self.lora_fused_projections), fp8_base=bool(self.fp8_base))
         if self.method in ("qlora", "gptq-lora"):
             values.update(kbit_prepare=bool(self.kbit_prepare))
         if self.method == "qlora":
@@ -156,7 +169,7 @@ class MethodConfig:
                           double_quant=True if self.double_quant is None else self.double_quant,
                           compute_dtype=self.compute_dtype or run_dtype,
                           quant_storage=self.quant_storage or run_dtype,
-                          keep_dequantized=self.keep_dequantized is not False,
+                          keep_dequantized=self.keep_dequantized is not False and not self.fp8_base,
                           dequant_kernel=self.dequant_kernel if self.dequant_kernel in DEQUANT_KERNELS[1:]
                           else "triton" if triton else "bitsandbytes")
         if self.method == "gptq-lora":

@@ -53,6 +53,12 @@ class RunConfig:
                      (self.distributed.world_size > 1 or self.distributed.fsdp_cpu_offload)),
                 "--lora-fused-projections joins base weights into one buffer, which FSDP cannot shard per "
                 "parameter: use --parallel ddp or leave it off")
+        require(not (self.method.fp8_base and self.distributed.parallel == "fsdp" and
+                     (self.distributed.world_size > 1 or self.distributed.fsdp_cpu_offload)),
+                "--fp8-base keeps e4m3 copies of whole base weights, which FSDP shards: use --parallel ddp or leave "
+                "it off")
+        require(not (self.model.compile_dequant and self.method.fp8_base),
+                "--compile-dequant and --fp8-base each dequantize the 4-bit weights: pick one")
         require(not (self.model.compile_dequant and self.method.dequant_kernel == "triton"),
                  "--compile-dequant and --dequant-kernel triton each dequantize the 4-bit weights: pick one")
         self._check_steps()

@@ -17,7 +17,7 @@ from ftprof.engine.checkpointing import AutoChoice, SelectivePolicy
 from ftprof.engine.compile import CompileOutcome, warm_up
 from ftprof.engine.evaluate import eval_batches_for
 from ftprof.engine.schedule import make_scheduler
-from ftprof.models import attention, dequant, fused_projections, kernels
+from ftprof.models import attention, dequant, fp8_base, fused_projections, kernels
 from ftprof.models.materialize import materialize_sharded
 from ftprof.models.methods import LoadContext, get_strategy
 from ftprof.models.tokenizer import load_tokenizer as tokenizer_for
@@ -84,6 +84,8 @@ def build(plan: RunPlan, memory: MemoryTracker, log: Callable[[str], None]) -> B
             log(f"--checkpointing auto: {auto.reason}")
         joined = (fused_projections.fuse(model, metrics.decoder_layers(model))
                   if cfg.method.lora_fused_projections else [])
+        if cfg.method.fp8_base:
+            log(f"--fp8-base: {fp8_base.convert(metrics.decoder_layers(model))} base linears multiply in e4m3")
         kept, torch_dequant = route_dequantization(model, cfg, policy, layers, compiling=cfg.model.compile)
         model = wrap_model(model, plan, dtype, defer)
         params = [p for p in model.parameters() if p.requires_grad]

@@ -34,8 +34,8 @@ def _kernel():
 
     @triton.jit
     def dequantize_4bit_kernel(packed, absmax, code, absmax2, code2, offset, out, n_bytes, columns, row_stride,
-                               BLOCKSIZE: tl.constexpr, BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr,
-                               BYTES: tl.constexpr, STRIDED: tl.constexpr):
+                               inverse, BLOCKSIZE: tl.constexpr, BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr,
+                               BYTES: tl.constexpr, STRIDED: tl.constexpr, ROW_SCALED: tl.constexpr):
         index = tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES)
         inside = index < n_bytes
         byte = tl.load(packed + index, mask=inside, other=0).to(tl.int32)
@@ -49,9 +49,12 @@ def _kernel():
             scale = scale + tl.load(offset)
         else:
             scale = tl.load(absmax + block, mask=inside, other=0.0)
-        values = tl.interleave(first * scale, second * scale).to(out.dtype.element_ty)
+        values = tl.interleave(first * scale, second * scale)
         where = tl.program_id(0).to(tl.int64) * (2 * BYTES) + tl.arange(0, 2 * BYTES)
         inside = where < 2 * n_bytes
+        if ROW_SCALED:  # e4m3 rows (--fp8-base): each value times its row's inverse scale, in fp32
+            values = values * tl.load(inverse + where // columns, mask=inside, other=0.0)
+        values = values.to(out.dtype.element_ty)
         if STRIDED:  # the weight's rows land ``row_stride`` apart: the left columns of a wider matrix
             where = (where // columns) * row_stride + where % columns
         tl.store(out + where, values, mask=inside)
@@ -77,17 +80,20 @@ def dequantize_4bit(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tens
 
 
 def launch(data, absmax, code, absmax2, code2, offset, blocksize: int, blocksize2: int, out: torch.Tensor,
-           bytes_per_program: int | None = None, warps: int | None = None, columns: int = 0) -> None:
+           bytes_per_program: int | None = None, warps: int | None = None, columns: int = 0,
+           inverse: torch.Tensor | None = None) -> None:
     """The kernel over ``data`` (packed bytes, two values each) into ``out``: ``data.numel() * 2`` values, or, with
-    ``columns``, rows of that many values written into the left columns of ``out`` (a 2-D view, unit column stride)."""
+    ``columns``, rows of that many values written into the left columns of ``out`` (a 2-D view, unit column stride).
+    ``inverse`` (one fp32 factor per row of ``columns`` values) scales each row before the rounding to ``out``'s
+    dtype (e4m3 rows for --fp8-base)."""
     nested = absmax2 is not None
     size = bytes_per_program or BYTES
     strided = bool(columns) and out.stride(0) != columns
     _kernel()[(-(-data.numel() // size),)](  # programs: ceil(bytes / size)
         data, absmax, code, absmax2 if nested else absmax, code2 if nested else code, offset if nested else absmax,
-        out, data.numel(), columns or 1, out.stride(0) if strided else 1,
+        out, data.numel(), columns or 1, out.stride(0) if strided else 1, inverse if inverse is not None else absmax,
         BLOCKSIZE=blocksize, BLOCKSIZE2=blocksize2 if nested else 1, NESTED=nested, BYTES=size, STRIDED=strided,
-        num_warps=warps or WARPS,
+        ROW_SCALED=inverse is not None, num_warps=warps or WARPS,
         enable_fp_fusion=False)  # bitsandbytes rounds the nested multiply and the add apart
 
 
@@ -108,6 +114,34 @@ def blockwise(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absm
         absmax = code2[absmax.long()] * absmax2[group] + offset
     scaled = values.view(-1, blocksize) * absmax.float().view(-1, 1)
     return scaled.reshape(shape).to(dtype)
+
+
+@torch.library.custom_op("ftprof::dequantize_4bit_fp8", mutates_args=())
+def dequantize_4bit_fp8(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absmax2: torch.Tensor | None,
+                        code2: torch.Tensor | None, offset: torch.Tensor | None, blocksize: int, blocksize2: int,
+                        shape: list[int], inverse: torch.Tensor, for_backward: bool) -> torch.Tensor:
+    """The weight of ``shape`` (rows x columns) as e4m3: each row's values times its ``inverse`` scale (fp32), one
+    rounding to e4m3 (--fp8-base; models/fp8_base.py). ``for_backward`` as for ``dequantize_4bit``."""
+    data = packed.reshape(-1).view(torch.uint8)
+    if packed.device.type != "cuda":
+        values = blockwise(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2, shape, torch.float32)
+        return (values * inverse.view(-1, 1)).to(torch.float8_e4m3fn)
+    out = torch.empty(shape, dtype=torch.float8_e4m3fn, device=packed.device)
+    with torch.cuda.device(packed.device):
+        launch(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2, out, columns=shape[1],
+               inverse=inverse)
+    return out
+
+
+@dequantize_4bit_fp8.register_fake
+def _(packed, absmax, code, absmax2, code2, offset, blocksize, blocksize2, shape, inverse, for_backward):
+    return packed.new_empty(shape, dtype=torch.float8_e4m3fn)
+
+
+def dequantize_fp8(packed: torch.Tensor, state, inverse: torch.Tensor, for_backward: bool = False) -> torch.Tensor:
+    """A bitsandbytes 4-bit weight as e4m3 rows, each scaled by its ``inverse`` (models/fp8_base.py)."""
+    return torch.ops.ftprof.dequantize_4bit_fp8(packed, *_state_args(state), list(state.shape), inverse,
+                                                for_backward)
 
 
 def _state_args(state) -> tuple:

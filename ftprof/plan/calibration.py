@@ -43,7 +43,8 @@ VERSION_PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "gptqmodel"
 DEFAULT_KNOBS: dict[str, Any] = {
     "dtype": "bfloat16", "sdpa_backend": "auto", "prefetch": True,
     "compile_mode": "default", "compile_loss": True, "compile_dequant": False, "compile_tuning": False,
-    "lora_addmm": False, "lora_fused_a": True, "lora_fused_projections": False, "kbit_prepare": False,
+    "lora_addmm": False, "lora_fused_a": True, "lora_fused_projections": False, "fp8_base": False,
+    "kbit_prepare": False,
     "keep_dequantized": True, "dequant_kernel": "triton",
 }
 LORA_METHODS = ("lora", "qlora", "gptq-lora")
@@ -290,7 +291,7 @@ def run_knobs(cfg: dict, method: str | None, kernels: str, compiled: bool) -> di
         "compile_mode": compiled, "compile_tuning": compiled, "compile_dequant": compiled and method == "qlora",
         "compile_loss": compiled and kernels != "liger",  # Liger computes the loss itself
         "lora_addmm": method in LORA_METHODS, "lora_fused_a": method in LORA_METHODS,
-        "lora_fused_projections": method in ("lora", "qlora"),
+        "lora_fused_projections": method in ("lora", "qlora"), "fp8_base": method in ("lora", "qlora"),
         "kbit_prepare": method in ("qlora", "gptq-lora"),
         "keep_dequantized": method == "qlora", "dequant_kernel": method == "qlora",
     }

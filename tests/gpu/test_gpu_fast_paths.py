@@ -42,6 +42,12 @@ FAST_PATHS = {
     "compile+full+fused-proj": {"compile": True, "checkpointing": "full", "lora_fused_projections": True},
     "compile-cudagraphs-fused-proj": {"compile": True, "compile_mode": "reduce-overhead",
                                       "lora_fused_projections": True},
+    # FP8's own numerics (e4m3 base matmuls), held to the same 1% of eager's loss and 2e-2 of its gradients
+    "fp8-base": {"fp8_base": True},
+    "full+fp8-base": {"checkpointing": "full", "fp8_base": True},
+    "compile+fp8-base": {"compile": True, "fp8_base": True},
+    "compile+full+fp8-base": {"compile": True, "checkpointing": "full", "fp8_base": True},
+    "compile-cudagraphs-fp8-base": {"compile": True, "compile_mode": "reduce-overhead", "fp8_base": True},
 }
 
 
@@ -102,7 +108,7 @@ def _lora_grads(cfg) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("name", ["addmm", "liger", "compile", "selective", "compile+liger", "compile+full",
                                   "cudnn", "compile-tuning", "fused-a", "compile-cudagraphs-fused-a", "fused-proj",
-                                  "compile+fused-proj"])
+                                  "compile+fused-proj", "fp8-base", "compile+fp8-base"])
 def test_fast_path_lora_gradients_match_eager(tmp_path, name):
     eager = _lora_grads(fast_config(tmp_path / "e", **_reference("lora")))
     fast = _lora_grads(fast_config(tmp_path / "f", **FAST_PATHS[name]))
@@ -218,3 +224,25 @@ def test_compiled_triton_dequantization_keeps_no_weights(tmp_path):
     assert all(r.status == "ok" and r.compile.outcome.compiled for r in runs.values())
     extra = runs["triton"].memory.torch_peak_allocated - runs["bitsandbytes"].memory.torch_peak_allocated
     assert extra < 0.25 * (1 << 30), extra / (1 << 30)
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_triton_e4m3_rows_equal_the_torch_arithmetic(nested):
+    """--fp8-base's 4-bit weights dequantized into e4m3 rows by the Triton kernel: the same bits as the torch ops
+    (bitsandbytes' fp32 value, times the row's inverse scale, one rounding to e4m3) that the CPU runs."""
+    import bitsandbytes.functional as bf
+
+    from ftprof.models import dequant_kernels
+
+    torch.manual_seed(0)
+    for shape in [(4096, 1024), (96, 640), (33, 192)]:
+        weight = (torch.randn(*shape, device="cuda") * torch.logspace(-3, 1, shape[0], device="cuda")[:, None])
+        packed, state = bf.quantize_4bit(weight.bfloat16(), blocksize=64, compress_statistics=nested,
+                                         quant_type="nf4", quant_storage=torch.bfloat16)
+        inverse = torch.rand(shape[0], device="cuda") * 100 + 1
+        ours = dequant_kernels.dequantize_fp8(packed, state, inverse)
+        args = dequant_kernels._state_args(state)
+        data = packed.reshape(-1).view(torch.uint8)
+        values = dequant_kernels.blockwise(data, *args, state.shape, torch.float32)
+        expected = (values * inverse.view(-1, 1)).to(torch.float8_e4m3fn)
+        assert torch.equal(ours.view(torch.uint8), expected.view(torch.uint8)), (shape, nested)

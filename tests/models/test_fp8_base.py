@@ -1,0 +1,161 @@
+"""FP8 matmuls for the frozen base weights (models/fp8_base.py, --fp8-base): the scaling algebra exact against the
+dequantized e4m3 operands, the result within e4m3's rounding of the 16-bit matmul, 4-bit weights dequantized
+straight into e4m3, every base linear converted in a run, and the options it refuses."""
+
+import pytest
+import torch
+from torch import nn
+
+from ftprof import metrics
+from ftprof.models import fp8_base
+from tests.conftest import assert_train_refuses, build_run, tiny_config
+from tests.models.test_lora_addmm import loss_and_grads
+
+# e4m3 keeps 3 mantissa bits: one rounding is within 2**-4 of a value (relative). A product of two rounded operands,
+# summed over K terms of random sign, lands within a few percent of the exact result (Frobenius, relative).
+E4M3_ROUNDING = 2.0 ** -4
+FP8_MATMUL = 0.08
+BF16_OUTPUT = {"rtol": 2.0 ** -7, "atol": 1e-5}  # the GEMM writes bf16: one rounding of the fp32 sum
+
+
+def _linear(out_features=96, in_features=160, seed=0) -> nn.Linear:
+    torch.manual_seed(seed)
+    layer = nn.Linear(in_features, out_features, bias=False)
+    layer.weight.data.mul_(torch.logspace(-2, 1, out_features).view(-1, 1))  # rows of very different scales
+    layer.requires_grad_(False)
+    return layer
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def test_quantized_rows_are_within_one_e4m3_rounding():
+    t = torch.randn(8, 64) * torch.logspace(-3, 2, 8).view(-1, 1)
+    t[3] = 0.0  # an all-zero row stays zero
+    values, scale = fp8_base.quantize_rows(t)
+    assert values.dtype == torch.float8_e4m3fn and scale.shape == (8, 1)
+    assert float(values.float().abs().amax()) == fp8_base.E4M3_MAX  # each row's largest value uses the range
+    back = values.float() * scale
+    assert torch.all((back - t).abs() <= E4M3_ROUNDING * t.abs() + 1e-3 * scale)  # (+ e4m3's subnormal step)
+    assert torch.equal(back[3], torch.zeros(64))
+    columns = torch.linspace(0.5, 2.0, 64)
+    folded, folded_scale = fp8_base.quantize_rows(t, column_scale=columns)
+    assert torch.allclose(folded.float() * folded_scale, t * columns, rtol=E4M3_ROUNDING, atol=1e-2)
+
+
+def test_fp8_matmul_is_the_scaled_e4m3_product_forward_and_backward():
+    layer = _linear()
+    assert fp8_base.convert([layer]) == 1
+    fp8 = layer._ftprof_fp8
+    x = torch.randn(4, 8, 160, requires_grad=True)
+    out = layer(x)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    # forward: the dequantized operands' product
+    xq, xs = fp8_base.quantize_rows(x.detach().reshape(-1, 160))
+    expected = (xq.float() * xs) @ (fp8.weight.float() * fp8.scale.view(-1, 1)).t()
+    torch.testing.assert_close(out.reshape(-1, 96), expected.to(torch.bfloat16).float(), **BF16_OUTPUT)
+    # backward: dy * s_W quantized by rows, times the e4m3 weight (no second scale on the weight)
+    gq, gs = fp8_base.quantize_rows(grad.reshape(-1, 96), column_scale=fp8.scale)
+    expected_grad = (gq.float() * gs) @ fp8.weight.float()
+    torch.testing.assert_close(x.grad.reshape(-1, 160), expected_grad.to(torch.bfloat16).float(), **BF16_OUTPUT)
+    assert torch.equal(fp8.transposed, fp8.weight.t().contiguous())
+
+
+def test_fp8_matmul_is_close_to_the_16_bit_one_and_really_rounded():
+    layer = _linear(seed=1)
+    reference = _linear(seed=1)
+    fp8_base.convert([layer])
+    x = torch.randn(64, 160)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, ref = layer(x1), reference(x2)
+    grad = torch.randn_like(ref)
+    out.backward(grad)
+    ref.backward(grad)
+    for ours, exact in ((out, ref), (x1.grad, x2.grad)):
+        error = _relative(ours.detach(), exact.detach())
+        assert 1e-3 < error < FP8_MATMUL, error  # FP8's rounding, not a 16-bit matmul and not a wrong one
+
+
+def test_only_frozen_linears_of_fitting_shapes_are_converted():
+    trained = nn.Linear(32, 32)
+    odd = nn.Linear(24, 40, bias=False).requires_grad_(False)  # not multiples of 16
+    frozen = nn.Linear(32, 48).requires_grad_(False)  # with a bias: added after the GEMM
+    assert fp8_base.convert([nn.ModuleList([trained, odd, frozen])]) == 1
+    assert hasattr(frozen, "_ftprof_fp8") and not hasattr(trained, "_ftprof_fp8") and not hasattr(odd, "_ftprof_fp8")
+    x = torch.randn(16, 32)
+    assert _relative(frozen(x), nn.functional.linear(x, frozen.weight, frozen.bias)) < FP8_MATMUL
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_4bit_weights_dequantize_into_e4m3_rows(nested):
+    bnb = pytest.importorskip("bitsandbytes")
+    import bitsandbytes.functional as bf
+
+    torch.manual_seed(0)
+    weight = torch.randn(96, 256) * torch.logspace(-2, 1, 96).view(-1, 1)
+    layer = bnb.nn.Linear4bit(256, 96, bias=False, compute_dtype=torch.float32, compress_statistics=nested,
+                              quant_type="nf4")
+    layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, compress_statistics=nested, quant_type="nf4")
+    layer = layer.to("cpu")
+    layer.weight.data, layer.weight.quant_state = bf.quantize_4bit(weight, blocksize=64, compress_statistics=nested,
+                                                                   quant_type="nf4")
+    dense = bf.dequantize_4bit(layer.weight.data, layer.weight.quant_state).float()
+    # the row scale comes from the blocks' absmax alone, and is each row's true largest value
+    torch.testing.assert_close(fp8_base._row_absmax(layer), dense.abs().amax(dim=1), rtol=1e-6, atol=0)
+    assert fp8_base.convert([layer]) == 1
+    fp8 = layer._ftprof_fp8
+    rows = fp8.rows(layer)
+    assert rows.dtype == torch.float8_e4m3fn and rows.shape == (96, 256)
+    back = rows.float() * fp8.scale.view(-1, 1)
+    assert torch.all((back - dense).abs() <= E4M3_ROUNDING * dense.abs() + 1e-2 * fp8.scale.view(-1, 1))
+    assert torch.equal(fp8.columns(layer), rows.t().contiguous())
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_a_run_multiplies_every_base_linear_in_e4m3(tmp_path, method):
+    built, loss, grads, _ = loss_and_grads(tmp_path / "fp8", method, nonzero_b=True, fp8_base=True)
+    _, ref_loss, ref_grads, _ = loss_and_grads(tmp_path / "ref", method, nonzero_b=True)
+    layers = metrics.decoder_layers(built.model)
+    converted = [m for block in layers for m in block.modules() if hasattr(m, "_ftprof_fp8")]
+    assert len(converted) == 7 * len(layers)  # the seven projections' bases
+    assert abs(float(loss) / float(ref_loss) - 1) < 0.01
+    diff = torch.sqrt(sum(((grads[k] - g) ** 2).sum() for k, g in ref_grads.items()))
+    norm = torch.sqrt(sum((g ** 2).sum() for g in ref_grads.values()))
+    assert 1e-4 < float(diff / norm) < 0.1, float(diff / norm)
+
+
+def test_training_with_fp8_bases_follows_the_16_bit_run(tmp_path):
+    import ftprof
+
+    runs = {f: ftprof.train(tiny_config(tmp_path / str(f), "qlora", max_steps=6, fp8_base=f)) for f in (False, True)}
+    assert all(r.status == "ok" for r in runs.values())
+    import json
+    from pathlib import Path
+
+    config = json.loads((Path(runs[True].run_dir) / "config.json").read_text())
+    assert config["method"]["keep_dequantized"] is False  # e4m3 rows are dequantized on each use
+    first, last = runs[False].throughput.loss_first, runs[False].throughput.loss_last
+    assert abs(runs[True].throughput.loss_last - last) < 0.1 * abs(first - last) + 0.01 * abs(last)
+
+
+@pytest.mark.parametrize("method, argv, fragment", [
+    ("lora", ["--fp8-base", "--lora-fused-projections"], "--fp8-base and --lora-fused-projections"),
+    ("qlora", ["--fp8-base", "--keep-dequantized"], "--fp8-base and --keep-dequantized"),
+    ("qlora", ["--fp8-base", "--kbit-prepare"], "--fp8-base and --kbit-prepare"),
+    ("gptq-lora", ["--fp8-base"], "--fp8-base is a LoRA and QLoRA option"),
+    ("full", ["--fp8-base"], "--fp8-base is a LoRA and QLoRA option"),
+])
+def test_refused_combinations_are_one_line(tmp_path, capsys, method, argv, fragment):
+    assert_train_refuses(tmp_path, capsys, method, argv, fragment)
+
+
+def test_fp8_base_is_refused_under_sharding_and_off_by_default(tmp_path):
+    from ftprof.config import RunConfig
+    from ftprof.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--fp8-base keeps e4m3 copies"):
+        RunConfig.from_flat(dict(method="lora", fp8_base=True, parallel="fsdp", nproc_per_node=2))
+    plan, built = build_run(tiny_config(tmp_path, "lora"))  # off by default: nothing converted
+    assert not any(hasattr(m, "_ftprof_fp8") for m in built.model.modules())
