@@ -61,7 +61,7 @@ def route(blocks: list[nn.Module], kept: int, dequantizer: str = "bitsandbytes")
         for module in block.modules():
             if not is_4bit_linear(module) or any(p.requires_grad for p in module.parameters(recurse=False)) \
                     or getattr(module, "_ftprof_in_joined_group", False) \
-                    or hasattr(module, "_ftprof_fp8"):  # dequantized by its joined group, or into e4m3
+                    or hasattr(module, "_ftprof_fp8_kind"):  # dequantized by its joined group, or into e4m3
                 continue
             keep = index < kept
             module.__dict__.pop("forward", None)  # back to Linear4bit.forward before choosing again

@@ -20,6 +20,10 @@ Everything else stays in the run dtype: the adapters (A, B and their gradients),
 lm_head. The numerics are FP8's: each run is checked against eager 16-bit on the GPU (loss per step, gradients).
 MFU stays model FLOPs over the bf16 dense peak (DESIGN.md), so it is comparable with 16-bit runs' and may pass
 what a 16-bit run could reach. Off CUDA ``torch._scaled_mm`` runs on the CPU (what the CPU tests exercise).
+
+The matmuls are torch custom ops (models/fp8_kernels.py); this module converts the linears and routes their forward.
+The e4m3 tensors are the linears' non-persistent buffers (not saved, moved with the module, static addresses for
+CUDA graphs).
 """
 
 from __future__ import annotations
@@ -29,21 +33,10 @@ import types
 import torch
 from torch import nn
 
-from ftprof.models import dequant_kernels
+from ftprof.models import fp8_kernels
+from ftprof.models.fp8_kernels import E4M3_MAX, quantize_rows
 
-E4M3 = torch.float8_e4m3fn
-E4M3_MAX = 448.0
-_TINY = 1e-12  # an all-zero row's scale: its values stay zero
-
-
-def quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """A 2-D tensor (times ``column_scale`` along its columns, if given) as e4m3 values and fp32 row scales
-    (rows x 1): ``t * column_scale ~= values * scale``. Under --compile inductor makes one or two kernels of it."""
-    t = t.float()
-    if column_scale is not None:
-        t = t * column_scale
-    scale = t.abs().amax(dim=-1, keepdim=True).clamp(min=_TINY) / E4M3_MAX
-    return (t / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
+KIND = "_ftprof_fp8_kind"  # "dense" or "packed" on a converted linear; models/dequant.py's routing skips those
 
 
 def eligible(module: nn.Module) -> bool:
@@ -66,10 +59,10 @@ def convert(blocks: list[nn.Module]) -> int:
                 continue
             if type(module) is nn.Linear:
                 weight, scale = quantize_rows(module.weight.detach())
-                module._ftprof_fp8 = _Dense(weight, weight.t().contiguous(), scale.view(1, -1))
+                _buffers(module, "dense", scale.view(1, -1), weight=weight, transposed=weight.t().contiguous())
             elif is_4bit_linear(module) and _whole_blocks(module):
-                scale = _row_absmax(module) / E4M3_MAX
-                module._ftprof_fp8 = _Packed(scale.view(1, -1), module.in_features)
+                scale = (_row_absmax(module) / E4M3_MAX).view(1, -1)
+                _buffers(module, "packed", scale, inverse=(1.0 / scale).view(-1).contiguous())
             else:
                 continue
             module.forward = types.MethodType(_forward, module)
@@ -77,64 +70,41 @@ def convert(blocks: list[nn.Module]) -> int:
     return count
 
 
-class _Dense:
-    """A 16-bit frozen weight in e4m3: rows (out x in), its transpose (in x out, contiguous), row scales (1 x out)."""
-
-    def __init__(self, weight, transposed, scale):
-        self.weight, self.transposed, self.scale = weight, transposed, scale
-        self.ones = torch.ones(1, weight.shape[1], device=weight.device)  # the input gradient's output scale
-
-    def rows(self, module, for_backward: bool = False) -> torch.Tensor:
-        return self.weight
-
-    def columns(self, module) -> torch.Tensor:
-        return self.transposed
+def _buffers(module: nn.Module, kind: str, scale: torch.Tensor, **tensors: torch.Tensor) -> None:
+    setattr(module, KIND, kind)
+    tensors.update(scale=scale, ones=torch.ones(1, module.in_features, device=scale.device))
+    for name, tensor in tensors.items():
+        module.register_buffer(f"fp8_{name}", tensor, persistent=False)
 
 
-class _Packed:
-    """A 4-bit frozen weight: its e4m3 rows dequantized on each use, with row scales (1 x out) and their inverses."""
+def rows(module: nn.Module) -> torch.Tensor:
+    """A converted linear's weight as e4m3 rows (out x in), as its matmuls read it."""
+    weight, _, _, _, *packing = _weight_args(module)
+    return fp8_kernels.rows(weight, *packing)
 
-    def __init__(self, scale, in_features: int):
-        self.scale, self.inverse = scale, (1.0 / scale).view(-1).contiguous()
-        self.ones = torch.ones(1, in_features, device=scale.device)
 
-    def rows(self, module, for_backward: bool = False) -> torch.Tensor:
-        state = module.weight.quant_state
-        return dequant_kernels.dequantize_fp8(module.weight, state, self.inverse, for_backward)
-
-    def columns(self, module) -> torch.Tensor:
-        return self.rows(module, for_backward=True).t().contiguous()
+def _weight_args(module: nn.Module) -> tuple:
+    """The op's arguments after the input: weight, transposed, scale, ones, quant, blocksize, blocksize2, shape."""
+    if getattr(module, KIND) == "dense":
+        weight = module.fp8_weight
+        return weight, module.fp8_transposed, module.fp8_scale, module.fp8_ones, [], 0, 0, list(weight.shape)
+    state = module.weight.quant_state
+    quant = [state.absmax, state.code, module.fp8_inverse]
+    blocksize2 = 0
+    if state.nested:
+        quant += [state.state2.absmax, state.state2.code, state.offset]
+        blocksize2 = state.state2.blocksize
+    return module.weight, None, module.fp8_scale, module.fp8_ones, quant, state.blocksize, blocksize2, \
+        list(state.shape)
 
 
 def _forward(self, x: torch.Tensor) -> torch.Tensor:
-    out = _Fp8Matmul.apply(x, self)
+    flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)  # (autograd casts the gradient back to x's dtype)
+    out = torch.ops.ftprof.fp8_linear(flat, *_weight_args(self))
+    out = out.view(*x.shape[:-1], out.shape[-1])
     if self.bias is not None:
         out = out + self.bias.to(out.dtype)
-    return out
-
-
-class _Fp8Matmul(torch.autograd.Function):
-    """``x @ W^T`` and its input gradient as rowwise-scaled e4m3 GEMMs, nothing saved but the module. The GEMMs
-    write bf16 (what rowwise scaling takes on Hopper), cast to the input's or gradient's dtype."""
-
-    @staticmethod
-    def forward(ctx, x, module):
-        ctx.module = module
-        fp8 = module._ftprof_fp8
-        values, scale = quantize_rows(x.reshape(-1, x.shape[-1]))
-        out = torch._scaled_mm(values, fp8.rows(module).t(), scale_a=scale, scale_b=fp8.scale,
-                               out_dtype=torch.bfloat16)
-        return out.view(*x.shape[:-1], out.shape[-1]).to(x.dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        module = ctx.module
-        fp8 = module._ftprof_fp8
-        # dy W = (dy * s_W) Wq: the weight's row scale is folded into the gradient before its rows are quantized
-        values, scale = quantize_rows(grad.reshape(-1, grad.shape[-1]), column_scale=fp8.scale)
-        transposed = fp8.columns(module)  # in x out, contiguous: its .t() is the column-major operand
-        grad_in = torch._scaled_mm(values, transposed.t(), scale_a=scale, scale_b=fp8.ones, out_dtype=torch.bfloat16)
-        return grad_in.view(*grad.shape[:-1], grad_in.shape[-1]).to(grad.dtype), None
+    return out.to(x.dtype)
 
 
 def _whole_blocks(module: nn.Module) -> bool:

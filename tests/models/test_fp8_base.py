@@ -8,6 +8,7 @@ from torch import nn
 
 from ftprof import metrics
 from ftprof.models import fp8_base
+from ftprof.models.fp8_kernels import quantize_rows
 from tests.conftest import assert_train_refuses, build_run, tiny_config
 from tests.models.test_lora_addmm import loss_and_grads
 
@@ -30,37 +31,24 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-def test_quantized_rows_are_within_one_e4m3_rounding():
-    t = torch.randn(8, 64) * torch.logspace(-3, 2, 8).view(-1, 1)
-    t[3] = 0.0  # an all-zero row stays zero
-    values, scale = fp8_base.quantize_rows(t)
-    assert values.dtype == torch.float8_e4m3fn and scale.shape == (8, 1)
-    assert float(values.float().abs().amax()) == fp8_base.E4M3_MAX  # each row's largest value uses the range
-    back = values.float() * scale
-    assert torch.all((back - t).abs() <= E4M3_ROUNDING * t.abs() + 1e-3 * scale)  # (+ e4m3's subnormal step)
-    assert torch.equal(back[3], torch.zeros(64))
-    columns = torch.linspace(0.5, 2.0, 64)
-    folded, folded_scale = fp8_base.quantize_rows(t, column_scale=columns)
-    assert torch.allclose(folded.float() * folded_scale, t * columns, rtol=E4M3_ROUNDING, atol=1e-2)
-
-
 def test_fp8_matmul_is_the_scaled_e4m3_product_forward_and_backward():
     layer = _linear()
     assert fp8_base.convert([layer]) == 1
-    fp8 = layer._ftprof_fp8
+    weight, scale = layer.fp8_weight, layer.fp8_scale
     x = torch.randn(4, 8, 160, requires_grad=True)
     out = layer(x)
     grad = torch.randn_like(out)
     out.backward(grad)
     # forward: the dequantized operands' product
-    xq, xs = fp8_base.quantize_rows(x.detach().reshape(-1, 160))
-    expected = (xq.float() * xs) @ (fp8.weight.float() * fp8.scale.view(-1, 1)).t()
+    xq, xs = quantize_rows(x.detach().reshape(-1, 160).bfloat16())
+    expected = (xq.float() * xs) @ (weight.float() * scale.view(-1, 1)).t()
     torch.testing.assert_close(out.reshape(-1, 96), expected.to(torch.bfloat16).float(), **BF16_OUTPUT)
     # backward: dy * s_W quantized by rows, times the e4m3 weight (no second scale on the weight)
-    gq, gs = fp8_base.quantize_rows(grad.reshape(-1, 96), column_scale=fp8.scale)
-    expected_grad = (gq.float() * gs) @ fp8.weight.float()
+    gq, gs = quantize_rows(grad.reshape(-1, 96).bfloat16(), column_scale=scale)
+    expected_grad = (gq.float() * gs) @ weight.float()
     torch.testing.assert_close(x.grad.reshape(-1, 160), expected_grad.to(torch.bfloat16).float(), **BF16_OUTPUT)
-    assert torch.equal(fp8.transposed, fp8.weight.t().contiguous())
+    assert torch.equal(layer.fp8_transposed, weight.t().contiguous())
+    assert not any(name.startswith("fp8_") for name in layer.state_dict())  # not saved with the model
 
 
 def test_fp8_matmul_is_close_to_the_16_bit_one_and_really_rounded():
@@ -83,7 +71,8 @@ def test_only_frozen_linears_of_fitting_shapes_are_converted():
     odd = nn.Linear(24, 40, bias=False).requires_grad_(False)  # not multiples of 16
     frozen = nn.Linear(32, 48).requires_grad_(False)  # with a bias: added after the GEMM
     assert fp8_base.convert([nn.ModuleList([trained, odd, frozen])]) == 1
-    assert hasattr(frozen, "_ftprof_fp8") and not hasattr(trained, "_ftprof_fp8") and not hasattr(odd, "_ftprof_fp8")
+    converted = [hasattr(m, fp8_base.KIND) for m in (frozen, trained, odd)]
+    assert converted == [True, False, False]
     x = torch.randn(16, 32)
     assert _relative(frozen(x), nn.functional.linear(x, frozen.weight, frozen.bias)) < FP8_MATMUL
 
@@ -105,12 +94,20 @@ def test_4bit_weights_dequantize_into_e4m3_rows(nested):
     # the row scale comes from the blocks' absmax alone, and is each row's true largest value
     torch.testing.assert_close(fp8_base._row_absmax(layer), dense.abs().amax(dim=1), rtol=1e-6, atol=0)
     assert fp8_base.convert([layer]) == 1
-    fp8 = layer._ftprof_fp8
-    rows = fp8.rows(layer)
+    rows = fp8_base.rows(layer)
     assert rows.dtype == torch.float8_e4m3fn and rows.shape == (96, 256)
-    back = rows.float() * fp8.scale.view(-1, 1)
-    assert torch.all((back - dense).abs() <= E4M3_ROUNDING * dense.abs() + 1e-2 * fp8.scale.view(-1, 1))
-    assert torch.equal(fp8.columns(layer), rows.t().contiguous())
+    scale = layer.fp8_scale.view(-1, 1)
+    back = rows.float() * scale
+    assert torch.all((back - dense).abs() <= E4M3_ROUNDING * dense.abs() + 1e-2 * scale)
+    x = torch.randn(8, 256, requires_grad=True)  # and the layer multiplies by those rows, both ways
+    out = layer(x)
+    out.backward(torch.ones_like(out))
+    xq, xs = quantize_rows(x.detach().bfloat16())
+    expected = ((xq.float() * xs) @ back.t()).to(torch.bfloat16).float()
+    torch.testing.assert_close(out.detach().float(), expected, **BF16_OUTPUT)
+    gq, gs = quantize_rows(torch.ones(8, 96, dtype=torch.bfloat16), column_scale=layer.fp8_scale)
+    torch.testing.assert_close(x.grad, ((gq.float() * gs) @ rows.float()).to(torch.bfloat16).float(),
+                               **BF16_OUTPUT)
 
 
 @pytest.mark.parametrize("method", ["lora", "qlora"])
@@ -118,7 +115,7 @@ def test_a_run_multiplies_every_base_linear_in_e4m3(tmp_path, method):
     built, loss, grads, _ = loss_and_grads(tmp_path / "fp8", method, nonzero_b=True, fp8_base=True)
     _, ref_loss, ref_grads, _ = loss_and_grads(tmp_path / "ref", method, nonzero_b=True)
     layers = metrics.decoder_layers(built.model)
-    converted = [m for block in layers for m in block.modules() if hasattr(m, "_ftprof_fp8")]
+    converted = [m for block in layers for m in block.modules() if hasattr(m, fp8_base.KIND)]
     assert len(converted) == 7 * len(layers)  # the seven projections' bases
     assert abs(float(loss) / float(ref_loss) - 1) < 0.01
     diff = torch.sqrt(sum(((grads[k] - g) ** 2).sum() for k, g in ref_grads.items()))
@@ -158,4 +155,4 @@ def test_fp8_base_is_refused_under_sharding_and_off_by_default(tmp_path):
     with pytest.raises(ConfigError, match="--fp8-base keeps e4m3 copies"):
         RunConfig.from_flat(dict(method="lora", fp8_base=True, parallel="fsdp", nproc_per_node=2))
     plan, built = build_run(tiny_config(tmp_path, "lora"))  # off by default: nothing converted
-    assert not any(hasattr(m, "_ftprof_fp8") for m in built.model.modules())
+    assert not any(hasattr(m, fp8_base.KIND) for m in built.model.modules())

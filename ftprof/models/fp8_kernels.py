@@ -1,0 +1,140 @@
+"""The e4m3 matmul of a frozen weight and its input gradient as torch custom ops (``--fp8-base``;
+models/fp8_base.py says what they compute and why).
+
+Both are opaque to the compiler (``ftprof::fp8_linear``, ``ftprof::fp8_linear_input_grad``), with every tensor they
+read passed in: traced by inductor on the GPU, an autograd.Function of the same arithmetic trained correctly as
+compiled blocks but lost its LoRA gradients under compiled children with checkpointing and as CUDA graphs (H200,
+2026-12-02; the CPU compiled it correctly). Inside an op the rows of an activation or gradient are quantized by one
+Triton kernel on CUDA (each program one row: its absmax, its scale, its e4m3 values), by torch ops elsewhere: the
+same arithmetic, IEEE divisions in both.
+
+A weight is either dense (its e4m3 rows and their transpose, made once) or a bitsandbytes 4-bit weight (``quant``:
+absmax, table, inverse row scales, then double quantization's absmax, table and offset), dequantized into e4m3 rows
+on each use by models/dequant_kernels.py, forward and backward.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ftprof.models import dequant_kernels
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+TINY = 1e-12  # an all-zero row's scale: its values stay zero
+
+
+def quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 2-D tensor (times ``column_scale``, one factor per column, if given) as e4m3 values and fp32 row scales
+    (rows x 1): ``t * column_scale ~= values * scale``, each row's largest value at e4m3's largest, 448."""
+    if t.device.type == "cuda":
+        return _triton_quantize_rows(t, column_scale)
+    t = t.float()
+    if column_scale is not None:
+        t = t * column_scale.view(1, -1)
+    scale = t.abs().amax(dim=-1, keepdim=True).clamp(min=TINY) / E4M3_MAX
+    return (t / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def quantize_rows_kernel(src, column_scale, values, scales, columns, stride, SCALED: tl.constexpr,
+                             BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        offsets = tl.arange(0, BLOCK)
+        inside = offsets < columns
+        t = tl.load(src + row * stride + offsets, mask=inside, other=0.0).to(tl.float32)
+        if SCALED:
+            t = t * tl.load(column_scale + offsets, mask=inside, other=0.0)
+        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(t), axis=0), 1e-12), 448.0)
+        quantized = tl.minimum(tl.maximum(tl.math.div_rn(t, scale), -448.0), 448.0)
+        tl.store(values + row * columns + offsets, quantized.to(values.dtype.element_ty), mask=inside)
+        tl.store(scales + row, scale)
+
+    return quantize_rows_kernel
+
+
+def _triton_quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    import triton
+
+    assert t.dim() == 2 and t.stride(1) == 1, t.stride()
+    rows, columns = t.shape
+    values = torch.empty(rows, columns, dtype=E4M3, device=t.device)
+    scales = torch.empty(rows, 1, dtype=torch.float32, device=t.device)
+    block = triton.next_power_of_2(columns)
+    scaled = column_scale is not None
+    with torch.cuda.device(t.device):
+        _kernel()[(rows,)](t, column_scale.reshape(-1) if scaled else scales, values, scales, columns, t.stride(0),
+                           SCALED=scaled, BLOCK=block, num_warps=16 if block >= 8192 else 8 if block >= 2048 else 4)
+    return values, scales
+
+
+def rows(weight: torch.Tensor, quant: list[torch.Tensor], blocksize: int, blocksize2: int,
+          shape: list[int]) -> torch.Tensor:
+    """The weight's e4m3 rows (out x in): ``weight`` itself when dense (``quant`` empty), else dequantized from
+    its 4-bit packing, each row scaled by its inverse scale."""
+    if not quant:
+        return weight
+    absmax, code, inverse, *inner = quant
+    absmax2, code2, offset = inner or (None, None, None)
+    return dequant_kernels.dequantize_4bit_fp8(weight, absmax, code, absmax2, code2, offset, blocksize, blocksize2,
+                                               shape, inverse, False)
+
+
+@torch.library.custom_op("ftprof::fp8_linear", mutates_args=())
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, transposed: torch.Tensor | None, scale: torch.Tensor,
+               ones: torch.Tensor, quant: list[torch.Tensor], blocksize: int, blocksize2: int,
+               shape: list[int]) -> torch.Tensor:
+    """``x @ W^T`` in bf16 from rowwise-scaled e4m3 operands: ``x`` (tokens x in) quantized by rows, W's rows
+    (``scale``: 1 x out). ``transposed`` and ``ones`` serve the backward (see ``fp8_linear_input_grad``)."""
+    values, x_scale = quantize_rows(x)
+    weight_rows = rows(weight, quant, blocksize, blocksize2, shape)
+    return torch._scaled_mm(values, weight_rows.t(), scale_a=x_scale, scale_b=scale, out_dtype=torch.bfloat16)
+
+
+@fp8_linear.register_fake
+def _(x, weight, transposed, scale, ones, quant, blocksize, blocksize2, shape):
+    return x.new_empty((x.shape[0], scale.shape[1]), dtype=torch.bfloat16)
+
+
+@torch.library.custom_op("ftprof::fp8_linear_input_grad", mutates_args=())
+def fp8_linear_input_grad(grad: torch.Tensor, weight: torch.Tensor, transposed: torch.Tensor | None,
+                          scale: torch.Tensor, ones: torch.Tensor, quant: list[torch.Tensor], blocksize: int,
+                          blocksize2: int, shape: list[int]) -> torch.Tensor:
+    """``dy W`` in bf16 as ``(dy * s_W) Wq``: the weight's row scale folded into the gradient before its rows are
+    quantized (the GEMM reduces over W's rows, so their scale cannot ride on the output side), times the e4m3
+    rows, whose transpose (in x out, contiguous) is the column-major operand; ``ones``: 1 x in."""
+    values, grad_scale = quantize_rows(grad, column_scale=scale)
+    if transposed is None:
+        transposed = rows(weight, quant, blocksize, blocksize2, shape).t().contiguous()
+    return torch._scaled_mm(values, transposed.t(), scale_a=grad_scale, scale_b=ones, out_dtype=torch.bfloat16)
+
+
+@fp8_linear_input_grad.register_fake
+def _(grad, weight, transposed, scale, ones, quant, blocksize, blocksize2, shape):
+    return grad.new_empty((grad.shape[0], ones.shape[1]), dtype=torch.bfloat16)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, transposed, scale, ones, quant, blocksize, blocksize2, shape = inputs
+    ctx.dense, ctx.quant_count = transposed is not None, len(quant)
+    ctx.blocksize, ctx.blocksize2, ctx.shape = blocksize, blocksize2, shape
+    ctx.save_for_backward(weight, scale, ones, *([transposed] if transposed is not None else []), *quant)
+
+
+def _backward(ctx, grad):
+    weight, scale, ones, *rest = ctx.saved_tensors
+    transposed = rest.pop(0) if ctx.dense else None
+    grad_in = torch.ops.ftprof.fp8_linear_input_grad(grad, weight, transposed, scale, ones, rest, ctx.blocksize,
+                                                      ctx.blocksize2, ctx.shape)
+    # the structure of the inputs: the tensor list stays a list (``shape`` is never empty: one leaf)
+    return grad_in, None, None, None, None, [None] * ctx.quant_count, None, None, None
+
+
+fp8_linear.register_autograd(_backward, setup_context=_setup_context)
