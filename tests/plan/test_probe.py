@@ -32,9 +32,10 @@ def measured(result):
     return b.weights_frozen + b.weights_trainable, b.gradients, b.optimizer_state, b.activations_saved
 
 
-@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
-def test_static_parts_match_a_real_run_to_the_byte(tmp_path, method):
-    cfg = tiny_config(tmp_path, method, max_steps=2)
+@pytest.mark.parametrize("method, flat", [("full", {}), ("lora", {}), ("qlora", {}),
+                                          ("lora", {"fp8_base": True}), ("qlora", {"fp8_base": True})])
+def test_static_parts_match_a_real_run_to_the_byte(tmp_path, method, flat):
+    cfg = tiny_config(tmp_path, method, max_steps=2, **flat)
     result = ftprof.train(cfg)
     weights, grads, state, _ = measured(result)
     pred = predicted(cfg)
