@@ -33,7 +33,7 @@ OUT = calibration.SHIPPED
 BEFORE_THE_OPTION = {"prefetch": False, "lora_fused_a": False, "lora_addmm": False, "compile_loss": False,
                      "compile_dequant": False, "compile_tuning": False, "compile_mode": "default",
                      "keep_dequantized": False, "dequant_kernel": "bitsandbytes", "sdpa_backend": "auto",
-                     "kbit_prepare": False, "kernels": "eager", "compile": False}
+                     "kbit_prepare": False, "kernels": "eager", "compile": False, "fp8_base": False}
 # The configuration a row measured, apart from its options (DEFAULT_KNOBS): rows equal in all of these and in their
 # options are one configuration, measured again.
 CONFIGURATION = ("device_name", "model", "method", "policy", "checkpointed_layers", "kernels", "compile", "seq_len",

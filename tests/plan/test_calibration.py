@@ -4,6 +4,7 @@ peak-scaled fallbacks, activation factors, FTPROF_CALIBRATION=off."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import statistics
@@ -157,6 +158,15 @@ def test_the_nearest_configuration_of_the_same_device_and_class_sets_the_rate():
     assert small.flops_per_s == 3e14 and "(llama-1b qlora none eager compiled, 8192 tokens" in small.source
     tuned = calibration.speed_rate(H200, QLORA_COMPILED, 3e10, 8192, records=records[-1:])
     assert tuned.flops_per_s == 4e14 and tuned.source.endswith("off defaults: compile_mode=reduce-overhead)")
+
+
+def test_fp8_base_runs_are_a_speed_class_of_their_own():
+    fp8 = dataclasses.replace(QLORA_COMPILED, fp8=True)
+    records = [_record(rate=5e14), _record(rate=6e14, knobs={"fp8_base": True})]
+    assert [calibration.class_key(r) for r in records] == [QLORA_COMPILED, fp8]
+    assert calibration.speed_rate(H200, QLORA_COMPILED, 3.35e10, 8192, records=records).flops_per_s == 5e14
+    rate = calibration.speed_rate(H200, fp8, 3.35e10, 8192, records=records)
+    assert rate.flops_per_s == 6e14 and "qlora none eager compiled fp8" in rate.source
 
 
 def _shipped_default_rate():
