@@ -24,7 +24,7 @@ import pandas as pd
 from ftprof.config import CHECKPOINTING, KERNELS, METHODS
 from ftprof.console import fmt_gib, fmt_num
 from ftprof.metrics import GIB
-from ftprof.report import noise
+from ftprof.report import noise, training_check
 from ftprof.report.labels import labels, missing, short, varying_options
 from ftprof.results.effective import config_key, effective_frame
 
@@ -95,6 +95,7 @@ class Choice:
     picks: list[Pick] = field(default_factory=list)
     frontier: list[Configuration] = field(default_factory=list)
     effects: list[OptionEffect] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)  # "label: why" for runs that did not train like the others
 
     @property
     def fastest(self) -> Configuration | None:
@@ -140,6 +141,7 @@ def configurations(df: pd.DataFrame) -> tuple[list[Configuration], str, bool]:
     """Successful runs merged by effective configuration; with the memory source's words and whether they ran on a
     GPU."""
     ok = _ok_rows(effective_frame(df))
+    ok = ok.drop(index=list(training_check.lagging_runs(ok)))  # said apart: ``lagging``
     col, words = memory_source(ok)
     if col is None:
         return [], words, False
@@ -154,6 +156,16 @@ def configurations(df: pd.DataFrame) -> tuple[list[Configuration], str, bool]:
                                  float(group[col].max()), len(group), _spread(group)))
     on_gpu = col not in ("host_peak_rss", "_breakdown_bytes")
     return out, words, on_gpu
+
+
+def lagging(df: pd.DataFrame) -> list[str]:
+    """"label: why" for each successful run left out because it did not train like the best run of its data."""
+    ok = _ok_rows(effective_frame(df))
+    flags = training_check.lagging_runs(ok)
+    if not flags:
+        return []
+    names = labels(ok, varying_options(ok), repeats=False)
+    return [f"{names[i]}: {why}" for i, why in flags.items()]
 
 
 def pareto_front(configs: list[Configuration]) -> list[Configuration]:
@@ -235,7 +247,7 @@ def choose(df: pd.DataFrame, device: tuple[str, float] | None = None, budgets_gi
            margin: float = MARGIN) -> Choice:
     """The whole answer. ``device``: (name, total bytes) of the GPU the runs came from, added as a budget."""
     configs, words, on_gpu = configurations(df)
-    result = Choice(configs, words, on_gpu)
+    result = Choice(configs, words, on_gpu, left_out=lagging(df))
     if not configs:
         return result
     budgets = [(f"{g} GiB", g * GIB) for g in budgets_gib]
@@ -268,6 +280,9 @@ def to_markdown(choice: Choice, margin: float = MARGIN) -> str:
     if not choice.on_gpu:
         lines += [f"These runs ran on the CPU: memory is the {choice.memory_source}, so the GPU budgets below are "
                   "indicative only.", ""]
+    if choice.left_out:
+        lines += ["Left out (a run that did not train like the others of its data is no candidate, however fast):",
+                  ""] + [f"- {line}" for line in choice.left_out] + [""]
     lines += ["| memory budget | fastest that fits | tokens/s | peak GiB | cost |",
               "| --- | --- | ---: | ---: | ---: |"]
     for p in choice.picks:
