@@ -140,6 +140,7 @@ def _run_with_display(console, sweep, out_dir: Path, args: argparse.Namespace, s
 
 def _print_outcome(console, done, out_dir: Path, sweep) -> None:
     """The end-of-sweep table of this sweep's experiments, why each failed one failed, and what did not run."""
+    from ftprof.report.training_check import lagging_lines
     from ftprof.results.load import read_runs
 
     names = {p.experiment.name for p in done.planned}
@@ -148,6 +149,8 @@ def _print_outcome(console, done, out_dir: Path, sweep) -> None:
     console.print(results_table(rows, f"sweep {sweep.name}", sweep.varying))
     for line in failure_lines(rows):
         console.print(line, markup=False)
+    for line in lagging_lines(rows):  # a fast run that computed the wrong thing
+        console.print(line, markup=False, style="yellow")
     for p in done.planned:
         if p.action == "busy":
             console.print(f"[yellow]not run[/yellow] {p.experiment.name}: {p.reason}")

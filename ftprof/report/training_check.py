@@ -58,3 +58,11 @@ def _lagging(first: pd.Series, last: pd.Series) -> dict[object, str]:
 
 def _loss(value: float) -> str:
     return f"{value:.3f}" if math.isfinite(value) else str(value)
+
+
+def lagging_lines(rows: list[dict], name: str = "experiment") -> list[str]:
+    """One line per successful run of ``rows`` (result rows, each named by its ``name`` field) that did not train
+    like the best run of its data: what ``ftprof bench`` says under its end-of-sweep table."""
+    ok = pd.DataFrame([r for r in rows if r.get("status") == "ok"])
+    return [f"did not train like the others: {ok.loc[i, name] if name in ok else i}: {why}"
+            for i, why in lagging_runs(ok).items()]

@@ -7,7 +7,7 @@ import pandas as pd
 
 from ftprof.metrics import GIB
 from ftprof.report.choose import choose, to_markdown
-from ftprof.report.training_check import lagging_runs
+from ftprof.report.training_check import lagging_lines, lagging_runs
 
 
 def _run(tps, first, last, **extra):
@@ -52,3 +52,11 @@ def test_the_pick_leaves_out_a_fast_run_that_did_not_train():
     assert "Left out" in markdown and "8.084" in markdown
     clean = choose(_round15().drop(index=[1, 2]))
     assert clean.left_out == [] and "Left out" not in to_markdown(clean)
+
+
+def test_bench_says_which_experiments_did_not_train():
+    rows = [dict(r, experiment=f"e{i}") for i, r in enumerate(_round15().to_dict("records"))]
+    rows.append({"status": "oom_device", "experiment": "failed"})  # failures are said elsewhere
+    lines = lagging_lines(rows)
+    assert [line.split(":")[1].strip() for line in lines] == ["e1", "e2"]
+    assert lagging_lines(rows[:1]) == []
