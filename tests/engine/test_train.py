@@ -50,7 +50,10 @@ def test_method_trains_and_loss_falls(tmp_path, method):
     assert saved["host_time"]["steps_s"] == pytest.approx(steady_s)
     assert 0 < saved["host_time"]["data_s"] < steady_s
     if method == "gptq-lora":  # GPTQModel's torch kernel compiles itself at its first call, inside step 1
-        assert float(rows[0]["compile_s"]) > 0.5 * (float(rows[0]["step_time_s"]) - float(rows[2]["step_time_s"]))
+        # (not a share of step 1's excess: under a parallel suite on 2 cores the rest of the first call's costs
+        # grew to half of it, and the share fell to 35%)
+        compile_s = [float(r["compile_s"]) for r in rows]
+        assert compile_s[0] > 0.05 and all(c < compile_s[0] for c in compile_s[1:]), compile_s
         assert [s["cause"] for s in saved["slow_steps"] if s["warmup"]] == ["torch.compile"]
 
 
