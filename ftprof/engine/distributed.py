@@ -121,7 +121,13 @@ def wrap(model: nn.Module, cfg: RunConfig, device: torch.device, dtype: torch.dt
     if d.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
+        from ftprof.models import fp8_base
+
         ids = [device.index] if device.type == "cuda" else None
+        # DDP broadcasts every buffer from rank 0 before each forward: --fp8-base's e4m3 copies of the base weights
+        # (13 GiB for llama-8b LoRA) would go over the wire every step, and gloo refuses their dtype. Every rank
+        # made them from the same weights: DDP leaves them alone.
+        DDP._set_params_and_buffers_to_ignore_for_model(model, fp8_base.buffer_names(model))
         # LoRA leaves most parameters frozen: DDP only reduces the trainable ones.
         return DDP(model, device_ids=ids, find_unused_parameters=False)
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard

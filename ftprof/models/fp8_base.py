@@ -82,6 +82,12 @@ def _buffers(module: nn.Module, kind: str, scale: torch.Tensor, **tensors: torch
         module.register_buffer(f"fp8_{name}", tensor, persistent=False)
 
 
+def buffer_names(model: nn.Module) -> list[str]:
+    """The qualified names of the e4m3 weights and scales that ``convert`` gave ``model``'s linears."""
+    return [f"{name}.{buffer}" for name, module in model.named_modules() if hasattr(module, KIND)
+            for buffer, _ in module.named_buffers(recurse=False) if buffer.startswith("fp8_")]
+
+
 def rows(module: nn.Module) -> torch.Tensor:
     """A converted linear's weight as e4m3 rows (out x in), as its matmuls read it."""
     weight, _, _, _, *packing = _weight_args(module)

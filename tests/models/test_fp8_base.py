@@ -156,3 +156,25 @@ def test_fp8_base_is_refused_under_sharding_and_off_by_default(tmp_path):
         RunConfig.from_flat(dict(method="lora", fp8_base=True, parallel="fsdp", nproc_per_node=2))
     plan, built = build_run(tiny_config(tmp_path, "lora"))  # off by default: nothing converted
     assert not any(hasattr(m, fp8_base.KIND) for m in built.model.modules())
+
+
+def test_buffer_names_are_the_models_own_names_for_the_e4m3_tensors():
+    dense, packed_free = nn.Linear(32, 48, bias=False).requires_grad_(False), nn.Linear(32, 32)
+    model = nn.Sequential(nn.ModuleList([dense, packed_free]))
+    fp8_base.convert([model[0]])
+    names = fp8_base.buffer_names(model)
+    assert sorted(names) == [f"0.0.fp8_{n}" for n in ("ones", "scale", "transposed", "weight")]
+    assert set(names) <= dict(model.named_buffers()).keys()
+
+
+@pytest.mark.slow  # two processes under torchrun: about 13 s each on the 2-core machine
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_ddp_leaves_the_e4m3_buffers_alone(tmp_path, method):
+    """DDP broadcasts buffers before every forward: the e4m3 copies are left out (gloo refused their dtype: the run
+    failed with "Invalid scalar type" before; on the GPU they would have gone over the wire every step)."""
+    import ftprof
+
+    result = ftprof.train(tiny_config(tmp_path, method, fp8_base=True, nproc_per_node=2, parallel="ddp",
+                                      max_steps=3, measure_warmup_steps=1))
+    assert result.status == "ok", result.failure.error_message
+    assert result.run.world_size == 2 and result.run.parallel == "ddp"
