@@ -138,10 +138,13 @@ def _spread(group: pd.DataFrame) -> float | None:
 
 
 def configurations(df: pd.DataFrame) -> tuple[list[Configuration], str, bool]:
-    """Successful runs merged by effective configuration; with the memory source's words and whether they ran on a
-    GPU."""
+    """Successful runs merged by effective configuration (those that did not train like the others left out);
+    with the memory source's words and whether they ran on a GPU."""
     ok = _ok_rows(effective_frame(df))
-    ok = ok.drop(index=list(training_check.lagging_runs(ok)))  # said apart: ``lagging``
+    return _configurations(ok.drop(index=list(training_check.lagging_runs(ok))))
+
+
+def _configurations(ok: pd.DataFrame) -> tuple[list[Configuration], str, bool]:
     col, words = memory_source(ok)
     if col is None:
         return [], words, False
@@ -158,10 +161,9 @@ def configurations(df: pd.DataFrame) -> tuple[list[Configuration], str, bool]:
     return out, words, on_gpu
 
 
-def lagging(df: pd.DataFrame) -> list[str]:
-    """"label: why" for each successful run left out because it did not train like the best run of its data."""
-    ok = _ok_rows(effective_frame(df))
-    flags = training_check.lagging_runs(ok)
+def _lagging(ok: pd.DataFrame, flags: dict) -> list[str]:
+    """"label: why" for each successful run (of ``ok``) left out because it did not train like the best run of its
+    data (``flags``: training_check.lagging_runs)."""
     if not flags:
         return []
     names = labels(ok, varying_options(ok), repeats=False)
@@ -246,8 +248,10 @@ def option_effects(configs: list[Configuration]) -> list[OptionEffect]:
 def choose(df: pd.DataFrame, device: tuple[str, float] | None = None, budgets_gib=BUDGETS_GIB,
            margin: float = MARGIN) -> Choice:
     """The whole answer. ``device``: (name, total bytes) of the GPU the runs came from, added as a budget."""
-    configs, words, on_gpu = configurations(df)
-    result = Choice(configs, words, on_gpu, left_out=lagging(df))
+    ok = _ok_rows(effective_frame(df))
+    flags = training_check.lagging_runs(ok)
+    configs, words, on_gpu = _configurations(ok.drop(index=list(flags)))
+    result = Choice(configs, words, on_gpu, left_out=_lagging(ok, flags))
     if not configs:
         return result
     budgets = [(f"{g} GiB", g * GIB) for g in budgets_gib]
