@@ -45,6 +45,19 @@ def is_4bit_linear(module: nn.Module) -> bool:
     return bnb is not None and isinstance(module, bnb.nn.Linear4bit)
 
 
+# A frozen base linear whose matmul another module computes (a joined group of projections, --fp8-base) carries
+# its owner's name here: the routing below leaves it alone, and no second owner takes it.
+OWNER = "_ftprof_base_owner"
+
+
+def claim(module: nn.Module, owner: str) -> None:
+    setattr(module, OWNER, owner)
+
+
+def owner(module: nn.Module) -> str | None:
+    return getattr(module, OWNER, None)
+
+
 # Who dequantizes a 4-bit weight: bitsandbytes' kernel, torch ops (traced into compiled blocks: --compile-dequant) or
 # ftprof's Triton kernel (--dequant-kernel triton; models/dequant_kernels.py).
 DEQUANTIZERS = ("bitsandbytes", "torch", "triton")
@@ -60,8 +73,7 @@ def route(blocks: list[nn.Module], kept: int, dequantizer: str = "bitsandbytes")
     for index, block in enumerate(blocks):
         for module in block.modules():
             if not is_4bit_linear(module) or any(p.requires_grad for p in module.parameters(recurse=False)) \
-                    or getattr(module, "_ftprof_in_joined_group", False) \
-                    or hasattr(module, "_ftprof_fp8_kind"):  # dequantized by its joined group, or into e4m3
+                    or owner(module) is not None:
                 continue
             keep = index < kept
             module.__dict__.pop("forward", None)  # back to Linear4bit.forward before choosing again

@@ -109,10 +109,7 @@ def blockwise(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absm
     product, one rounding to ``dtype``), for a whole number of blocks."""
     codes = torch.stack((data >> 4, data & 0xF), dim=-1).reshape(-1)  # the high nibble is the first value
     values = code[codes.long()]  # the 16-value table (nf4 or fp4), fp32
-    if absmax2 is not None:  # the absmax values are themselves 8-bit codes, scaled per group of blocksize2 blocks
-        group = torch.arange(absmax.numel(), device=data.device) // blocksize2
-        absmax = code2[absmax.long()] * absmax2[group] + offset
-    scaled = values.view(-1, blocksize) * absmax.float().view(-1, 1)
+    scaled = values.view(-1, blocksize) * block_absmax(absmax, absmax2, code2, offset, blocksize2).view(-1, 1)
     return scaled.reshape(shape).to(dtype)
 
 
@@ -140,11 +137,21 @@ def _(packed, absmax, code, absmax2, code2, offset, blocksize, blocksize2, shape
 
 def dequantize_fp8(packed: torch.Tensor, state, inverse: torch.Tensor, for_backward: bool = False) -> torch.Tensor:
     """A bitsandbytes 4-bit weight as e4m3 rows, each scaled by its ``inverse`` (models/fp8_base.py)."""
-    return torch.ops.ftprof.dequantize_4bit_fp8(packed, *_state_args(state), list(state.shape), inverse,
+    return torch.ops.ftprof.dequantize_4bit_fp8(packed, *state_args(state), list(state.shape), inverse,
                                                 for_backward)
 
 
-def _state_args(state) -> tuple:
+def block_absmax(absmax: torch.Tensor, absmax2: torch.Tensor | None, code2: torch.Tensor | None,
+                 offset: torch.Tensor | None, blocksize2: int) -> torch.Tensor:
+    """Each block's absmax in fp32: as stored, or under double quantization (``absmax2`` given) an 8-bit code
+    scaled per group of ``blocksize2`` blocks, plus an offset (bitsandbytes' arithmetic)."""
+    if absmax2 is not None:
+        group = torch.arange(absmax.numel(), device=absmax.device) // blocksize2
+        absmax = code2[absmax.long()] * absmax2[group] + offset
+    return absmax.float()
+
+
+def state_args(state) -> tuple:
     """A QuantState as the op's arguments after the packed weight."""
     if not state.nested:
         return state.absmax, state.code, None, None, None, state.blocksize, 0
@@ -154,13 +161,13 @@ def _state_args(state) -> tuple:
 
 def triton_dequantize(packed: torch.Tensor, state, for_backward: bool = False) -> torch.Tensor:
     """A bitsandbytes 4-bit weight (its packed tensor and QuantState), dequantized by the Triton kernel."""
-    return torch.ops.ftprof.dequantize_4bit(packed, *_state_args(state), list(state.shape), state.dtype,
+    return torch.ops.ftprof.dequantize_4bit(packed, *state_args(state), list(state.shape), state.dtype,
                                             for_backward)
 
 
 def torch_dequantize(packed: torch.Tensor, state) -> torch.Tensor:
     """The same, as torch ops."""
-    return blockwise(packed.reshape(-1).view(torch.uint8), *_state_args(state), state.shape, state.dtype)
+    return blockwise(packed.reshape(-1).view(torch.uint8), *state_args(state), state.shape, state.dtype)
 
 
 def packed_columns(packed: torch.Tensor, rows: int) -> int:
@@ -199,7 +206,7 @@ def quant_args(modules) -> tuple:
     ``dequantize_rows`` takes them after ``packed``: (absmax, code, absmax2, code2, offset, blocksize,
     blocksize2), the lists of double quantization empty without it."""
     states = [m.weight.quant_state for m in modules]
-    args = [_state_args(s) for s in states]
+    args = [state_args(s) for s in states]
     nested = states[0].nested
     return ([a[0] for a in args], [a[1] for a in args], [a[2] for a in args] if nested else [],
             [a[3] for a in args] if nested else [], [a[4] for a in args] if nested else [], args[0][5], args[0][6])

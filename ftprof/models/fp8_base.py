@@ -38,10 +38,10 @@ import types
 import torch
 from torch import nn
 
-from ftprof.models import fp8_kernels
+from ftprof.models import dequant, dequant_kernels, fp8_kernels
 from ftprof.models.fp8_kernels import E4M3_MAX, quantize_rows
 
-KIND = "_ftprof_fp8_kind"  # "dense" or "packed" on a converted linear; models/dequant.py's routing skips those
+OWNER = "fp8"  # a converted linear's owner (models/dequant.py): the routing leaves it alone
 
 
 def eligible(module: nn.Module) -> bool:
@@ -55,19 +55,17 @@ def eligible(module: nn.Module) -> bool:
 def convert(blocks: list[nn.Module]) -> int:
     """Give every frozen base linear in ``blocks`` (decoder layers) FP8 matmuls: plain linears get their e4m3
     weight and its transpose now, bitsandbytes 4-bit linears their row scales. Returns how many linears."""
-    from ftprof.models.dequant import is_4bit_linear
-
     count = 0
     for block in blocks:
         for module in block.modules():
-            if getattr(module, "_ftprof_in_joined_group", False) or not eligible(module):
+            if dequant.owner(module) is not None or not eligible(module):
                 continue
             if type(module) is nn.Linear:
                 weight, scale = quantize_rows(module.weight.detach())
-                _buffers(module, "dense", scale.view(1, -1), weight=weight, transposed=weight.t().contiguous())
-            elif is_4bit_linear(module) and _whole_blocks(module):
+                _buffers(module, scale.view(1, -1), weight=weight, transposed=weight.t().contiguous())
+            elif dequant.is_4bit_linear(module) and _whole_blocks(module):
                 scale = (_row_absmax(module) / E4M3_MAX).view(1, -1)
-                _buffers(module, "packed", scale, inverse=(1.0 / scale).view(-1).contiguous())
+                _buffers(module, scale, inverse=(1.0 / scale).view(-1).contiguous())
             else:
                 continue
             module.forward = types.MethodType(_forward, module)
@@ -75,8 +73,14 @@ def convert(blocks: list[nn.Module]) -> int:
     return count
 
 
-def _buffers(module: nn.Module, kind: str, scale: torch.Tensor, **tensors: torch.Tensor) -> None:
-    setattr(module, KIND, kind)
+def converted(module: nn.Module) -> bool:
+    return dequant.owner(module) == OWNER
+
+
+def _buffers(module: nn.Module, scale: torch.Tensor, **tensors: torch.Tensor) -> None:
+    """The e4m3 tensors as ``fp8_*`` buffers: a dense weight's ``fp8_weight`` and ``fp8_transposed``, or a 4-bit
+    weight's ``fp8_inverse``; both, ``fp8_scale`` and ``fp8_ones``."""
+    dequant.claim(module, OWNER)
     tensors.update(scale=scale, ones=torch.ones(1, module.in_features, device=scale.device))
     for name, tensor in tensors.items():
         module.register_buffer(f"fp8_{name}", tensor, persistent=False)
@@ -84,7 +88,7 @@ def _buffers(module: nn.Module, kind: str, scale: torch.Tensor, **tensors: torch
 
 def buffer_names(model: nn.Module) -> list[str]:
     """The qualified names of the e4m3 weights and scales that ``convert`` gave ``model``'s linears."""
-    return [f"{name}.{buffer}" for name, module in model.named_modules() if hasattr(module, KIND)
+    return [f"{name}.{buffer}" for name, module in model.named_modules() if converted(module)
             for buffer, _ in module.named_buffers(recurse=False) if buffer.startswith("fp8_")]
 
 
@@ -96,17 +100,13 @@ def rows(module: nn.Module) -> torch.Tensor:
 
 def _weight_args(module: nn.Module) -> tuple:
     """The op's arguments after the input: weight, transposed, scale, ones, quant, blocksize, blocksize2, shape."""
-    if getattr(module, KIND) == "dense":
+    if hasattr(module, "fp8_weight"):  # dense: its e4m3 rows made once
         weight = module.fp8_weight
         return weight, module.fp8_transposed, module.fp8_scale, module.fp8_ones, [], 0, 0, list(weight.shape)
     state = module.weight.quant_state
-    quant = [state.absmax, state.code, module.fp8_inverse]
-    blocksize2 = 0
-    if state.nested:
-        quant += [state.state2.absmax, state.state2.code, state.offset]
-        blocksize2 = state.state2.blocksize
-    return module.weight, None, module.fp8_scale, module.fp8_ones, quant, state.blocksize, blocksize2, \
-        list(state.shape)
+    absmax, code, absmax2, code2, offset, blocksize, blocksize2 = dequant_kernels.state_args(state)
+    quant = [absmax, code, module.fp8_inverse] + ([absmax2, code2, offset] if state.nested else [])
+    return module.weight, None, module.fp8_scale, module.fp8_ones, quant, blocksize, blocksize2, list(state.shape)
 
 
 def _forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -129,10 +129,7 @@ def _row_absmax(module: nn.Module) -> torch.Tensor:
     (fp32): a row's own largest value where its blocks are its own; where a block straddles two rows, the larger
     of the two rows' bounds. Computed once, at setup (one fp32 value per weight element, briefly)."""
     state = module.weight.quant_state
-    absmax = state.absmax
-    if state.nested:  # 8-bit codes, scaled per group of blocks, plus an offset (bitsandbytes' arithmetic)
-        inner = state.state2
-        group = torch.arange(absmax.numel(), device=absmax.device) // inner.blocksize
-        absmax = inner.code[absmax.long()] * inner.absmax[group] + state.offset
-    per_value = absmax.float().repeat_interleave(state.blocksize).view(state.shape)
+    absmax, _, absmax2, code2, offset, _, blocksize2 = dequant_kernels.state_args(state)
+    per_value = dequant_kernels.block_absmax(absmax, absmax2, code2, offset, blocksize2) \
+        .repeat_interleave(state.blocksize).view(state.shape)
     return per_value.amax(dim=1) * state.code.abs().max().float()

@@ -42,7 +42,7 @@ import types
 import torch
 from torch import nn
 
-from ftprof.models import dequant_kernels
+from ftprof.models import dequant, dequant_kernels
 from ftprof.models.dequant import is_4bit_linear
 from ftprof.models.lora_fused_a import adapted_groups, plain_adapter
 
@@ -62,7 +62,7 @@ def fuse(model: nn.Module, blocks: list[nn.Module]) -> list[Group]:
         group = Group(members, kind, copied)
         for index, member in enumerate(members):
             object.__setattr__(member, "_ftprof_joined", (group, index))  # not a submodule: PEFT's tree stays
-            member.base_layer._ftprof_in_joined_group = True  # models/dequant.py's routing leaves it alone
+            dequant.claim(member.base_layer, "joined group")
             member._ftprof_out = None
             member.forward = types.MethodType(_member_forward(member.forward), member)
         groups.append(group)

@@ -300,7 +300,7 @@ def test_triton_e4m3_rows_equal_the_torch_arithmetic(nested):
         weight = (torch.randn(*shape, device="cuda") * torch.logspace(-3, 1, shape[0], device="cuda")[:, None])
         packed, state = bf.quantize_4bit(weight.bfloat16(), blocksize=64, compress_statistics=nested,
                                          quant_type="nf4", quant_storage=torch.bfloat16)
-        args = dequant_kernels._state_args(state)
+        args = dequant_kernels.state_args(state)
         data = packed.reshape(-1).view(torch.uint8)
         values = dequant_kernels.blockwise(data, *args, state.shape, torch.float32)
         inverse = 448.0 / values.abs().amax(dim=1)  # (a larger factor would overflow e4m3: torch gives NaN there)

@@ -102,7 +102,7 @@ def test_the_dequantize_op_passes_torch_library_checks(nested):
 
     packed, state = bf.quantize_4bit(torch.randn(64, 128), blocksize=64, compress_statistics=nested,
                                      quant_storage=torch.bfloat16)
-    args = (packed, *dequant_kernels._state_args(state), list(state.shape), torch.bfloat16, False)
+    args = (packed, *dequant_kernels.state_args(state), list(state.shape), torch.bfloat16, False)
     torch.library.opcheck(torch.ops.ftprof.dequantize_4bit.default, args)
 
 

@@ -21,7 +21,7 @@ CHILD = textwrap.dedent('''
                     weight = (torch.randn(*shape) * torch.logspace(-3, 1, shape[1])).to(dtype)
                     packed, state = bf.quantize_4bit(weight, blocksize=64, compress_statistics=nested,
                                                      quant_type=quant_type, quant_storage=torch.bfloat16)
-                    data, args = packed.reshape(-1).view(torch.uint8), dk._state_args(state)
+                    data, args = packed.reshape(-1).view(torch.uint8), dk.state_args(state)
                     expected = bf.dequantize_4bit(packed, state)
                     if dtype == torch.bfloat16:  # the interpreter rounds to bf16 by truncation (a GPU: to nearest)
                         exact = dk.blockwise(data, *args, state.shape, torch.float32)

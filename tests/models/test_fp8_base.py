@@ -71,7 +71,7 @@ def test_only_frozen_linears_of_fitting_shapes_are_converted():
     odd = nn.Linear(24, 40, bias=False).requires_grad_(False)  # not multiples of 16
     frozen = nn.Linear(32, 48).requires_grad_(False)  # with a bias: added after the GEMM
     assert fp8_base.convert([nn.ModuleList([trained, odd, frozen])]) == 1
-    converted = [hasattr(m, fp8_base.KIND) for m in (frozen, trained, odd)]
+    converted = [fp8_base.converted(m) for m in (frozen, trained, odd)]
     assert converted == [True, False, False]
     x = torch.randn(16, 32)
     assert _relative(frozen(x), nn.functional.linear(x, frozen.weight, frozen.bias)) < FP8_MATMUL
@@ -115,7 +115,7 @@ def test_a_run_multiplies_every_base_linear_in_e4m3(tmp_path, method):
     built, loss, grads, _ = loss_and_grads(tmp_path / "fp8", method, nonzero_b=True, fp8_base=True)
     _, ref_loss, ref_grads, _ = loss_and_grads(tmp_path / "ref", method, nonzero_b=True)
     layers = metrics.decoder_layers(built.model)
-    converted = [m for block in layers for m in block.modules() if hasattr(m, fp8_base.KIND)]
+    converted = [m for block in layers for m in block.modules() if fp8_base.converted(m)]
     assert len(converted) == 7 * len(layers)  # the seven projections' bases
     assert abs(float(loss) / float(ref_loss) - 1) < 0.01
     diff = torch.sqrt(sum(((grads[k] - g) ** 2).sum() for k, g in ref_grads.items()))
@@ -155,7 +155,7 @@ def test_fp8_base_is_refused_under_sharding_and_off_by_default(tmp_path):
     with pytest.raises(ConfigError, match="--fp8-base keeps e4m3 copies"):
         RunConfig.from_flat(dict(method="lora", fp8_base=True, parallel="fsdp", nproc_per_node=2))
     plan, built = build_run(tiny_config(tmp_path, "lora"))  # off by default: nothing converted
-    assert not any(hasattr(m, fp8_base.KIND) for m in built.model.modules())
+    assert not any(fp8_base.converted(m) for m in built.model.modules())
 
 
 def test_buffer_names_are_the_models_own_names_for_the_e4m3_tensors():
