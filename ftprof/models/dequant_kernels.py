@@ -113,32 +113,94 @@ def blockwise(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absm
     return scaled.reshape(shape).to(dtype)
 
 
-@torch.library.custom_op("ftprof::dequantize_4bit_fp8", mutates_args=())
-def dequantize_4bit_fp8(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absmax2: torch.Tensor | None,
-                        code2: torch.Tensor | None, offset: torch.Tensor | None, blocksize: int, blocksize2: int,
-                        shape: list[int], inverse: torch.Tensor, for_backward: bool) -> torch.Tensor:
-    """The weight of ``shape`` (rows x columns) as e4m3: each row's values times its ``inverse`` scale (fp32), one
-    rounding to e4m3 (--fp8-base; models/fp8_base.py). ``for_backward`` as for ``dequantize_4bit``."""
-    data = packed.reshape(-1).view(torch.uint8)
-    if packed.device.type != "cuda":
-        values = blockwise(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2, shape, torch.float32)
-        return (values * inverse.view(-1, 1)).to(torch.float8_e4m3fn)
-    out = torch.empty(shape, dtype=torch.float8_e4m3fn, device=packed.device)
-    with torch.cuda.device(packed.device):
-        launch(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2, out, columns=shape[1],
-               inverse=inverse)
+TILE = 128  # rows and columns of the weight per program of the transposing kernel
+
+
+@functools.cache
+def _transposed_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def dequantize_4bit_transposed_kernel(packed, absmax, code, absmax2, code2, offset, inverse, out, rows, columns,
+                                          BLOCKSIZE: tl.constexpr, BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr,
+                                          TILE: tl.constexpr):
+        # one program: a TILE x TILE tile of the weight (rows x columns), read as packed bytes row by row, written
+        # as its transpose (columns x rows, e4m3), each value the arithmetic of dequantize_4bit_kernel's ROW_SCALED
+        row = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
+        pair = tl.program_id(1).to(tl.int64) * (TILE // 2) + tl.arange(0, TILE // 2)  # byte columns of a row
+        inside = (row[:, None] < rows) & (pair[None, :] < columns // 2)
+        index = row[:, None] * (columns // 2) + pair[None, :]  # the packed byte (rows hold whole bytes)
+        byte = tl.load(packed + index, mask=inside, other=0).to(tl.int32)
+        first = tl.load(code + (byte >> 4), mask=inside, other=0.0)  # the high nibble holds the first value
+        second = tl.load(code + (byte & 0xF), mask=inside, other=0.0)
+        block = index // (BLOCKSIZE // 2)
+        if NESTED:
+            q = tl.load(absmax + block, mask=inside, other=0).to(tl.int32)
+            scale = tl.load(code2 + q, mask=inside, other=0.0) * tl.load(absmax2 + block // BLOCKSIZE2, mask=inside,
+                                                                         other=0.0)
+            scale = scale + tl.load(offset)
+        else:
+            scale = tl.load(absmax + block, mask=inside, other=0.0)
+        values = tl.interleave(first * scale, second * scale)  # TILE x TILE: the row's values in order
+        values = values * tl.load(inverse + row, mask=row < rows, other=0.0)[:, None]
+        values = tl.trans(values.to(out.dtype.element_ty))
+        column = tl.program_id(1).to(tl.int64) * TILE + tl.arange(0, TILE)
+        inside = (column[:, None] < columns) & (row[None, :] < rows)
+        tl.store(out + column[:, None] * rows + row[None, :], values, mask=inside)
+
+    return dequantize_4bit_transposed_kernel
+
+
+def dequantize_fp8_transposed(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
+                              absmax2: torch.Tensor | None, code2: torch.Tensor | None, offset: torch.Tensor | None,
+                              blocksize: int, blocksize2: int, shape: list[int], inverse: torch.Tensor) -> torch.Tensor:
+    """``fp8_rows_transposed`` on CUDA: one tiled Triton kernel, the same bits as the rows'. A row must hold whole
+    bytes (an even number of columns)."""
+    rows, columns = shape
+    assert columns % 2 == 0, shape
+    nested = absmax2 is not None
+    out = torch.empty(columns, rows, dtype=torch.float8_e4m3fn, device=data.device)
+    grid = (-(-rows // TILE), -(-columns // TILE))
+    _transposed_kernel()[grid](
+        data, absmax, code, absmax2 if nested else absmax, code2 if nested else code, offset if nested else absmax,
+        inverse, out, rows, columns, BLOCKSIZE=blocksize, BLOCKSIZE2=blocksize2 if nested else 1, NESTED=nested,
+        TILE=TILE, num_warps=8, enable_fp_fusion=False)  # bitsandbytes rounds the nested multiply and the add apart
     return out
 
 
-@dequantize_4bit_fp8.register_fake
-def _(packed, absmax, code, absmax2, code2, offset, blocksize, blocksize2, shape, inverse, for_backward):
-    return packed.new_empty(shape, dtype=torch.float8_e4m3fn)
+def fp8_rows(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absmax2: torch.Tensor | None,
+             code2: torch.Tensor | None, offset: torch.Tensor | None, blocksize: int, blocksize2: int,
+             shape: list[int], inverse: torch.Tensor) -> torch.Tensor:
+    """The weight of ``shape`` (rows x columns) from its packed bytes (``data``, uint8) as e4m3: each row's values
+    times its ``inverse`` scale (fp32), one rounding to e4m3 (--fp8-base; models/fp8_base.py). A plain function,
+    called inside the FP8 custom ops (models/fp8_kernels.py): the Triton kernel on CUDA, torch ops elsewhere."""
+    if data.device.type != "cuda":
+        values = blockwise(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2, shape, torch.float32)
+        return (values * inverse.view(-1, 1)).to(torch.float8_e4m3fn)
+    out = torch.empty(shape, dtype=torch.float8_e4m3fn, device=data.device)
+    launch(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2, out, columns=shape[1], inverse=inverse)
+    return out
 
 
-def dequantize_fp8(packed: torch.Tensor, state, inverse: torch.Tensor, for_backward: bool = False) -> torch.Tensor:
-    """A bitsandbytes 4-bit weight as e4m3 rows, each scaled by its ``inverse`` (models/fp8_base.py)."""
-    return torch.ops.ftprof.dequantize_4bit_fp8(packed, *state_args(state), list(state.shape), inverse,
-                                                for_backward)
+def fp8_rows_transposed(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absmax2: torch.Tensor | None,
+                        code2: torch.Tensor | None, offset: torch.Tensor | None, blocksize: int, blocksize2: int,
+                        shape: list[int], inverse: torch.Tensor) -> torch.Tensor:
+    """The transpose (columns x rows, contiguous) of ``fp8_rows``: the input-gradient GEMM's operand
+    (models/fp8_kernels.py). On CUDA one tiled kernel writes it straight from the packed bytes (a transposing
+    copy of the rows took ~40 ms a step for llama-8b QLoRA on an H200); elsewhere the rows' transposing copy."""
+    if data.device.type != "cuda" or shape[1] % 2:
+        return fp8_rows(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2, shape, inverse) \
+            .t().contiguous()
+    return dequantize_fp8_transposed(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2, shape,
+                                     inverse)
+
+
+def dequantize_fp8(packed: torch.Tensor, state, inverse: torch.Tensor, transposed: bool = False) -> torch.Tensor:
+    """A bitsandbytes 4-bit weight as e4m3 rows, each scaled by its ``inverse`` (models/fp8_base.py), or their
+    transpose."""
+    rows = fp8_rows_transposed if transposed else fp8_rows
+    return rows(packed.reshape(-1).view(torch.uint8), *state_args(state), list(state.shape), inverse)
 
 
 def block_absmax(absmax: torch.Tensor, absmax2: torch.Tensor | None, code2: torch.Tensor | None,

@@ -9,12 +9,15 @@ Triton kernel on CUDA (each program one row: its absmax, its scale, its e4m3 val
 same arithmetic, IEEE divisions in both.
 
 A weight is either dense (its e4m3 rows and their transpose, made once) or a bitsandbytes 4-bit weight (``quant``:
-absmax, table, inverse row scales, then double quantization's absmax, table and offset), dequantized into e4m3 rows
-on each use by models/dequant_kernels.py, forward and backward.
+absmax, table, inverse row scales, then double quantization's absmax, table and offset), dequantized into e4m3 on
+each use by models/dequant_kernels.py: rows forward, their transpose backward. Those are plain functions called
+inside the ops (a nested op would pay the dispatcher again: each linear runs these ops three times a step under full
+checkpointing, where the host's launch work already outlasted the GPU's).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -30,7 +33,19 @@ def quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None = None) -> 
     """A 2-D tensor (times ``column_scale``, one factor per column, if given) as e4m3 values and fp32 row scales
     (rows x 1): ``t * column_scale ~= values * scale``, each row's largest value at e4m3's largest, 448."""
     if t.device.type == "cuda":
+        with torch.cuda.device(t.device):
+            return _triton_quantize_rows(t, column_scale)
+    return _torch_quantize_rows(t, column_scale)
+
+
+def _quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_rows`` inside an op, which has made ``t``'s device the current one."""
+    if t.device.type == "cuda":
         return _triton_quantize_rows(t, column_scale)
+    return _torch_quantize_rows(t, column_scale)
+
+
+def _torch_quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     t = t.float()
     if column_scale is not None:
         t = t * column_scale.view(1, -1)
@@ -69,22 +84,28 @@ def _triton_quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None) ->
     scales = torch.empty(rows, 1, dtype=torch.float32, device=t.device)
     block = triton.next_power_of_2(columns)
     scaled = column_scale is not None
-    with torch.cuda.device(t.device):
-        _kernel()[(rows,)](t, column_scale.reshape(-1) if scaled else scales, values, scales, columns, t.stride(0),
-                           SCALED=scaled, BLOCK=block, num_warps=16 if block >= 8192 else 8 if block >= 2048 else 4)
+    _kernel()[(rows,)](t, column_scale.reshape(-1) if scaled else scales, values, scales, columns, t.stride(0),
+                       SCALED=scaled, BLOCK=block, num_warps=16 if block >= 8192 else 8 if block >= 2048 else 4)
     return values, scales
 
 
-def rows(weight: torch.Tensor, quant: list[torch.Tensor], blocksize: int, blocksize2: int,
-          shape: list[int]) -> torch.Tensor:
-    """The weight's e4m3 rows (out x in): ``weight`` itself when dense (``quant`` empty), else dequantized from
-    its 4-bit packing, each row scaled by its inverse scale."""
+def rows(weight: torch.Tensor, quant: list[torch.Tensor], blocksize: int, blocksize2: int, shape: list[int],
+         transposed: bool = False) -> torch.Tensor:
+    """The weight's e4m3 rows (out x in), or with ``transposed`` their transpose (in x out, contiguous),
+    dequantized from its 4-bit packing, each row scaled by its inverse scale; ``weight`` itself when dense
+    (``quant`` empty, rows only)."""
     if not quant:
         return weight
     absmax, code, inverse, *inner = quant
     absmax2, code2, offset = inner or (None, None, None)
-    return dequant_kernels.dequantize_4bit_fp8(weight, absmax, code, absmax2, code2, offset, blocksize, blocksize2,
-                                               shape, inverse, False)
+    dequantize = dequant_kernels.fp8_rows_transposed if transposed else dequant_kernels.fp8_rows
+    return dequantize(weight.reshape(-1).view(torch.uint8), absmax, code, absmax2, code2, offset, blocksize,
+                      blocksize2, shape, inverse)
+
+
+def _device(t: torch.Tensor):
+    """The op's device as the current one, where its Triton kernels launch (once per op, not per kernel)."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
 @torch.library.custom_op("ftprof::fp8_linear", mutates_args=())
@@ -93,9 +114,10 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, transposed: torch.Tensor |
                shape: list[int]) -> torch.Tensor:
     """``x @ W^T`` in bf16 from rowwise-scaled e4m3 operands: ``x`` (tokens x in) quantized by rows, W's rows
     (``scale``: 1 x out). ``transposed`` and ``ones`` serve the backward (see ``fp8_linear_input_grad``)."""
-    values, x_scale = quantize_rows(x)
-    weight_rows = rows(weight, quant, blocksize, blocksize2, shape)
-    return torch._scaled_mm(values, weight_rows.t(), scale_a=x_scale, scale_b=scale, out_dtype=torch.bfloat16)
+    with _device(x):
+        values, x_scale = _quantize_rows(x, None)
+        weight_rows = rows(weight, quant, blocksize, blocksize2, shape)
+        return torch._scaled_mm(values, weight_rows.t(), scale_a=x_scale, scale_b=scale, out_dtype=torch.bfloat16)
 
 
 @fp8_linear.register_fake
@@ -110,10 +132,11 @@ def fp8_linear_input_grad(grad: torch.Tensor, weight: torch.Tensor, transposed: 
     """``dy W`` in bf16 as ``(dy * s_W) Wq``: the weight's row scale folded into the gradient before its rows are
     quantized (the GEMM reduces over W's rows, so their scale cannot ride on the output side), times the e4m3
     rows, whose transpose (in x out, contiguous) is the column-major operand; ``ones``: 1 x in."""
-    values, grad_scale = quantize_rows(grad, column_scale=scale)
-    if transposed is None:
-        transposed = rows(weight, quant, blocksize, blocksize2, shape).t().contiguous()
-    return torch._scaled_mm(values, transposed.t(), scale_a=grad_scale, scale_b=ones, out_dtype=torch.bfloat16)
+    with _device(grad):
+        values, grad_scale = _quantize_rows(grad, scale)
+        if transposed is None:
+            transposed = rows(weight, quant, blocksize, blocksize2, shape, transposed=True)
+        return torch._scaled_mm(values, transposed.t(), scale_a=grad_scale, scale_b=ones, out_dtype=torch.bfloat16)
 
 
 @fp8_linear_input_grad.register_fake

@@ -289,8 +289,9 @@ def test_compiled_triton_dequantization_keeps_no_weights(tmp_path):
 
 @pytest.mark.parametrize("nested", [True, False])
 def test_triton_e4m3_rows_equal_the_torch_arithmetic(nested):
-    """--fp8-base's 4-bit weights dequantized into e4m3 rows by the Triton kernel: the same bits as the torch ops
-    (bitsandbytes' fp32 value, times the row's inverse scale, one rounding to e4m3) that the CPU runs."""
+    """--fp8-base's 4-bit weights dequantized into e4m3 rows by the Triton kernel, and into their transpose by the
+    tiled one: the same bits as the torch ops (bitsandbytes' fp32 value, times the row's inverse scale, one
+    rounding to e4m3) that the CPU runs."""
     import bitsandbytes.functional as bf
 
     from ftprof.models import dequant_kernels
@@ -305,8 +306,11 @@ def test_triton_e4m3_rows_equal_the_torch_arithmetic(nested):
         values = dequant_kernels.blockwise(data, *args, state.shape, torch.float32)
         inverse = 448.0 / values.abs().amax(dim=1)  # (a larger factor would overflow e4m3: torch gives NaN there)
         ours = dequant_kernels.dequantize_fp8(packed, state, inverse)
+        transposed = dequant_kernels.dequantize_fp8(packed, state, inverse, transposed=True)
         expected = (values * inverse.view(-1, 1)).to(torch.float8_e4m3fn)
         assert torch.equal(ours.view(torch.uint8), expected.view(torch.uint8)), (shape, nested)
+        assert transposed.is_contiguous(), transposed.stride()  # the backward GEMM's operand, written transposed
+        assert torch.equal(transposed.view(torch.uint8), expected.t().view(torch.uint8)), (shape, nested)
 
 
 def test_triton_row_quantization_equals_the_torch_ops():

@@ -39,3 +39,37 @@ def test_the_kernel_gives_bitsandbytes_bits_in_tritons_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "same bits" in done.stdout, done.stderr[-3000:]
+
+
+TRANSPOSED_CHILD = textwrap.dedent('''
+    import torch, bitsandbytes.functional as bf
+    from ftprof.models import dequant_kernels as dk
+
+    torch.manual_seed(0)
+    for nested in (True, False):
+        # whole tiles, partial tiles, blocks straddling rows (96 columns)
+        for shape in ((256, 384), (96, 640), (33, 192), (34, 96)):
+            weight = torch.randn(*shape) * torch.logspace(-3, 1, shape[0])[:, None]
+            packed, state = bf.quantize_4bit(weight.bfloat16(), blocksize=64, compress_statistics=nested,
+                                             quant_type="nf4", quant_storage=torch.bfloat16)
+            data, args = packed.reshape(-1).view(torch.uint8), dk.state_args(state)
+            inverse = 448.0 / dk.blockwise(data, *args, state.shape, torch.float32).abs().amax(dim=1)
+            rows = torch.empty(list(state.shape), dtype=torch.float8_e4m3fn)
+            dk.launch(data, *args, rows, columns=shape[1], inverse=inverse, bytes_per_program=256)
+            transposed = dk.dequantize_fp8_transposed(data, *args, list(state.shape), inverse)
+            assert transposed.shape == (shape[1], shape[0]) and transposed.is_contiguous(), transposed.shape
+            assert torch.equal(transposed.view(torch.uint8), rows.t().view(torch.uint8)), (nested, shape)
+    print("same bits")
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_the_transposing_e4m3_kernel_gives_the_rows_kernels_bits_transposed():
+    """--fp8-base's backward operand, written transposed by its own tiled kernel, against the e4m3 rows kernel's
+    output transposed, both in Triton's interpreter (whose e4m3 rounding differs from a GPU's; the GPU tests check
+    both kernels against the torch ops)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", TRANSPOSED_CHILD], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and "same bits" in done.stdout, done.stderr[-3000:]
