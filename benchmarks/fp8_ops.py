@@ -55,29 +55,33 @@ def _linear(shape: tuple[int, int]):
     return layer
 
 
-def main() -> None:
+def _measure(name: str, shape: tuple[int, int]) -> tuple[float, float, float]:
+    """Print the weight's kernel row; return the host's microseconds per call of the forward op, the input-gradient
+    op and the 16-bit path (Triton dequantization and a linear)."""
     from ftprof.models import dequant_kernels as dk
     from ftprof.models import fp8_base
 
+    layer = _linear(shape)
+    packed, state, inverse = layer.weight, layer.weight.quant_state, layer.fp8_inverse
+    rows = _gpu_us(lambda: dk.dequantize_fp8(packed, state, inverse))
+    copied = _gpu_us(lambda: dk.dequantize_fp8(packed, state, inverse).t().contiguous())
+    try:
+        transposed = f"{_gpu_us(lambda: dk.dequantize_fp8(packed, state, inverse, transposed=True)):.1f}"
+    except TypeError:  # a checkout without the transposing kernel
+        transposed = "-"
+    print(f"| {name} {shape[0]} x {shape[1]} | {rows:.1f} | {copied:.1f} | {transposed} |")
+    x = torch.randn(16, shape[1], device="cuda", dtype=torch.bfloat16)
+    grad = torch.randn(16, shape[0], device="cuda", dtype=torch.bfloat16)
+    args = fp8_base._weight_args(layer)
+    return (_host_us(lambda: torch.ops.ftprof.fp8_linear(x, *args)),
+            _host_us(lambda: torch.ops.ftprof.fp8_linear_input_grad(grad, *args)),
+            _host_us(lambda: torch.nn.functional.linear(x, dk.triton_dequantize(packed, state))))
+
+
+def main() -> None:
     print("| weight | e4m3 rows (us) | rows + transposing copy (us) | transposed kernel (us) |")
     print("| --- | ---: | ---: | ---: |")
-    host = {}
-    for name, shape in SHAPES.items():
-        layer = _linear(shape)
-        packed, state, inverse = layer.weight, layer.weight.quant_state, layer.fp8_inverse
-        rows = _gpu_us(lambda: dk.dequantize_fp8(packed, state, inverse))
-        copied = _gpu_us(lambda: dk.dequantize_fp8(packed, state, inverse).t().contiguous())
-        try:
-            transposed = f"{_gpu_us(lambda: dk.dequantize_fp8(packed, state, inverse, transposed=True)):.1f}"
-        except TypeError:  # a checkout without the transposing kernel
-            transposed = "-"
-        print(f"| {name} {shape[0]} x {shape[1]} | {rows:.1f} | {copied:.1f} | {transposed} |")
-        x = torch.randn(16, shape[1], device="cuda", dtype=torch.bfloat16)
-        grad = torch.randn(16, shape[0], device="cuda", dtype=torch.bfloat16)
-        args = fp8_base._weight_args(layer)
-        host[name] = (_host_us(lambda: torch.ops.ftprof.fp8_linear(x, *args)),
-                      _host_us(lambda: torch.ops.ftprof.fp8_linear_input_grad(grad, *args)),
-                      _host_us(lambda: torch.nn.functional.linear(x, dk.triton_dequantize(packed, state))))
+    host = {name: _measure(name, shape) for name, shape in SHAPES.items()}
     print("\n| weight | fp8_linear host us/call | fp8_linear_input_grad | 16-bit: Triton dequant + linear |")
     print("| --- | ---: | ---: | ---: |")
     for name, (forward, backward, sixteen) in host.items():
