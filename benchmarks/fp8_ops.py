@@ -50,7 +50,7 @@ def _linear(shape: tuple[int, int]):
     layer = bnb.nn.Linear4bit(in_features, out_features, bias=False, compute_dtype=torch.bfloat16,
                               compress_statistics=True, quant_type="nf4", quant_storage=torch.bfloat16)
     layer.weight.requires_grad_(False)
-    layer = layer.cuda()
+    layer = layer.to(torch.bfloat16).cuda()  # quantized on the move: a bf16 weight (the 16-bit path's dtype)
     assert fp8_base.convert([torch.nn.Sequential(layer)]) == 1
     return layer
 
