@@ -23,9 +23,10 @@ eager bf16's loss at every step of 30, its compiled and CUDA-graph paths within 
 FLOPs over the bf16 dense peak (DESIGN.md), so it is comparable with 16-bit runs' and may pass what a 16-bit run
 could reach. Off CUDA ``torch._scaled_mm`` runs on the CPU (what the CPU tests exercise).
 
-Measured on an H200 (llama-8b, 4 x 2048, BENCHMARKS.md): QLoRA 19,243 tokens/s as CUDA graphs (16-bit 16,582),
-LoRA 21,487 (16-bit 16,959); under full checkpointing, where each 4-bit weight is dequantized three times and
-transposed once a step, it does not pay (-1%). Off by default: it changes the arithmetic.
+Measured on an H200 (llama-8b, 4 x 2048, BENCHMARKS.md): QLoRA 20,917 tokens/s as CUDA graphs (16-bit 16,582),
+LoRA 21,580 (16-bit 16,959), QLoRA under full checkpointing 13,317 (16-bit 11,490 on the same machine; there each
+4-bit weight is dequantized three times a step, and before the transposing kernel the host's dispatch outlasted
+the GPU's work). Off by default: it changes the arithmetic.
 
 The matmuls are torch custom ops (models/fp8_kernels.py); this module converts the linears and routes their forward.
 The e4m3 tensors are the linears' non-persistent buffers (not saved, moved with the module, static addresses for
