@@ -10,6 +10,7 @@ import pandas as pd
 
 from ftprof.console import fmt_num
 from ftprof.metrics import GIB
+from ftprof.report import training_check
 from ftprof.results.effective import (  # noqa: F401  (config_columns, NOT_CONFIG: this module's old names)
     MEASUREMENT_OPTIONS,
     NOT_CONFIG,
@@ -81,6 +82,9 @@ class SummaryTable:
     # Options outside the headline that differ between rows (max_steps, lora_r, ...): shown, so that no two rows
     # look identical.
     extra_keys: list[str] = field(default_factory=list)
+    # Configurations (row of ``frame`` -> why) whose every successful run did not train like the best run of its
+    # data (report/training_check.py): their status reads LAGS, and summary.md lists why.
+    lagging: dict[int, str] = field(default_factory=dict)
 
     @property
     def cpu_only(self) -> bool:
@@ -108,12 +112,28 @@ def summarize(df: pd.DataFrame, sort: str | None = None, group_by: str | None = 
     elif sort and sort in frame:
         frame = frame.sort_values(sort, ascending=False, na_position="last")
     frame = frame.reset_index(drop=True)
+    lagging = _lagging_configurations(df, frame.pop("_key"))
     constant = {}
     if len(frame) > 1:  # an option that applies to no row (None everywhere) is not a fact about the runs
         for col in KEY_COLUMNS:
             if col in frame and frame[col].map(str).nunique() == 1 and frame[col].notna().all():
                 constant[col] = frame[col].iloc[0]
-    return SummaryTable(frame, constant, extra)
+    return SummaryTable(frame, constant, extra, lagging)
+
+
+LAGS = "ok, loss lags"  # the status a table shows for a configuration in ``SummaryTable.lagging``
+
+
+def _lagging_configurations(df: pd.DataFrame, keys: pd.Series) -> dict[int, str]:
+    """Position in ``keys`` (the table's configurations, in order) -> why, for each configuration whose every
+    successful run of ``df`` (runs, with ``_key``) training_check flags."""
+    ok = df[df["status"].map(str) == "ok"] if "status" in df else df.iloc[0:0]
+    flags = training_check.lagging_runs(ok)
+    if not flags:
+        return {}
+    every = pd.Series(ok.index.isin(list(flags)), index=ok.index).groupby(ok["_key"]).all()
+    why = {ok.at[i, "_key"]: line for i, line in reversed(list(flags.items()))}  # a configuration's first run's
+    return {pos: why[key] for pos, key in enumerate(keys) if bool(every.get(key, False))}
 
 
 def _ci95_column(groups, col: str) -> pd.Series:
@@ -149,7 +169,7 @@ def _aggregate(df: pd.DataFrame, extra: list[str]) -> pd.DataFrame:
         frame.loc[failed, col] = None
     errors = firsts["error_message"] if "error_message" in firsts else pd.Series(None, index=firsts.index)
     frame["error"] = errors.where(frame["status"] != "ok", None)
-    return frame.reset_index(drop=True)
+    return frame.rename_axis("_key").reset_index()  # each row's configuration key kept as a column
 
 
 def _fmt(value, kind: str, ci=None) -> str:
@@ -189,8 +209,9 @@ def display_rows(table: SummaryTable, with_ci: bool = True) -> tuple[list[str], 
     cols = [(c, h, k) for c, h, k in cols if k in ("key", "status") or table.frame[c].notna().any()]
     headers = [_header(h, table) for _, h, _ in cols]
     rows = []
-    for _, r in table.frame.iterrows():
-        rows.append([_fmt(r.get(c), k, r.get(f"{c}_ci95") if with_ci else None) for c, _, k in cols])
+    for i, r in table.frame.iterrows():
+        rows.append([LAGS if k == "status" and i in table.lagging else
+                     _fmt(r.get(c), k, r.get(f"{c}_ci95") if with_ci else None) for c, _, k in cols])
     return headers, rows
 
 
@@ -215,20 +236,30 @@ def to_markdown(table: SummaryTable, title: str = "ftprof report") -> str:
         lines += ["Repeats are aggregated: mean ± 95% confidence interval (Student t).", ""]
     lines.append("| " + " | ".join(headers) + " |")
     lines.append("| " + " | ".join("---" for _ in headers) + " |")
-    for row, (_, r) in zip(rows, table.frame.iterrows(), strict=True):
-        cells = [c if r.get("status") == "ok" else f"**{c}**" if h == "status" else c
+    for row, (i, r) in zip(rows, table.frame.iterrows(), strict=True):
+        cells = [c if r.get("status") == "ok" and i not in table.lagging else f"**{c}**" if h == "status" else c
                  for c, h in zip(row, headers, strict=True)]
         lines.append("| " + " | ".join(cells) + " |")
+    if table.lagging:
+        lines += ["", f"Did not train like the others ({LAGS}; left out of the pick below):", ""]
+        lines += [f"- {_row_name(table.frame.loc[i])}: {why}" for i, why in table.lagging.items()]
     failed = table.frame[table.frame["status"] != "ok"] if "status" in table.frame else table.frame.iloc[0:0]
     if len(failed):
         lines += ["", "Failed runs:", ""]
-        lines += [f"- {r.get('method')} batch {r.get('batch_size')} seq {r.get('seq_len')}: **{r.get('status')}**"
-                  + (f": {r.get('error')}" if r.get("error") else "") for _, r in failed.iterrows()]
+        lines += [f"- {_row_name(r)}: **{r.get('status')}**" + (f": {r.get('error')}" if r.get("error") else "")
+                  for _, r in failed.iterrows()]
     return "\n".join(lines) + "\n"
+
+
+def _row_name(r: pd.Series) -> str:
+    return f"{r.get('method')} batch {r.get('batch_size')} seq {r.get('seq_len')}"
 
 
 def to_csv_frame(table: SummaryTable) -> pd.DataFrame:
     """summary.csv: the headline columns (raw units) with their CI columns, constant ones included."""
     cols = [c for c, _, _ in HEADLINE if c in table.frame.columns] + table.extra_keys
     extra = [f"{c}_ci95" for c in NUM_COLUMNS if f"{c}_ci95" in table.frame.columns] + ["repeats", "error"]
-    return table.frame[cols + [c for c in extra if c in table.frame.columns]]
+    frame = table.frame[cols + [c for c in extra if c in table.frame.columns]]
+    if table.lagging:  # why each configuration that did not train like the others lags
+        frame = frame.assign(loss_lags=[table.lagging.get(i) for i in frame.index])
+    return frame

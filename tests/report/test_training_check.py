@@ -60,3 +60,21 @@ def test_bench_says_which_experiments_did_not_train():
     lines = lagging_lines(rows)
     assert [line.split(":")[1].strip() for line in lines] == ["e1", "e2"]
     assert lagging_lines(rows[:1]) == []
+
+
+def test_the_summary_table_marks_configurations_that_did_not_train():
+    from ftprof.report.tables import LAGS, display_rows, summarize, to_csv_frame
+    from ftprof.report.tables import to_markdown as table_markdown
+
+    runs = _round15().assign(kernels=["eager", "liger", "x", "y"])  # four configurations (kernels: not the data)
+    table = summarize(runs, sort="tokens_per_s")
+    headers, rows = display_rows(table)
+    status = {row[headers.index("tokens/s")]: row[headers.index("status")] for row in rows}
+    assert status == {"23,129": LAGS, "22,967": LAGS, "17,461": "ok", "16,604": "ok"}
+    markdown = table_markdown(table)
+    assert "Did not train like the others" in markdown and markdown.count("8.084") == 2
+    assert to_csv_frame(table)["loss_lags"].notna().sum() == 2
+    # a configuration with one run that trained is not marked: its other run is the pick's business
+    repeated = pd.concat([runs, runs.iloc[[1]].assign(loss_last=0.84)], ignore_index=True)
+    assert sum(row[-1] == LAGS for row in display_rows(summarize(repeated))[1]) == 1
+    assert "Did not train" not in table_markdown(summarize(runs.drop(index=[1, 2])))
