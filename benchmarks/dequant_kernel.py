@@ -15,7 +15,8 @@ SHAPES = {"q/o_proj": (4096, 4096), "k/v_proj": (1024, 4096), "gate/up_proj": (1
 LAUNCHES = [(512, 4), (1024, 4), (1024, 8), (2048, 8), (4096, 8)]  # (bytes per program, warps)
 
 
-def _time_us(fn, repeat: int = 50) -> float:
+def time_us(fn, repeat: int = 50) -> float:
+    """GPU microseconds per call of ``fn`` (CUDA events over ``repeat`` calls, after 5 warm-up calls)."""
     for _ in range(5):
         fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -40,10 +41,10 @@ def _row(name: str, shape: tuple[int, int]) -> bool:
     same = torch.equal(dk.triton_dequantize(packed, state), bf.dequantize_4bit(packed, state))
     plain, plain_state = bf.quantize_4bit(weight, blocksize=64, compress_statistics=False, quant_type="fp4")
     same &= torch.equal(dk.triton_dequantize(plain, plain_state), bf.dequantize_4bit(plain, plain_state))
-    bnb_us = _time_us(lambda: bf.dequantize_4bit(packed, state))
+    bnb_us = time_us(lambda: bf.dequantize_4bit(packed, state))
     args, data = dk._state_args(state), packed.reshape(-1).view(torch.uint8)
     out = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
-    ours = [_time_us(lambda b=b, w=w: dk.launch(data, *args, out, bytes_per_program=b, warps=w))
+    ours = [time_us(lambda b=b, w=w: dk.launch(data, *args, out, bytes_per_program=b, warps=w))
             for b, w in LAUNCHES]
     moved = shape[0] * shape[1] * 2.5  # bytes: half a byte read and two written per value
     print(f"| {name} | {shape[0]} x {shape[1]} | {bnb_us:.1f} | " + " | ".join(f"{t:.1f}" for t in ours)

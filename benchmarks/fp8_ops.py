@@ -10,22 +10,10 @@ from __future__ import annotations
 import time
 
 import torch
+from dequant_kernel import time_us as _gpu_us  # (benchmarks/ is the script's path)
 
 SHAPES = {"q/o_proj": (4096, 4096), "k/v_proj": (1024, 4096), "gate/up_proj": (14336, 4096),
           "down_proj": (4096, 14336)}
-
-
-def _gpu_us(fn, repeat: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(repeat):
-        fn()
-    end.record()
-    end.synchronize()  # sync point: the kernels must finish before reading the events
-    return start.elapsed_time(end) * 1000 / repeat
 
 
 def _host_us(fn, repeat: int = 100) -> float:
