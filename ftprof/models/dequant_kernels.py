@@ -19,47 +19,16 @@ blocks), which is what the CPU tests exercise.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 BYTES = 1024  # packed bytes per program: 2048 16-bit values written
 WARPS = 4
 
 
-@functools.cache
-def _kernel():
-    import triton
-    import triton.language as tl
+def _kernels():
+    from ftprof.models import triton_kernels  # Triton only where a kernel launches
 
-    @triton.jit
-    def dequantize_4bit_kernel(packed, absmax, code, absmax2, code2, offset, out, n_bytes, columns, row_stride,
-                               inverse, BLOCKSIZE: tl.constexpr, BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr,
-                               BYTES: tl.constexpr, STRIDED: tl.constexpr, ROW_SCALED: tl.constexpr):
-        index = tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES)
-        inside = index < n_bytes
-        byte = tl.load(packed + index, mask=inside, other=0).to(tl.int32)
-        first = tl.load(code + (byte >> 4), mask=inside, other=0.0)  # the high nibble holds the first value
-        second = tl.load(code + (byte & 0xF), mask=inside, other=0.0)
-        block = index // (BLOCKSIZE // 2)  # a block's values never straddle a byte
-        if NESTED:  # the block's absmax is an 8-bit code, scaled per group of BLOCKSIZE2 blocks, plus an offset
-            q = tl.load(absmax + block, mask=inside, other=0).to(tl.int32)
-            scale = tl.load(code2 + q, mask=inside, other=0.0) * tl.load(absmax2 + block // BLOCKSIZE2, mask=inside,
-                                                                         other=0.0)
-            scale = scale + tl.load(offset)
-        else:
-            scale = tl.load(absmax + block, mask=inside, other=0.0)
-        values = tl.interleave(first * scale, second * scale)
-        where = tl.program_id(0).to(tl.int64) * (2 * BYTES) + tl.arange(0, 2 * BYTES)
-        inside = where < 2 * n_bytes
-        if ROW_SCALED:  # e4m3 rows (--fp8-base): each value times its row's inverse scale, in fp32
-            values = values * tl.load(inverse + where // columns, mask=inside, other=0.0)
-        values = values.to(out.dtype.element_ty)
-        if STRIDED:  # the weight's rows land ``row_stride`` apart: the left columns of a wider matrix
-            where = (where // columns) * row_stride + where % columns
-        tl.store(out + where, values, mask=inside)
-
-    return dequantize_4bit_kernel
+    return triton_kernels
 
 
 @torch.library.custom_op("ftprof::dequantize_4bit", mutates_args=())
@@ -89,7 +58,7 @@ def launch(data, absmax, code, absmax2, code2, offset, blocksize: int, blocksize
     nested = absmax2 is not None
     size = bytes_per_program or BYTES
     strided = bool(columns) and out.stride(0) != columns
-    _kernel()[(-(-data.numel() // size),)](  # programs: ceil(bytes / size)
+    _kernels().dequantize_4bit_kernel[(-(-data.numel() // size),)](  # programs: ceil(bytes / size)
         data, absmax, code, absmax2 if nested else absmax, code2 if nested else code, offset if nested else absmax,
         out, data.numel(), columns or 1, out.stride(0) if strided else 1, inverse if inverse is not None else absmax,
         BLOCKSIZE=blocksize, BLOCKSIZE2=blocksize2 if nested else 1, NESTED=nested, BYTES=size, STRIDED=strided,
@@ -116,42 +85,6 @@ def blockwise(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absm
 TILE = 128  # rows and columns of the weight per program of the transposing kernel
 
 
-@functools.cache
-def _transposed_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def dequantize_4bit_transposed_kernel(packed, absmax, code, absmax2, code2, offset, inverse, out, rows, columns,
-                                          BLOCKSIZE: tl.constexpr, BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr,
-                                          TILE: tl.constexpr):
-        # one program: a TILE x TILE tile of the weight (rows x columns), read as packed bytes row by row, written
-        # as its transpose (columns x rows, e4m3), each value the arithmetic of dequantize_4bit_kernel's ROW_SCALED
-        row = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
-        pair = tl.program_id(1).to(tl.int64) * (TILE // 2) + tl.arange(0, TILE // 2)  # byte columns of a row
-        inside = (row[:, None] < rows) & (pair[None, :] < columns // 2)
-        index = row[:, None] * (columns // 2) + pair[None, :]  # the packed byte (rows hold whole bytes)
-        byte = tl.load(packed + index, mask=inside, other=0).to(tl.int32)
-        first = tl.load(code + (byte >> 4), mask=inside, other=0.0)  # the high nibble holds the first value
-        second = tl.load(code + (byte & 0xF), mask=inside, other=0.0)
-        block = index // (BLOCKSIZE // 2)
-        if NESTED:
-            q = tl.load(absmax + block, mask=inside, other=0).to(tl.int32)
-            scale = tl.load(code2 + q, mask=inside, other=0.0) * tl.load(absmax2 + block // BLOCKSIZE2, mask=inside,
-                                                                         other=0.0)
-            scale = scale + tl.load(offset)
-        else:
-            scale = tl.load(absmax + block, mask=inside, other=0.0)
-        values = tl.interleave(first * scale, second * scale)  # TILE x TILE: the row's values in order
-        values = values * tl.load(inverse + row, mask=row < rows, other=0.0)[:, None]
-        values = tl.trans(values.to(out.dtype.element_ty))
-        column = tl.program_id(1).to(tl.int64) * TILE + tl.arange(0, TILE)
-        inside = (column[:, None] < columns) & (row[None, :] < rows)
-        tl.store(out + column[:, None] * rows + row[None, :], values, mask=inside)
-
-    return dequantize_4bit_transposed_kernel
-
-
 def dequantize_fp8_transposed(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
                               absmax2: torch.Tensor | None, code2: torch.Tensor | None, offset: torch.Tensor | None,
                               blocksize: int, blocksize2: int, shape: list[int], inverse: torch.Tensor) -> torch.Tensor:
@@ -162,7 +95,7 @@ def dequantize_fp8_transposed(data: torch.Tensor, absmax: torch.Tensor, code: to
     nested = absmax2 is not None
     out = torch.empty(columns, rows, dtype=torch.float8_e4m3fn, device=data.device)
     grid = (-(-rows // TILE), -(-columns // TILE))
-    _transposed_kernel()[grid](
+    _kernels().dequantize_4bit_transposed_kernel[grid](
         data, absmax, code, absmax2 if nested else absmax, code2 if nested else code, offset if nested else absmax,
         inverse, out, rows, columns, BLOCKSIZE=blocksize, BLOCKSIZE2=blocksize2 if nested else 1, NESTED=nested,
         TILE=TILE, num_warps=8, enable_fp_fusion=False)  # bitsandbytes rounds the nested multiply and the add apart

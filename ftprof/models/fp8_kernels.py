@@ -18,7 +18,6 @@ checkpointing, where the host's launch work already outlasted the GPU's).
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 
@@ -53,30 +52,10 @@ def _torch_quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None) -> 
     return (t / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
 
 
-@functools.cache
-def _kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def quantize_rows_kernel(src, column_scale, values, scales, columns, stride, SCALED: tl.constexpr,
-                             BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        offsets = tl.arange(0, BLOCK)
-        inside = offsets < columns
-        t = tl.load(src + row * stride + offsets, mask=inside, other=0.0).to(tl.float32)
-        if SCALED:
-            t = t * tl.load(column_scale + offsets, mask=inside, other=0.0)
-        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(t), axis=0), 1e-12), 448.0)
-        quantized = tl.minimum(tl.maximum(tl.math.div_rn(t, scale), -448.0), 448.0)
-        tl.store(values + row * columns + offsets, quantized.to(values.dtype.element_ty), mask=inside)
-        tl.store(scales + row, scale)
-
-    return quantize_rows_kernel
-
-
 def _triton_quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     import triton
+
+    from ftprof.models.triton_kernels import quantize_rows_kernel  # Triton only where a kernel launches
 
     assert t.dim() == 2 and t.stride(1) == 1, t.stride()
     rows, columns = t.shape
@@ -84,8 +63,9 @@ def _triton_quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None) ->
     scales = torch.empty(rows, 1, dtype=torch.float32, device=t.device)
     block = triton.next_power_of_2(columns)
     scaled = column_scale is not None
-    _kernel()[(rows,)](t, column_scale.reshape(-1) if scaled else scales, values, scales, columns, t.stride(0),
-                       SCALED=scaled, BLOCK=block, num_warps=16 if block >= 8192 else 8 if block >= 2048 else 4)
+    quantize_rows_kernel[(rows,)](t, column_scale.reshape(-1) if scaled else scales, values, scales, columns,
+                                  t.stride(0), SCALED=scaled, BLOCK=block, TINY=TINY, E4M3_MAX=E4M3_MAX,
+                                  num_warps=16 if block >= 8192 else 8 if block >= 2048 else 4)
     return values, scales
 
 
