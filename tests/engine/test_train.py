@@ -6,6 +6,7 @@ import json
 import pytest
 
 import ftprof
+from ftprof import metrics
 from ftprof.results.schema import STEP_COLUMNS
 from tests.conftest import build_run, tiny_config
 
@@ -54,7 +55,14 @@ def test_method_trains_and_loss_falls(tmp_path, method):
         # grew to half of it, and the share fell to 35%)
         compile_s = [float(r["compile_s"]) for r in rows]
         assert compile_s[0] > 0.05 and all(c < compile_s[0] for c in compile_s[1:]), compile_s
-        assert [s["cause"] for s in saved["slow_steps"] if s["warmup"]] == ["torch.compile"]
+        # the slow steps result.json names are metrics.slow_steps of the steps recorded: whether step 1 is slow
+        # enough to be named depends on the machine's load (CI, 2026-12-02: not named under the parallel suite);
+        # the attribution itself is tests/test_metrics.py's
+        recorded = [{"step": int(r["step"]), "warmup": r["warmup"] == "True", "step_time_s": float(r["step_time_s"]),
+                     "profiler_phase": r["profiler_phase"], "alloc_retries": int(r["alloc_retries"]),
+                     **{k: float(r[k]) for k in metrics.HOST_CAUSES}} for r in rows]
+        named = [(s["step"], s["cause"]) for s in saved["slow_steps"]]
+        assert named == [(s["step"], s["cause"]) for s in metrics.slow_steps(recorded)]
 
 
 def test_env_records_versions_and_allocator(tmp_path):
