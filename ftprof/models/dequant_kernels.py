@@ -19,12 +19,15 @@ blocks), which is what the CPU tests exercise.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 BYTES = 1024  # packed bytes per program: 2048 16-bit values written
 WARPS = 4
 
 
+@functools.cache  # (called at every launch: a hot path)
 def _kernels():
     from ftprof.models import triton_kernels  # Triton only where a kernel launches
 

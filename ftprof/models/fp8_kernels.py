@@ -31,10 +31,8 @@ TINY = 1e-12  # an all-zero row's scale: its values stay zero
 def quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A 2-D tensor (times ``column_scale``, one factor per column, if given) as e4m3 values and fp32 row scales
     (rows x 1): ``t * column_scale ~= values * scale``, each row's largest value at e4m3's largest, 448."""
-    if t.device.type == "cuda":
-        with torch.cuda.device(t.device):
-            return _triton_quantize_rows(t, column_scale)
-    return _torch_quantize_rows(t, column_scale)
+    with _device(t):
+        return _quantize_rows(t, column_scale)
 
 
 def _quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
