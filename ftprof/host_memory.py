@@ -12,9 +12,11 @@ could not have fit. LoRA adapters are small against the base and are left out.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GIB = 1 << 30
+VMSTAT = "/proc/vmstat"  # the system-wide OOM-kill count (oom_kill_counts)
 
 
 @dataclass(frozen=True)
@@ -74,3 +76,57 @@ def refusal(config, method: str, dtype: str, batch_size: int, seq_len: int) -> s
              f"seq {seq_len})"]
     return (f"host memory: this CPU run needs at least {need.total / GIB:.1f} GiB ({', '.join(parts)}) and "
             f"the machine has {available / GIB:.1f} GiB available; lower --batch-size or --seq-len, or use a GPU")
+
+
+def oom_kill_counts() -> dict[str, int]:
+    """The kernel's counts of processes its OOM killer has killed, by where each was read: system-wide
+    (``/proc/vmstat``'s ``oom_kill``) and in this process's memory cgroup (v2 ``memory.events``, v1
+    ``memory.oom_control``); a source that cannot be read is left out, so an empty dict means no evidence either way.
+    A count that rose while a child ran, with the child dead of SIGKILL, is the evidence that the OOM killer took it
+    (dmesg, which would say so directly, is rarely readable)."""
+    counts: dict[str, int] = {}
+    found = _counter(Path(VMSTAT), "oom_kill")
+    if found is not None:
+        counts[VMSTAT] = found
+    for path in _cgroup_event_files():
+        found = _counter(path, "oom_kill")
+        if found is not None:
+            counts[str(path)] = found
+    return counts
+
+
+def oom_kills_between(before: dict[str, int], after: dict[str, int]) -> list[str]:
+    """The sources whose OOM-kill count rose from ``before`` to ``after`` (read with :func:`oom_kill_counts`)."""
+    return [src for src, n in after.items() if src in before and n > before[src]]
+
+
+def _counter(path: Path, key: str) -> int | None:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _cgroup_event_files() -> list[Path]:
+    root = Path("/sys/fs/cgroup")
+    out = []
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        _, controllers, rel = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
+        rel = rel.lstrip("/")
+        if controllers == "":  # cgroup v2 (unified)
+            for base in (root, root / "unified"):
+                if (base / rel / "memory.events").is_file():
+                    out.append(base / rel / "memory.events")
+                    break
+        elif "memory" in controllers.split(","):
+            if (root / "memory" / rel / "memory.oom_control").is_file():
+                out.append(root / "memory" / rel / "memory.oom_control")
+    return out

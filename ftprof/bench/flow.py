@@ -30,13 +30,19 @@ class SweepRun:
     interrupted: bool = False
     summary: Path | None = None
 
-    def failed(self) -> list[str]:
-        """Experiments whose recorded status is a failure: run now, or kept from an earlier run."""
+    def _statuses(self) -> dict[str, Status | None]:
         now = {o.name: o.status for o in self.outcomes}
         # a cell submitted and not watched to its end (Slurm, --no-watch) has no verdict yet: its old one is void
-        statuses = {p.experiment.name: now.get(p.experiment.name, p.previous) for p in self.planned
-                    if p.action != "busy" and not (p.action == "run" and p.experiment.name not in now)}
-        return [name for name, status in statuses.items() if (s := Status.parse(status)) is not None and s.failed]
+        return {p.experiment.name: Status.parse(now.get(p.experiment.name, p.previous)) for p in self.planned
+                if p.action != "busy" and not (p.action == "run" and p.experiment.name not in now)}
+
+    def failed(self) -> list[str]:
+        """Experiments whose recorded status is a failure: run now, or kept from an earlier run."""
+        return [name for name, s in self._statuses().items() if s is not None and s.failed]
+
+    def resumable(self) -> list[str]:
+        """The failed experiments a plain rerun runs again (``killed``: stopped from outside the run)."""
+        return [name for name, s in self._statuses().items() if s is not None and s.failed and s.resumed]
 
     def not_run(self) -> list[str]:
         """Experiments this sweep should have run and did not: another process held their claim."""

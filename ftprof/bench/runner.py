@@ -6,6 +6,13 @@ reach its whole tree), with stdout.log, stderr.log and command.sh (the same run 
 environment included, for people to read and replay) beside the run files. On a machine with several GPUs
 experiments run side by side on disjoint GPUs, each seeing only its own through CUDA_VISIBLE_DEVICES; on CPU they
 run one at a time.
+
+A child that dies without writing result.json is classified here: ``timeout`` (bench killed it at its limit),
+``interrupted`` (Ctrl-C or SIGTERM to bench), ``oom_host`` (SIGKILL while the kernel's OOM-kill count rose:
+``ftprof.host_memory.oom_kill_counts``, read as each child starts and ends), ``killed`` (any other signal, named:
+SIGKILL from a person or another program, SIGTERM not sent by bench), ``error`` (a nonzero exit). A rerun runs
+``interrupted`` and ``killed`` cells again (the stop came from outside the run); the other failures are kept
+unless ``--retry-failed`` (``Status.resumed``).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from pathlib import Path
 from ftprof.bench.lock import Claim, claim_cell, claim_holder
 from ftprof.bench.sweep import Experiment, Sweep
 from ftprof.config import RunConfig
+from ftprof.host_memory import VMSTAT, oom_kill_counts, oom_kills_between
 from ftprof.lifetime import answer_ctrl_c, preexec_die_with
 from ftprof.results import run_dir as files
 from ftprof.results.load import read_result, read_runs
@@ -58,6 +66,7 @@ class Running:
     claim: Claim | None = None
     timed_out: bool = False
     interrupted: bool = False
+    oom_kills: dict[str, int] = field(default_factory=dict)  # the kernel's OOM-kill counts as it started
 
 
 @dataclass
@@ -95,7 +104,7 @@ def plan(sweep: Sweep, out_dir: Path, *, force: bool = False, retry_failed: bool
         holder = claim_holder(run_dir)
         if holder is not None and not force:
             action, reason = "busy", f"being run by {holder}"
-        elif force or status is None or status is Status.INTERRUPTED:
+        elif force or status is None or status.resumed:
             action = "run"
         elif status.failed:
             action = "run" if retry_failed else "skip"
@@ -105,6 +114,34 @@ def plan(sweep: Sweep, out_dir: Path, *, force: bool = False, retry_failed: bool
             reason = f"--force: overrides the claim of {holder}"
         planned.append(Planned(exp, run_dir, prev, action, reason, force=force, overrides=holder if force else None))
     return planned
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def killed_by(signum: int, before: dict[str, int], after: dict[str, int]) -> tuple[Status, str]:
+    """A child killed by ``signum`` that bench did not send: ``oom_host`` only when it is SIGKILL and the kernel's
+    OOM-kill count rose while it ran (``before``/``after``: ``oom_kill_counts``), else ``killed`` with the signal
+    named (and whether the OOM killer can be ruled out)."""
+    name = signal_name(signum)
+    if signum != signal.SIGKILL:  # the OOM killer sends SIGKILL only
+        return Status.KILLED, f"killed by {name}, not sent by ftprof bench"
+    rose = oom_kills_between(before, after)
+    cgroup_read = any(src != VMSTAT for src in after)
+    if any(src != VMSTAT for src in rose) or (rose and not cgroup_read):
+        return Status.OOM_HOST, (f"killed by SIGKILL while the kernel's OOM killer killed a process (oom_kill rose "
+                                 f"in {rose[0]}): out of host memory")
+    if rose:  # a process outside this cgroup was OOM-killed meanwhile
+        return Status.KILLED, ("killed by SIGKILL, not sent by ftprof bench; possibly out of host memory (the "
+                               "kernel's OOM killer killed a process meanwhile: `dmesg` names it)")
+    if not after:
+        return Status.KILLED, ("killed by SIGKILL, not sent by ftprof bench (the kernel's OOM-kill counts are "
+                               "unreadable here)")
+    return Status.KILLED, "killed by SIGKILL, not sent by ftprof bench nor by the kernel's OOM killer"
 
 
 def run_config(exp: Experiment, run_dir: Path) -> RunConfig:
@@ -241,13 +278,14 @@ class BenchRunner:
                                    command_script(replay_command(p.experiment, p.run_dir), overrides))
         os.chmod(script, 0o755)
         env = {**os.environ, **overrides}
+        oom_kills = oom_kill_counts()
         with open(p.run_dir / files.STDOUT, "wb") as out, open(p.run_dir / files.STDERR, "wb") as err:
             proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True,
                                     preexec_fn=preexec_die_with(os.getpid()))
         claim.add_process(proc.pid)
         now = time.monotonic()
         self.on_event("start", p)
-        return Running(p, proc, slot, now, now + self.sweep.timeout_s, claim)
+        return Running(p, proc, slot, now, now + self.sweep.timeout_s, claim, oom_kills=oom_kills)
 
     def _claim(self, p: Planned) -> Claim | None:
         """Claim the cell just before it starts; a cell another process took since planning is skipped."""
@@ -265,8 +303,8 @@ class BenchRunner:
         code = r.proc.returncode
         status, problem = previous_status(r.planned.run_dir)
         if status is None or problem or (r.timed_out and status != Status.OK):
-            classified = self._classify(r, code)
-            self._write_failure(r, classified, code)
+            classified, reason = self._classify(r, code)
+            self._write_failure(r, classified, code, reason)
             status = classified.value
         try:
             result = read_result(r.planned.run_dir) or {}
@@ -279,24 +317,21 @@ class BenchRunner:
         self.on_event("finish", outcome)
         return outcome
 
-    @staticmethod
-    def _classify(r: Running, code: int) -> Status:
+    def _classify(self, r: Running, code: int) -> tuple[Status, str]:
+        """The failure class of a child that left no result, and the reason recorded with it."""
         if r.timed_out:
-            return Status.TIMEOUT
+            return Status.TIMEOUT, f"timed out after {self.sweep.timeout_s:g} s"
         if r.interrupted or code in (Status.INTERRUPTED.exit_code, -signal.SIGINT):
-            return Status.INTERRUPTED
-        if code == -signal.SIGKILL:
-            return Status.OOM_HOST  # killed without our asking: the kernel's OOM killer is the usual sender
-        return Status.ERROR
+            return Status.INTERRUPTED, "interrupted"
+        if code is not None and code < 0:
+            return killed_by(-code, r.oom_kills, oom_kill_counts())
+        return Status.ERROR, f"exited with code {code}"
 
-    def _write_failure(self, r: Running, status: Status, code: int) -> None:
+    def _write_failure(self, r: Running, status: Status, code: int, reason: str) -> None:
         """The child died before writing result.json: record what bench knows, keep what the child wrote."""
         exp = r.planned.experiment
         cfg: RunConfig = exp.config
         tail = _tail(r.planned.run_dir / files.STDERR)
-        reason = {Status.TIMEOUT: f"timed out after {self.sweep.timeout_s:g} s",
-                  Status.OOM_HOST: "killed by SIGKILL (out of host memory?)",
-                  Status.INTERRUPTED: "interrupted"}.get(status, f"exited with code {code}")
         last = next((ln for ln in reversed(tail.splitlines()) if ln.strip()), reason)
         res = failure_result(cfg, r.planned.run_dir, status.value, status.value,
                              reason if status is not Status.ERROR else last, tail,

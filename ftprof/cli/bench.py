@@ -168,8 +168,11 @@ def _print_next_step(console, done, args: argparse.Namespace, launcher_type: str
     elif launcher_type == "slurm" and args.no_watch:
         console.print(f"submitted; `ftprof bench --status {args.sweep}` shows where the jobs stand")
     elif done.failed():
-        console.print(f"[red]{len(done.failed())} experiment(s) failed[/red] (exit status {code}); "
-                      "--retry-failed reruns them")
+        resumable = len(done.resumable())
+        kept = len(done.failed()) - resumable
+        how = ("--retry-failed reruns them" if not resumable else "a rerun runs them again (killed from outside)"
+               if not kept else f"a rerun runs the {resumable} killed from outside again, --retry-failed all of them")
+        console.print(f"[red]{len(done.failed())} experiment(s) failed[/red] (exit status {code}); {how}")
 
 
 LAUNCHER_OPTIONS = ("partition", "account", "qos", "time", "gpus_per_node", "nodes", "cpus_per_task", "mem",

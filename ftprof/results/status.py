@@ -1,9 +1,12 @@
 """The one vocabulary of run outcomes: each failure class with its exit status, display style and what a rerun does.
 
-``ok`` is a finished run; ``oom_device`` a CUDA out-of-memory; ``oom_host`` a process killed by the kernel (SIGKILL
-without our asking); ``timeout`` killed at its time limit; ``not_trained`` finished its steps without training (a
-loss that was not finite, a gradient norm of 0 or not finite, no trainable weight changed, a frozen one changed:
-``ftprof.engine.proof``); ``interrupted`` stopped by Ctrl-C or SIGTERM (resumable:
+``ok`` is a finished run; ``oom_device`` a CUDA out-of-memory; ``oom_host`` out of host memory (an allocation that
+failed, or a process the kernel's OOM killer took: SIGKILL with the kernel's OOM-kill count risen meanwhile, or
+Slurm's ``OUT_OF_MEMORY``); ``killed`` a process killed by a signal nobody in ftprof sent and no evidence ties to the
+OOM killer (the signal is named; resumable like ``interrupted``: the kill came from outside and says nothing about
+the run, so a rerun of the sweep runs it again); ``timeout`` killed at its time limit; ``not_trained`` finished
+its steps without training (a loss that was not finite, a gradient norm of 0 or not finite, no trainable weight
+changed, a frozen one changed: ``ftprof.engine.proof``); ``interrupted`` stopped by Ctrl-C or SIGTERM (resumable:
 a rerun of the sweep runs it again); ``error`` anything else, with the last lines of stderr.
 """
 
@@ -16,6 +19,7 @@ class Status(str, Enum):
     OK = "ok"
     OOM_DEVICE = "oom_device"
     OOM_HOST = "oom_host"
+    KILLED = "killed"
     TIMEOUT = "timeout"
     INTERRUPTED = "interrupted"
     ERROR = "error"
@@ -23,8 +27,8 @@ class Status(str, Enum):
 
     @property
     def exit_code(self) -> int:
-        """What `ftprof train`/`profile` exit with: 0 ok, 1 error, 3 out of memory, 4 timeout, 5 not trained,
-        130 interrupted."""
+        """What `ftprof train`/`profile` exit with: 0 ok, 1 error (and ``killed``, which only bench records),
+        3 out of memory, 4 timeout, 5 not trained, 130 interrupted."""
         return _EXIT[self]
 
     @property
@@ -34,8 +38,15 @@ class Status(str, Enum):
 
     @property
     def failed(self) -> bool:
-        """A failure a sweep keeps unless asked to retry (``--retry-failed``); ``interrupted`` is rerun anyway."""
+        """A failure: a sweep that records one exits 1. Kept by a rerun unless asked to retry (``--retry-failed``),
+        except the :attr:`resumed` ones."""
         return self not in (Status.OK, Status.INTERRUPTED)
+
+    @property
+    def resumed(self) -> bool:
+        """Run again by a plain rerun of the sweep (stopped from outside: nothing says the run itself fails):
+        ``interrupted`` and ``killed``."""
+        return self in (Status.INTERRUPTED, Status.KILLED)
 
     @classmethod
     def parse(cls, value: object) -> Status | None:
@@ -46,10 +57,10 @@ class Status(str, Enum):
             return None
 
 
-_EXIT = {Status.OK: 0, Status.ERROR: 1, Status.OOM_DEVICE: 3, Status.OOM_HOST: 3, Status.TIMEOUT: 4,
-         Status.NOT_TRAINED: 5, Status.INTERRUPTED: 130}
-_STYLE = {Status.OK: "green", Status.OOM_DEVICE: "red", Status.OOM_HOST: "red", Status.TIMEOUT: "yellow",
-          Status.INTERRUPTED: "yellow", Status.ERROR: "red", Status.NOT_TRAINED: "red"}
+_EXIT = {Status.OK: 0, Status.ERROR: 1, Status.OOM_DEVICE: 3, Status.OOM_HOST: 3, Status.KILLED: 1,
+         Status.TIMEOUT: 4, Status.NOT_TRAINED: 5, Status.INTERRUPTED: 130}
+_STYLE = {Status.OK: "green", Status.OOM_DEVICE: "red", Status.OOM_HOST: "red", Status.KILLED: "red",
+          Status.TIMEOUT: "yellow", Status.INTERRUPTED: "yellow", Status.ERROR: "red", Status.NOT_TRAINED: "red"}
 
 STATUSES = tuple(s.value for s in Status)
 # A run directory with a config but no result yet: started and never finished (not a run status of its own).
