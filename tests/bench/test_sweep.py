@@ -103,20 +103,28 @@ def test_missing_sweep_file(tmp_path):
         load_sweep(tmp_path / "none.yaml")
 
 
-def test_ten_thousand_cells_expand_in_seconds(tmp_path):
-    """Expansion is linear in cells (it was quadratic: 2,000 cells took minutes)."""
+def test_ten_thousand_cells_expand_in_about_ten_times_a_thousands_time(tmp_path):
+    """Expansion is linear in cells (it was quadratic: 2,000 cells took minutes): ten times the cells take about ten
+    times the CPU time of this process, not the hundred times a quadratic step would."""
     import time
 
-    values = ", ".join(str(v) for v in range(1, 11))
-    path = _sweep(tmp_path, "base: {model: tiny, max_steps: 12}\nmatrix:\n"
-                  f"  batch_size: [{values}]\n  seq_len: [{', '.join(str(32 * v) for v in range(1, 11))}]\n"
-                  f"  grad_accum: [{values}]\n  warmup_steps: [{', '.join(str(v - 1) for v in range(1, 11))}]\n")
-    start = time.monotonic()
-    sweep = load_sweep(path)
-    seconds = time.monotonic() - start
-    assert len(sweep.experiments) == 10_000 and len({e.name for e in sweep.experiments}) == 10_000
+    def grid(n):
+        values = ", ".join(str(v) for v in range(1, 11))
+        path = _sweep(tmp_path, "base: {model: tiny, max_steps: 12}\nmatrix:\n"
+                      f"  batch_size: [{values}]\n  seq_len: [{', '.join(str(32 * v) for v in range(1, 11))}]\n"
+                      f"  grad_accum: [{values}]\n"
+                      f"  warmup_steps: [{', '.join(str(v - 1) for v in range(1, 11 if n == 10_000 else 2))}]\n",
+                      name=f"s{n}.yaml")
+        start = time.process_time()
+        sweep = load_sweep(path)
+        seconds = time.process_time() - start
+        assert len(sweep.experiments) == n and len({e.name for e in sweep.experiments}) == n
+        return sweep, seconds
+
+    _, thousand = grid(1_000)
+    sweep, ten_thousand = grid(10_000)
     assert set(sweep.varying) >= {"batch_size", "seq_len", "grad_accum", "warmup_steps"}
-    assert seconds < 30, f"{seconds:.1f} s for 10,000 cells"
+    assert ten_thousand < 35 * thousand, (thousand, ten_thousand)
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -156,13 +164,14 @@ def test_whole_numbers_written_as_floats_are_ints(tmp_path):
     ("matrix: {method: [full], seed: [" + ", ".join(map(str, range(1000))) + "]}\nrepeats: 101\n",
      "1,000 cells x 101 repeats = 101,000 experiments: at most 100,000"),
 ])
-def test_too_large_a_sweep_is_refused_before_it_expands(tmp_path, text, fragment):
-    import time
+def test_too_large_a_sweep_is_refused_before_it_expands(tmp_path, text, fragment, monkeypatch):
+    from ftprof.bench import sweep
 
-    start = time.monotonic()
+    made = []
+    monkeypatch.setattr(sweep, "_cells", lambda *args: made.append(args) or [])  # the expansion: never reached
     with pytest.raises(ConfigError) as info:
         load_sweep(_sweep(tmp_path, text))
-    assert fragment in str(info.value) and time.monotonic() - start < 5
+    assert fragment in str(info.value) and made == []
 
 
 def test_a_ten_to_the_ten_cell_matrix_is_refused_at_once(tmp_path):

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.requires import requires_run
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "hf_baseline.py"
 
 
@@ -30,6 +32,7 @@ def test_baseline_script_reports_throughput(tmp_path):
 
 
 @pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
+@requires_run("gptq-lora")
 def test_gptq_baseline_reuses_ftprofs_quantized_checkpoint(tmp_path):
     """The baseline trains the very GPTQ checkpoint `ftprof train gptq-lora` quantized: one cache entry, not two."""
     import os

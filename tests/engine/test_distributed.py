@@ -11,6 +11,7 @@ from ftprof.cli.main import build_parser, main
 from ftprof.engine.aggregate import aggregate_steps
 from ftprof.engine.distributed import torchrun_command
 from tests.conftest import tiny_config
+from tests.requires import requires_run
 from tests.tolerances import SAME_OPS
 
 
@@ -84,6 +85,7 @@ def test_distributed_bad_input(tmp_path, capsys, argv, fragment):
 
 
 @pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
+@requires_run("gptq-lora")
 def test_gptq_lora_two_processes_quantize_once(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("FTPROF_CACHE_DIR", str(cache))

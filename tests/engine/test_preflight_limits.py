@@ -68,12 +68,34 @@ def hub_unreachable(monkeypatch):
 
 @pytest.mark.parametrize("argv", [["--dataset", "nobody/no-such-dataset"], ["--model", "nobody/no-such-model"]])
 def test_an_unreachable_hub_is_one_line_naming_hf_hub_offline_without_retries(tmp_path, capsys, hub_unreachable,
-                                                                               argv):
+                                                                               argv, monkeypatch):
+    """No request is tried once the probe found the hub unreachable: no name looked up, no connection, and none of
+    huggingface_hub's backoff sleeps between retries (those would take about 25 s)."""
+    import socket
+    import threading
     import time
 
-    start = time.monotonic()
+    attempts = []
+
+    def refuse(what):
+        def attempt(*args, **kwargs):
+            attempts.append((what, args[:2]))
+            raise OSError(f"{what}: no network in this test")
+        return attempt
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse("getaddrinfo"))
+    monkeypatch.setattr(socket, "create_connection", refuse("create_connection"))
+    monkeypatch.setattr(socket.socket, "connect", refuse("connect"))
+    real_sleep, here = time.sleep, threading.get_ident()
+
+    def sleep(seconds):
+        if threading.get_ident() == here:  # the run's own thread (another library's helper thread may nap)
+            attempts.append(("sleep", seconds))
+        real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)  # huggingface_hub's http_backoff sleeps through time.sleep
     assert_train_refuses(tmp_path, capsys, "lora", argv, "HF_HUB_OFFLINE=1 was set")
-    assert time.monotonic() - start < 20  # huggingface_hub's retries with backoff would take about 25 s
+    assert attempts == []
 
 
 @pytest.mark.parametrize("argv, fragment", [(["--output-dir", ""], "--output-dir is empty"),

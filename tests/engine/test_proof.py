@@ -11,6 +11,7 @@ import ftprof.engine.trainer as trainer_module
 from ftprof.engine.proof import GRAD_NORM_EVERY, TrainingCheck
 from ftprof.results.status import Status
 from tests.conftest import tiny_config
+from tests.requires import method_param
 
 
 def _result_json(tmp_path, result) -> dict:
@@ -37,7 +38,7 @@ def _assert_not_trained(tmp_path, result, fragment: str) -> dict:
     return saved
 
 
-@pytest.mark.parametrize("method", ["full", "lora", "qlora", pytest.param("gptq-lora", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("method", ["full", "lora", "qlora", method_param("gptq-lora", pytest.mark.slow)])
 def test_every_method_proves_it_trained(tmp_path, method):
     result = ftprof.train(tiny_config(tmp_path, method, max_steps=3))
     assert result.status == "ok", result.failure.error_tail

@@ -10,6 +10,7 @@ import pytest
 import ftprof
 from tests.conftest import tiny_config
 from tests.data_files import chat_rows, instruction_rows, save_checkpoint, text_rows, write
+from tests.requires import method_param
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def _run(tmp_path, method, **flat):
 
 
 @pytest.mark.parametrize("method", ["full", "lora", "qlora",
-                                    pytest.param("gptq-lora", marks=pytest.mark.slow)])
+                                    method_param("gptq-lora", pytest.mark.slow)])
 def test_checkpoint_trains_on_chat_data_with_every_method(tmp_path, checkpoint, chat_file, method):
     extra = {"gptq_calibration_samples": 4} if method == "gptq-lora" else {}
     result = _run(tmp_path, method, model=checkpoint, dataset=chat_file, **extra)

@@ -9,11 +9,12 @@ import ftprof
 from ftprof import metrics
 from ftprof.results.schema import STEP_COLUMNS
 from tests.conftest import build_run, tiny_config
+from tests.requires import method_param
 
 LEARNING_RATES = {"full": 3e-3, "lora": 1e-2, "qlora": 1e-2, "gptq-lora": 1e-2}
 
 
-@pytest.mark.parametrize("method", ["full", "lora", "qlora", pytest.param("gptq-lora", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("method", ["full", "lora", "qlora", method_param("gptq-lora", pytest.mark.slow)])
 def test_method_trains_and_loss_falls(tmp_path, method):
     cfg = tiny_config(tmp_path, method, max_steps=25, seq_len=64, batch_size=8, lr=LEARNING_RATES[method],
                       measure_warmup_steps=2)
@@ -52,9 +53,9 @@ def test_method_trains_and_loss_falls(tmp_path, method):
     assert 0 < saved["host_time"]["data_s"] < steady_s
     if method == "gptq-lora":  # GPTQModel's torch kernel compiles itself at its first call, inside step 1
         # (not a share of step 1's excess: under a parallel suite on 2 cores the rest of the first call's costs
-        # grew to half of it, and the share fell to 35%)
+        # grew to half of it, and the share fell to 35%; nor a number of seconds: that is the machine's)
         compile_s = [float(r["compile_s"]) for r in rows]
-        assert compile_s[0] > 0.05 and all(c < compile_s[0] for c in compile_s[1:]), compile_s
+        assert compile_s[0] > 0 and all(c < compile_s[0] for c in compile_s[1:]), compile_s
         # the slow steps result.json names are metrics.slow_steps of the steps recorded: whether step 1 is slow
         # enough to be named depends on the machine's load (CI, 2026-12-02: not named under the parallel suite);
         # the attribution itself is tests/test_metrics.py's

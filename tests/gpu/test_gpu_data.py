@@ -6,10 +6,9 @@ import pytest
 import ftprof
 from ftprof.config import RunConfig
 from tests.data_files import chat_rows, save_checkpoint, write
+from tests.requires import method_params, requires
 
-pytestmark = pytest.mark.gpu
-pytest.importorskip("datasets", reason="real data needs the optional 'datasets' package (ftprof[data])")
-pytest.importorskip("tensorboard", reason="the tracker check needs the optional 'tensorboard' package")
+pytestmark = [pytest.mark.gpu, requires("datasets", "tensorboard")]  # real data; the tracker check
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +16,7 @@ def checkpoint(tmp_path_factory):
     return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-llama")
 
 
-@pytest.mark.parametrize("method", ["full", "lora", "qlora", "gptq-lora"])
+@pytest.mark.parametrize("method", method_params(["full", "lora", "qlora", "gptq-lora"]))
 @pytest.mark.parametrize("packing", [False, True])
 def test_checkpoint_on_chat_data(tmp_path, checkpoint, method, packing):
     data = write(tmp_path / "chat.jsonl", chat_rows(64))

@@ -11,6 +11,7 @@ import torch
 
 import ftprof
 from ftprof.config import METHODS, RunConfig
+from tests.requires import method_params, requires
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")]
@@ -34,7 +35,8 @@ def _keep(result, label):
 
 
 @pytest.mark.parametrize("parallel", ["fsdp", "ddp"])
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", method_params(METHODS))
+@requires("pynvml")  # the NVML sampler's peak and per-rank summary
 def test_two_gpus(tmp_path, method, parallel):
     result = ftprof.train(_cfg(tmp_path, method, parallel=parallel))
     _keep(result, f"{method}-{parallel}-2gpu")

@@ -8,6 +8,7 @@ import ftprof
 from ftprof.config import RunConfig
 from ftprof.models import kernels
 from tests.conftest import build_run, run_one_step
+from tests.requires import method_params, requires, requires_run
 
 pytestmark = pytest.mark.gpu
 
@@ -71,10 +72,29 @@ def fast_config(tmp_path, method="lora", **flat) -> RunConfig:
     return RunConfig.from_flat(values)
 
 
+class _Runs(dict):
+    """Each method's run, trained when a test first asks for it (a test skipped for a missing package asks for
+    none)."""
+
+    def __init__(self, train):
+        super().__init__()
+        self.train = train
+
+    def __missing__(self, method: str):
+        self[method] = result = self.train(method)
+        return result
+
+
+def _params(paths: dict, methods=("lora", "qlora"), **flat) -> list:
+    """(method, name) of every method and path, each skipped where a package its run needs is missing."""
+    return [pytest.param(m, name, marks=requires_run(m, **flat, **options), id=f"{name}-{m}")
+            for m in methods for name, options in paths.items()]
+
+
 @pytest.fixture(scope="module")
 def eager_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("eager")
-    return {m: ftprof.train(fast_config(out, m, **_reference(m))) for m in ("lora", "qlora")}
+    return _Runs(lambda m: ftprof.train(fast_config(out, m, **_reference(m))))
 
 
 def _reference(method: str) -> dict:
@@ -89,8 +109,7 @@ def _losses(result) -> list[float]:
         return [float(r["loss"]) for r in csv.DictReader(fh)]
 
 
-@pytest.mark.parametrize("method", ["lora", "qlora"])
-@pytest.mark.parametrize("name", list(FAST_PATHS))
+@pytest.mark.parametrize("method, name", _params(FAST_PATHS))
 def test_fast_path_loss_matches_eager(tmp_path, eager_runs, method, name):
     result = ftprof.train(fast_config(tmp_path, method, **FAST_PATHS[name]))
     _check_fast_run(result, name, FAST_PATHS[name], method)
@@ -123,10 +142,10 @@ def _check_fast_run(result, name: str, flat: dict, method: str) -> None:
 @pytest.fixture(scope="module")
 def eager_fp8_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("eager-fp8")
-    return {m: ftprof.train(fast_config(out, m, fp8_base=True)) for m in ("lora", "qlora")}
+    return _Runs(lambda m: ftprof.train(fast_config(out, m, fp8_base=True)))
 
 
-@pytest.mark.parametrize("method", ["lora", "qlora"])
+@pytest.mark.parametrize("method", method_params(["lora", "qlora"], fp8_base=True))
 def test_fp8_loss_follows_eager_16_bit(eager_runs, eager_fp8_runs, method):
     fp8 = eager_fp8_runs[method]
     assert fp8.status == "ok", fp8.failure.error_message
@@ -136,8 +155,7 @@ def test_fp8_loss_follows_eager_16_bit(eager_runs, eager_fp8_runs, method):
     assert b[-1] < 0.6 * b[0]  # and it trains
 
 
-@pytest.mark.parametrize("method", ["lora", "qlora"])
-@pytest.mark.parametrize("name", list(FP8_PATHS))
+@pytest.mark.parametrize("method, name", _params(FP8_PATHS, fp8_base=True))
 def test_fp8_fast_path_loss_matches_eager_fp8(tmp_path, eager_fp8_runs, method, name):
     result = ftprof.train(fast_config(tmp_path, method, fp8_base=True, **FP8_PATHS[name]))
     _check_fast_run(result, name, FP8_PATHS[name], method)
@@ -154,9 +172,9 @@ def _lora_grads(cfg) -> dict[str, torch.Tensor]:
     return {n: p.grad.float().clone() for n, p in built.model.named_parameters() if p.requires_grad}
 
 
-@pytest.mark.parametrize("name", ["addmm", "liger", "compile", "selective", "compile+liger", "compile+full",
-                                  "cudnn", "compile-tuning", "fused-a", "compile-cudagraphs-fused-a", "fused-proj",
-                                  "compile+fused-proj"])
+@pytest.mark.parametrize("name", [pytest.param(name, marks=requires_run("lora", **FAST_PATHS[name])) for name in [
+    "addmm", "liger", "compile", "selective", "compile+liger", "compile+full", "cudnn", "compile-tuning", "fused-a",
+    "compile-cudagraphs-fused-a", "fused-proj", "compile+fused-proj"]])
 def test_fast_path_lora_gradients_match_eager(tmp_path, name):
     eager = _lora_grads(fast_config(tmp_path / "e", **_reference("lora")))
     fast = _lora_grads(fast_config(tmp_path / "f", **FAST_PATHS[name]))
@@ -173,6 +191,7 @@ def _relative(fast: dict, eager: dict) -> float:
     return float(diff / norm)
 
 
+@requires_run("lora", fp8_base=True, compile=True)
 def test_fp8_lora_gradients_follow_eager(tmp_path):
     eager = _lora_grads(fast_config(tmp_path / "e", **_reference("lora")))
     fp8 = _lora_grads(fast_config(tmp_path / "8", fp8_base=True))
@@ -185,6 +204,7 @@ def test_fp8_lora_gradients_follow_eager(tmp_path):
 # 12 GiB (10.8 after the margin) it checkpoints some layers; under 14 GiB (12.6) selective fits. (Under 6 or 9 GiB no
 # policy fits: auto then runs full and says so, and the run may run out of memory, as it did on an H200.)
 @pytest.mark.parametrize("cap_gib, expected", [(12.0, "full on "), (14.0, "selective: ")])
+@requires_run("lora")
 def test_auto_plans_for_a_memory_cap_and_stays_under_it(tmp_path, cap_gib, expected):
     """--memory-limit-gib: auto chooses for the cap (a smaller card), and the run's peak stays below it.
 
@@ -221,6 +241,7 @@ TRITON_DEQUANT = {
 @pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
 @pytest.mark.parametrize("nested", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@requires("bitsandbytes", "triton")
 def test_triton_dequantization_gives_bitsandbytes_bits(quant_type, nested, dtype):
     import bitsandbytes.functional as bf
 
@@ -235,6 +256,7 @@ def test_triton_dequantization_gives_bitsandbytes_bits(quant_type, nested, dtype
         assert torch.equal(ours, bf.dequantize_4bit(packed, state)), (shape, quant_type, nested, dtype)
 
 
+@requires("bitsandbytes", "triton")
 def test_row_strided_dequantization_gives_the_same_bits():
     """Weights dequantized into their rows of a wider matrix (--lora-fused-projections) equal each weight's own
     dequantization, and the right-hand columns hold what was put there."""
@@ -256,6 +278,7 @@ def test_row_strided_dequantization_gives_the_same_bits():
     assert torch.equal(joined, expected)
 
 
+@requires_run("qlora", compile=True, lora_fused_projections=True)
 def test_compiled_fused_projections_keep_no_weights(tmp_path):
     """Joined QLoRA groups dequantize again in backward under compile too: the peak stays within 0.25 GiB of the
     plain adapters'."""
@@ -267,6 +290,7 @@ def test_compiled_fused_projections_keep_no_weights(tmp_path):
 
 
 @pytest.mark.parametrize("name", list(TRITON_DEQUANT))
+@requires_run("qlora", dequant_kernel="triton")
 def test_triton_dequantization_trains_as_bitsandbytes(tmp_path, eager_runs, name):
     result = ftprof.train(fast_config(tmp_path, "qlora", dequant_kernel="triton", **TRITON_DEQUANT[name]))
     assert result.status == "ok", result.failure.error_message
@@ -277,6 +301,7 @@ def test_triton_dequantization_trains_as_bitsandbytes(tmp_path, eager_runs, name
     assert worst < (1e-3 if name == "eager" else 0.01), f"worst step {worst:.4f}\neager {a}\nfast  {b}"
 
 
+@requires_run("qlora", compile=True, dequant_kernel="triton")
 def test_compiled_triton_dequantization_keeps_no_weights(tmp_path):
     """The compiler must not merge the forward's and the backward's dequantization and keep every layer's 16-bit
     weight between them (llama-1b's would be 2.5 GB): the peak stays within 0.25 GiB of bitsandbytes'."""
@@ -288,6 +313,7 @@ def test_compiled_triton_dequantization_keeps_no_weights(tmp_path):
 
 
 @pytest.mark.parametrize("nested", [True, False])
+@requires("bitsandbytes", "triton")
 def test_triton_e4m3_rows_equal_the_torch_arithmetic(nested):
     """--fp8-base's 4-bit weights dequantized into e4m3 rows by the Triton kernel, and into their transpose by the
     tiled one: the same bits as the torch ops (bitsandbytes' fp32 value, times the row's inverse scale, one
@@ -313,6 +339,7 @@ def test_triton_e4m3_rows_equal_the_torch_arithmetic(nested):
         assert torch.equal(transposed.view(torch.uint8), expected.t().view(torch.uint8)), (shape, nested)
 
 
+@requires("triton")
 def test_triton_row_quantization_equals_the_torch_ops():
     """--fp8-base's rows of activations and gradients quantized by the Triton kernel: the torch ops' bits."""
     from ftprof.models import fp8_kernels

@@ -13,13 +13,15 @@ import ftprof
 from ftprof.cli.main import main
 from ftprof.plan import accuracy
 from tests.gpu.test_gpu_train import gpu_config
+from tests.requires import requires_run
 
 pytestmark = pytest.mark.gpu
 
 MEMORY = 0.05  # the issue's bound: |error| <= 5% median, no cell under-predicted by more than 5%
 
 
-@pytest.mark.parametrize("method, policy", [("lora", "none"), ("qlora", "selective"), ("qlora", "full")])
+@pytest.mark.parametrize("method, policy", [pytest.param(m, p, marks=requires_run(m))
+                                            for m, p in [("lora", "none"), ("qlora", "selective"), ("qlora", "full")]])
 def test_the_recorded_prediction_is_within_5_percent_of_the_measured_peak(tmp_path, method, policy):
     result = ftprof.train(gpu_config(tmp_path, method, checkpointing=policy, run_name="r"))
     assert result.status == "ok", result.failure.error_message
@@ -30,6 +32,7 @@ def test_the_recorded_prediction_is_within_5_percent_of_the_measured_peak(tmp_pa
     assert error is not None and -MEMORY <= error <= 2 * MEMORY, (error, result.prediction.memory_source)
 
 
+@requires_run("qlora")  # the planner probes both methods' models
 def test_plan_for_this_gpu_ranks_and_writes(tmp_path, capsys):
     code = main(["plan", "qlora,lora", "--model", "llama-1b", "--batch-size", "4", "--seq-len", "1024",
                  "--memory-limit-gib", "12", "--plan-dir", str(tmp_path)])

@@ -12,6 +12,7 @@ import pytest
 
 import ftprof
 from ftprof.config import RunConfig
+from tests.requires import method_params, requires_run, skip_without
 
 pytestmark = pytest.mark.gpu
 
@@ -39,6 +40,7 @@ def _summary(tmp_path, result):
     return run_dir, json.loads((run_dir / "profile" / "summary.json").read_text())
 
 
+@requires_run("qlora")
 def test_qlora_profile_on_gpu_has_kernels_snapshot_and_timeline(tmp_path):
     result = ftprof.train(_cfg(tmp_path, prof_memory_snapshot=True, prof_memory_timeline=True))
     assert result.status == "ok", result.failure.error_tail
@@ -59,6 +61,7 @@ def test_qlora_profile_on_gpu_has_kernels_snapshot_and_timeline(tmp_path):
 
 
 @pytest.mark.parametrize("label, extra", [("qlora-ftprof", {}), ("qlora-textbook", {"kbit_prepare": True})])
+@requires_run("qlora")
 def test_fp32_gemm_diagnosis_tells_the_recipes_apart(tmp_path, label, extra):
     result = ftprof.train(_cfg(tmp_path, **extra))
     assert result.status == "ok", result.failure.error_tail
@@ -72,7 +75,7 @@ def test_fp32_gemm_diagnosis_tells_the_recipes_apart(tmp_path, label, extra):
         assert "fp32_gemm" not in codes or codes["fp32_gemm"]["evidence"]["share"] < 0.02
 
 
-@pytest.mark.parametrize("method", ["full", "lora", "gptq-lora"])
+@pytest.mark.parametrize("method", method_params(["full", "lora", "gptq-lora"]))
 def test_profile_every_method_on_gpu(tmp_path, method):
     result = ftprof.train(_cfg(tmp_path, method, gptq_calibration_samples=8) if method == "gptq-lora"
                           else _cfg(tmp_path, method))
@@ -83,6 +86,7 @@ def test_profile_every_method_on_gpu(tmp_path, method):
     assert result.profiling["profiler_overhead"] is not None
 
 
+@requires_run("qlora")
 def test_buckets_and_holistic_trace_analysis_on_qlora_with_checkpointing(tmp_path):
     """The fine-tuning buckets of a real GPU trace reconcile with the run's HFU count, and HTA reads the cycle
     folder as it is (temporal and kernel breakdowns)."""
@@ -97,7 +101,7 @@ def test_buckets_and_holistic_trace_analysis_on_qlora_with_checkpointing(tmp_pat
     assert bd["peak_tflops"] == pytest.approx(989)
     assert b["base_gemm"]["tflops"] > b["lora_gemm"]["tflops"] > 0  # rank-16 GEMMs run far from the peak
     assert 0 < b["base_gemm"]["peak_fraction"] < 1
-    pytest.importorskip("hta")
+    skip_without("hta")  # the buckets above are checked without it
     from hta.trace_analysis import TraceAnalysis
 
     # HTA drops the last ProfilerStep unless told otherwise; ftprof's steps all finish inside the trace.
@@ -110,6 +114,7 @@ def test_buckets_and_holistic_trace_analysis_on_qlora_with_checkpointing(tmp_pat
     assert len(kernel_types) > 0 and len(kernels) > 0
 
 
+@requires_run("lora")
 def test_memory_snapshot_renders_with_memory_viz(tmp_path):
     from torch.cuda import _memory_viz
 

@@ -12,6 +12,7 @@ import torch
 
 import ftprof
 from ftprof.config import METHODS, RunConfig
+from tests.requires import method_params, requires_run
 
 pytestmark = pytest.mark.gpu
 
@@ -39,7 +40,7 @@ def runs(tmp_path_factory):
     return _results
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", method_params(METHODS))
 def test_llama_1b_trains_on_gpu(tmp_path, method, runs):
     result = ftprof.train(gpu_config(tmp_path, method))
     _record(result)
@@ -71,6 +72,7 @@ def test_quantized_bases_hold_less_weight_memory(runs):
     assert runs["lora"].memory.torch_peak_allocated < runs["full"].memory.torch_peak_allocated
 
 
+@requires_run("qlora")
 def test_qlora_bf16_path_has_no_fp32_gemms_on_gpu(tmp_path):
     from tests.engine.test_precision import matmul_dtypes
 
@@ -78,6 +80,7 @@ def test_qlora_bf16_path_has_no_fp32_gemms_on_gpu(tmp_path):
     assert dtypes and torch.float32 not in dtypes
 
 
+@requires_run("qlora")
 def test_textbook_recipe_shows_fp32_gemms_on_gpu(tmp_path):
     from tests.engine.test_precision import matmul_dtypes
 

@@ -8,6 +8,7 @@ import pytest
 from ftprof.config import MethodConfig
 from ftprof.models import gptq
 from tests.conftest import tiny_config
+from tests.requires import requires, requires_run
 
 
 def test_concurrent_requests_quantize_once_and_share_the_result(tmp_path, monkeypatch):
@@ -58,6 +59,7 @@ def test_a_failed_quantization_leaves_no_entry_and_frees_the_lock(tmp_path, monk
 
 
 @pytest.mark.slow
+@requires_run("gptq-lora")
 def test_quantization_runs_in_a_child_process_and_keeps_its_log(tmp_path, monkeypatch):
     """A real quantization of the tiny preset: GPTQModel runs in a child process (its memory is given back when it
     exits), and the checkpoint keeps the child's log."""
@@ -72,6 +74,7 @@ def test_quantization_runs_in_a_child_process_and_keeps_its_log(tmp_path, monkey
 
 
 @pytest.mark.slow  # GPTQ quantization: seconds to a minute on the 2-core machine
+@requires("gptqmodel")
 def test_a_failing_quantizer_child_is_one_clear_error(tmp_path):
     spec = {"bits": 4, "group_size": 128, "quantizer": "rtn", "backend": "torch", "device": "cpu",
             "calibration": str(tmp_path / "missing.pt"), "logs": str(tmp_path / "logs")}

@@ -6,6 +6,9 @@ import pytest
 import torch
 
 from tests.conftest import build_run, tiny_config
+from tests.requires import requires_run
+
+pytestmark = requires_run("gptq-lora")  # every test here quantizes and trains through GPTQModel
 
 
 def _gptq_lora_layers(tmp_path, device="cpu", dtype="float32"):

@@ -12,6 +12,7 @@ from ftprof.cli.main import build_parser, main
 from ftprof.config import ProfilingConfig
 from ftprof.profiling.torch_profiler import TorchProfiler
 from tests.conftest import tiny_config
+from tests.requires import method_param
 
 
 def _run_dir(tmp_path, result):
@@ -141,7 +142,7 @@ def test_profile_command_end_to_end(tmp_path, capsys):
 
 @pytest.mark.parametrize("method", ["full", pytest.param("lora", marks=pytest.mark.slow),
                                     pytest.param("qlora", marks=pytest.mark.slow),
-                                    pytest.param("gptq-lora", marks=pytest.mark.slow)])
+                                    method_param("gptq-lora", pytest.mark.slow)])
 def test_profile_each_method_on_cpu(tmp_path, method):
     result = ftprof.profile(tiny_config(tmp_path, method, max_steps=5, prof_active_steps=1,
                                         gptq_calibration_samples=4) if method == "gptq-lora"
