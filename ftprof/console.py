@@ -51,7 +51,14 @@ def silence_third_party() -> None:
     logging.disable(logging.WARNING)
 
 def fmt_gib(value: int | None) -> str:
+    """Bytes as GiB in a table column: two decimals, "-" for none."""
     return "-" if value is None else f"{value / GIB:.2f}"
+
+
+def fmt_gib_digits(nbytes: float) -> str:
+    """Bytes as GiB in a sentence, with the digits that matter: 61.5, 9.73, 0.0042."""
+    value = nbytes / GIB
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}" if value >= 0.1 else f"{value:.2g}"
 
 
 def fmt_num(value: float | None, spec: str | None = None) -> str:

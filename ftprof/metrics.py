@@ -23,7 +23,28 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import nn
 
-GIB = 1024 ** 3  # bytes in files, GiB in tables
+GIB = 1 << 30  # bytes in files, GiB in tables: the one spelling (``GIB``, ``gib``)
+
+# What fits a memory budget, in the plan and the report alike: a peak at most the budget less this margin (8% of the
+# budget, at least 1 GiB): fragmentation over a long run, kernels' workspaces, a card's usable memory below its
+# nominal size, another driver's larger CUDA context, and a prediction's own error.
+BUDGET_MARGIN_FRACTION = 0.08
+BUDGET_MARGIN_MIN_BYTES = GIB
+BUDGET_MARGIN_WORDS = "8% of the budget, at least 1 GiB"
+
+
+def gib(nbytes: float | None) -> float | None:
+    """Bytes as GiB (None stays None)."""
+    return None if nbytes is None else nbytes / GIB
+
+
+def budget_margin(budget_bytes: float) -> int:
+    """The margin a peak must leave free of ``budget_bytes`` to fit it."""
+    return max(int(BUDGET_MARGIN_FRACTION * budget_bytes), BUDGET_MARGIN_MIN_BYTES)
+
+
+def fits_budget(peak_bytes: float, budget_bytes: float) -> bool:
+    return peak_bytes <= budget_bytes - budget_margin(budget_bytes)
 
 # Dense bf16 peak FLOP/s by device-name substring (first match wins; order matters: "H100 PCIe" before "H100").
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (

@@ -1,5 +1,5 @@
 """Checks that need a little I/O (configs, paths, installed packages), run before anything big loads, and the
-run's plan they resolve (``preflight(cfg) -> RunPlan``).
+resolved run they produce (``preflight(cfg) -> ResolvedRun``, ftprof/resolved.py).
 
 Each failure is a ConfigError with one line naming the problem.
 """
@@ -9,47 +9,21 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
-from dataclasses import dataclass, field
 
 from ftprof.checks import check_packages, cuda_only_problem
 from ftprof.config import RunConfig
 from ftprof.config.evaluation import eval_data_config
 from ftprof.data import check_dataset
 from ftprof.errors import ConfigError
+from ftprof.metrics import GIB
 from ftprof.models.source import ModelSource, resolve_model_source
-from ftprof.ranks import DistInfo, env_info
+from ftprof.ranks import env_info
+from ftprof.resolved import ResolvedRun
 
 
-@dataclass
-class RunPlan:
-    """The run as it will go, resolved once before anything big loads: the configuration with defaults filled in,
-    where the model comes from, the device and dtype, and the facts about the run that every part asks."""
-
-    source: ModelSource
-    device: object  # torch.device
-    dtype: str  # resolved dtype name
-    config: RunConfig  # with method defaults, dtype and profiling steps filled in
-    dist: DistInfo  # this process's place among the run's processes (rank 0 of 1 outside torchrun)
-    shards: bool  # whether FSDP2 wraps the model (engine.distributed.shards)
-    notes: list[str] = field(default_factory=list)  # adjustments the user should hear about
-    tokenizer: object = None  # loaded here for real data (None for synthetic runs: the trainer picks one)
-    data: object = None  # ftprof.data.PreparedData for real data: tokenized, checked, with its stats
-    eval_data: object = None  # ftprof.data.PreparedData of --eval-dataset / --eval-split (None: none, or synthetic)
-    prediction: object = None  # ftprof.results.parts.Prediction: peak memory and tokens/s, before anything loads
-    auto_choice: object = None  # ftprof.results.parts.AutoChoice: what --checkpointing auto chose (else None)
-
-    @property
-    def device_type(self) -> str:
-        return self.device.type  # "cuda" or "cpu"
-
-    @property
-    def world_size(self) -> int:
-        return self.dist.world_size  # processes in this run
-
-
-def preflight(cfg: RunConfig) -> RunPlan:
+def preflight(cfg: RunConfig) -> ResolvedRun:
     """Check ``cfg`` against what is installed, the model, the data and the device (a ConfigError with one line
-    naming the first problem), and resolve it into the run's plan."""
+    naming the first problem), and resolve it into the resolved run."""
     from ftprof.engine.distributed import shards
     from ftprof.runtime import resolve_device, resolve_dtype_name
 
@@ -79,7 +53,7 @@ def preflight(cfg: RunConfig) -> RunPlan:
     _note_unmeasured(resolved, notes)
     sharded = shards(resolved, dist)
     predicted = _predict(resolved, source, device, dtype, sharded, notes)
-    return RunPlan(source, device, dtype, resolved, dist, sharded, notes, tokenizer, data, eval_data,
+    return ResolvedRun(source, device, dtype, resolved, dist, sharded, notes, tokenizer, data, eval_data,
                    predicted.prediction, predicted.auto)
 
 
@@ -276,7 +250,7 @@ def _check_memory_limit(gib: float | None, device) -> None:
         return
     import torch
 
-    total = torch.cuda.get_device_properties(device).total_memory / (1 << 30)
+    total = torch.cuda.get_device_properties(device).total_memory / GIB
     if gib > total:
         raise ConfigError(f"--memory-limit-gib {gib:g} is above the device's {total:.1f} GiB")
 

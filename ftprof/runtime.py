@@ -16,6 +16,8 @@ import sys
 import warnings
 from dataclasses import dataclass
 
+from ftprof.metrics import GIB
+
 DEFAULT_ALLOC_CONF = "expandable_segments:True"
 _GUARDED_ENV = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_DEVICE_ORDER")
 
@@ -195,8 +197,22 @@ def memory_cap(device, gib: float | None):
     import torch
 
     total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * (1 << 30) / total), device)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * GIB / total), device)
     try:
         yield
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+def available_memory(device, cap_gib: float | None = None) -> int:
+    """Bytes this process can use for training now: free device memory plus what torch already holds (CUDA; at
+    most ``cap_gib``, --memory-limit-gib), or available host memory (CPU)."""
+    if device.type == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(device)
+        usable = free + torch.cuda.memory_reserved(device)
+        return usable if cap_gib is None else min(usable, int(cap_gib * GIB))
+    import psutil
+
+    return psutil.virtual_memory().available + psutil.Process().memory_info().rss

@@ -49,19 +49,20 @@ def assert_train_refuses(tmp_path, capsys, method: str, argv: list[str], fragmen
 
 
 def build_run(cfg: RunConfig):
-    """(RunPlan, Built) for a config: the model, optimizer and data a run would train, without the loop."""
+    """(ResolvedRun, Built) for a config: the model, optimizer and data a run would train, without the loop."""
     from ftprof.engine.build import build
     from ftprof.preflight import preflight
     from ftprof.profiling.memory import MemoryTracker
 
-    plan = preflight(cfg)
-    return plan, build(plan, MemoryTracker(plan.device), lambda _: None)
+    resolved = preflight(cfg)
+    return resolved, build(resolved, MemoryTracker(resolved.device), lambda _: None)
 
 
-def run_one_step(plan, built) -> None:
+def run_one_step(resolved, built) -> None:
     """Forward and backward of one step (no optimizer step), as the loop runs them."""
     from ftprof.engine.loop import train_step
     from ftprof.engine.trackers import FirstStepMemory
     from ftprof.profiling.memory import MemoryTracker
 
-    train_step(plan.config, built, plan.device, MemoryTracker(plan.device), FirstStepMemory(False), is_first=False)
+    train_step(resolved.config, built, resolved.device, MemoryTracker(resolved.device), FirstStepMemory(False),
+               is_first=False)

@@ -10,7 +10,8 @@ import ftprof
 
 PACKAGE = Path(ftprof.__file__).parent
 CORE = ("config", "models", "engine", "profiling", "analysis", "results", "metrics", "ranks", "runtime", "data",
-        "preflight", "exporters", "errors")
+        "preflight", "exporters", "errors", "resolved", "plan", "units", "checks", "host_memory", "lifetime",
+        "console")
 # What runs during training, in ftprof.profiling: every module there but the trace file layout, which the analysis
 # reads (it imports nothing of training).
 CAPTURE = tuple(f"profiling.{p.stem}" for p in sorted((PACKAGE / "profiling").glob("*.py"))
@@ -18,7 +19,13 @@ CAPTURE = tuple(f"profiling.{p.stem}" for p in sorted((PACKAGE / "profiling").gl
 # Banned imports by top-level part of ftprof: a package or module ("engine"), or a dotted module ("profiling.noop").
 FORBIDDEN = {
     **{core: ("cli",) for core in CORE},
-    "models": ("cli", "engine"),
+    "config": ("cli", "models", "engine", "plan", "preflight", "bench", "report", "results", "data", "profiling",
+               "analysis"),
+    "models": ("cli", "engine", "plan", "preflight", "bench", "report"),
+    "resolved": ("cli", "engine", "plan", "preflight", "bench", "report"),
+    # the planner predicts from models and config: below the engine (which asks it), bench and report
+    "plan": ("cli", "engine", "preflight", "bench", "report"),
+    "preflight": ("cli", "engine.build", "engine.trainer", "engine.loop", "engine.run", "bench", "report"),
     "bench": ("engine", "cli"),
     "report": ("engine", "models"),
     "results": ("engine", "models", "cli"),
@@ -55,9 +62,19 @@ def _imported_ftprof_modules(path: Path) -> set[str]:
                 base = package[:len(package) - (node.level - 1)]
                 module = ".".join(base + ([module] if module else []))
             if module.startswith("ftprof"):
-                found.add(module)
-                found |= {f"{module}.{a.name}" for a in node.names}
+                # ``from ftprof.x import y``: the submodule y where there is one, else the module x itself (a
+                # package's __init__ runs before any of its submodules either way, and is not counted as an edge)
+                submodules = {f"{module}.{a.name}" for a in node.names if _is_module(f"{module}.{a.name}")}
+                found |= submodules
+                if len(submodules) < len(node.names):
+                    found.add(module)
     return found
+
+
+def _is_module(name: str) -> bool:
+    """Whether ftprof.x.y names a module or package of ftprof (not a function or class)."""
+    rel = PACKAGE.joinpath(*name.split(".")[1:])
+    return rel.with_suffix(".py").is_file() or (rel / "__init__.py").is_file()
 
 
 def _part(path: Path) -> str:
@@ -136,3 +153,19 @@ def test_the_cycle_finder_sees_a_lazy_circle(tmp_path):
     lazy = tmp_path / "m.py"
     lazy.write_text("def f():\n    from ftprof.analysis.pipeline import summarize\n")
     assert "ftprof.analysis.pipeline" in _imported_ftprof_modules(lazy)
+
+
+def test_no_import_circle_in_the_package():
+    """Counting imports inside functions: a lazy import is still an arrow between two modules."""
+    graph = _import_graph("ftprof")
+    assert len(graph) > 100 and graph["ftprof.preflight"]
+    cycle = _cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_a_submodule_import_is_an_arrow_to_the_submodule(tmp_path):
+    mod = tmp_path / "m.py"
+    mod.write_text("def f():\n    from ftprof import metrics\n    from ftprof.plan import budget, PLAN_NAME\n")
+    found = _imported_ftprof_modules(mod)
+    assert "ftprof.metrics" in found and "ftprof" not in found
+    assert {"ftprof.plan.budget", "ftprof.plan"} <= found  # PLAN_NAME is no module: the package itself

@@ -166,7 +166,7 @@ def test_run_peak_is_the_max_over_steps_and_stages():
 
 
 def _recompute_measured(model, seq=64):
-    from ftprof.engine.checkpointing import apply_policy
+    from ftprof.models.checkpointing import apply_policy
 
     model.train()
     apply_policy(model, "none")

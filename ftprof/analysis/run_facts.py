@@ -33,8 +33,21 @@ def run_facts(meta: dict[str, Any], run_config: dict | None) -> RunFacts:
         method=method, lora_r=None if method == "full" else lora_r,
         lora_fused_a=bool(method_cfg.get("lora_fused_a", ftmeta.get("lora_fused_a"))),
         dtype=config.get("model", {}).get("dtype") or ftmeta.get("dtype"),
-        checkpointing=config.get("model", {}).get("gradient_checkpointing", ftmeta.get("checkpointing")),
+        checkpointing=_recomputed(config.get("model", {}), ftmeta),
         model_flops_per_step=_model_flops(config, ftmeta), device=device_name(meta))
+
+
+def _recomputed(model_config: dict, ftmeta: dict) -> bool | None:
+    """Whether layers were recomputed: what ran (ftprof's trace metadata, auto's choice included), else the
+    configuration's policy. Under --checkpointing auto the configuration's yes/no is None (auto chooses at run
+    time), so it alone would leave the recomputation diagnosis out of every auto run."""
+    ran = ftmeta.get("checkpointing")
+    if ran is not None:
+        return bool(ran)
+    policy = model_config.get("checkpointing")
+    if policy in ("none", "full", "selective"):
+        return policy != "none"
+    return model_config.get("gradient_checkpointing")
 
 
 def _model_flops(run_config: dict, ftmeta: dict) -> float | None:

@@ -49,12 +49,18 @@ def plan_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def parse_methods(text: str) -> tuple[str, ...]:
-    names = METHODS if text.strip() == "all" else tuple(m.strip() for m in text.split(",") if m.strip())
+    names = tuple(m.strip() for m in text.split(",") if m.strip())
+    if "all" in names:
+        if len(names) > 1:
+            raise ConfigError(f"'{text}': all already means every method; give all alone, or methods from "
+                              f"{', '.join(METHODS)} comma-separated")
+        names = METHODS
     for name in names:
         if name not in METHODS:
-            raise ConfigError(f"plan: unknown method '{name}'; choose from {', '.join(METHODS)} or all")
+            raise ConfigError(f"unknown method '{name}'; choose from {', '.join(METHODS)} (comma-separated), "
+                              "or all for every one")
     if not names:
-        raise ConfigError("plan: give at least one method")
+        raise ConfigError(f"give at least one method ({', '.join(METHODS)}, comma-separated), or all")
     return tuple(dict.fromkeys(names))
 
 
@@ -101,7 +107,7 @@ def plan_command(args: argparse.Namespace) -> int:
 
 
 def nothing_fits(plan) -> str:
-    from ftprof.plan.output import gib
+    from ftprof.console import fmt_gib_digits as gib
 
     least = min(plan.rows, key=lambda r: r.prediction.peak_bytes)
     return (f"no configuration of {', '.join(plan.request.methods)} fits {gib(max(0, plan.budget_bytes))} GiB per GPU "
@@ -110,7 +116,8 @@ def nothing_fits(plan) -> str:
 
 
 def _verify(plan, sweep_path: Path, out_dir: Path, k: int, request, base: dict, console) -> int:
-    from ftprof.plan import output, verify
+    from ftprof.bench import verify
+    from ftprof.plan import output
 
     top = out_dir / "verify-sweep.yaml"
     top.write_text(output.sweep_yaml(plan, k, base))

@@ -66,12 +66,12 @@ def terminal_table(report) -> Table:
 def choose_table(choice) -> Table | None:
     """The "which should I pick?" answer in the terminal: per memory budget the fastest configuration that fits."""
     from ftprof.console import fmt_gib, fmt_num
-    from ftprof.report.choose import MARGIN
+    from ftprof.metrics import BUDGET_MARGIN_WORDS
 
     if choice is None or not choice.configurations:
         return None
-    table = Table(title=f"Which should I pick? (peak: {choice.memory_source}, fits = at most "
-                        f"{100 * (1 - MARGIN):.0f}% of the budget)", header_style="bold")
+    table = Table(title=f"Which should I pick? (peak: {choice.memory_source}, fits = leaves a margin of "
+                        f"{BUDGET_MARGIN_WORDS} free)", header_style="bold")
     for name in ("memory budget", "fastest that fits", "tokens/s", "peak GiB", "vs fastest"):
         table.add_column(name, justify="left" if name in ("memory budget", "fastest that fits") else "right")
     for p in choice.picks:

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
+from ftprof.config import declarations
 from ftprof.config.options import (
     DEFAULT_LORA_TARGETS,
     DEQUANT_KERNELS,
@@ -19,17 +20,25 @@ from ftprof.config.options import (
 from ftprof.errors import ConfigError
 
 # Method options by the methods they apply to: (methods, option names). MethodConfig rejects the others; the CLI
-# leaves them out of a method's --help.
-METHOD_OPTION_GROUPS = {
-    "lora": (LORA_METHODS, ("lora_r", "lora_alpha", "lora_dropout", "lora_targets", "lora_addmm", "lora_fused_a")),
-    # GPTQ-LoRA's quantized bases keep their own kernels: its projections are not joined
-    "LoRA and QLoRA": (("lora", "qlora"), ("lora_fused_projections", "fp8_base")),
-    "bitsandbytes": (("qlora",), ("quant_type", "double_quant", "compute_dtype", "quant_storage",
-                                   "keep_dequantized", "dequant_kernel")),
-    "quantized-base": (("qlora", "gptq-lora"), ("kbit_prepare",)),
+# leaves them out of a method's --help. The options declared in config/declarations.py come from there.
+_UNDECLARED_GROUPS = {
+    "lora": (LORA_METHODS, ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")),
+    "bitsandbytes": (("qlora",), ("quant_type", "double_quant", "compute_dtype", "quant_storage")),
     "GPTQ": (("gptq-lora",), ("gptq_bits", "gptq_group_size", "gptq_backend", "gptq_calibration_samples",
                              "gptq_quantizer")),
 }
+
+
+def _method_option_groups() -> dict[str, tuple[tuple, tuple]]:
+    groups = dict(_UNDECLARED_GROUPS)
+    for label, (methods, names) in declarations.method_groups().items():
+        known, before = groups.get(label, (methods, ()))
+        assert set(known) == set(methods), f"{label}: declared for {methods}, grouped for {known}"
+        groups[label] = (known, before + names)
+    return groups
+
+
+METHOD_OPTION_GROUPS = _method_option_groups()
 
 
 def inapplicable_options(method: str) -> set[str]:
@@ -108,23 +117,13 @@ class MethodConfig:
             require(0.0 <= self.lora_dropout < 1.0, f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
         if self.lora_targets is not None:
             require(len(self.lora_targets) > 0, "--lora-targets must name at least one module")
-        require(not (self.lora_addmm and self.lora_fused_a), "--lora-addmm and --lora-fused-a each replace PEFT's "
-                 "adapter forward: pick one")
-        require(not (self.lora_addmm and self.lora_fused_projections), "--lora-addmm and --lora-fused-projections "
-                 "each replace PEFT's adapter forward: pick one")
-        self._check_fp8_base()
+        for problem in declarations.problems(dataclasses.asdict(self), sections=("method",)):
+            raise ConfigError(problem)
         if self.gptq_group_size is not None:
             require(self.gptq_group_size == -1 or self.gptq_group_size >= 16,
                      f"--gptq-group-size must be -1 or >= 16, got {self.gptq_group_size}")
         if self.gptq_calibration_samples is not None:
             require(self.gptq_calibration_samples >= 1, "--gptq-calibration-samples must be at least 1")
-
-    def _check_fp8_base(self) -> None:
-        if not self.fp8_base:
-            return
-        for flag, value in (("--lora-fused-projections", self.lora_fused_projections),
-                            ("--kbit-prepare", self.kbit_prepare), ("--keep-dequantized", self.keep_dequantized)):
-            require(not value, f"--fp8-base and {flag} each decide how the base weights are multiplied: pick one")
 
     def for_method(self, method: str, run_dtype: str, preset: bool = False) -> MethodConfig:
         """The same settings for another method (``ftprof plan`` compares methods): the options that apply to

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
+from ftprof.config import declarations
 from ftprof.config.options import CHECKPOINTING, COMPILE_MODES, DTYPES, KERNELS, SDPA_BACKENDS, one_of, option, require
+from ftprof.errors import ConfigError
 
 
 @dataclass
@@ -54,10 +57,8 @@ class ModelConfig:
         one_of("--kernels", self.kernels, KERNELS)
         one_of("--sdpa-backend", self.sdpa_backend, SDPA_BACKENDS)
         one_of("--compile-mode", self.compile_mode, COMPILE_MODES)
-        require(self.compile or self.compile_mode == "default",
-                 f"--compile-mode {self.compile_mode} needs --compile")
-        require(self.compile or not self.compile_dequant, "--compile-dequant needs --compile")
-        require(self.compile or not self.compile_tuning, "--compile-tuning needs --compile")
+        for problem in declarations.problems(dataclasses.asdict(self), sections=("model",)):
+            raise ConfigError(problem)
         if self.checkpointing is not None:
             one_of("--checkpointing", self.checkpointing, CHECKPOINTING)
         # One policy, two spellings: gradient_checkpointing is kept as the derived yes/no (None while auto decides).

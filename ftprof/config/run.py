@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ftprof.config import declarations
 from ftprof.config.data import DataConfig
 from ftprof.config.distributed import DistributedConfig
 from ftprof.config.evaluation import EvalConfig
@@ -49,19 +50,17 @@ class RunConfig:
         if self.model.kernels == "liger" and "lm_head" in (self.method.lora_targets or ()):
             raise ConfigError("--lora-targets lm_head: Liger's fused linear cross entropy computes the loss from "
                               "lm_head's weight directly and would skip its adapter; use --kernels eager")
-        require(not (self.method.lora_fused_projections and self.distributed.parallel == "fsdp" and
-                     (self.distributed.world_size > 1 or self.distributed.fsdp_cpu_offload)),
-                "--lora-fused-projections joins base weights into one buffer, which FSDP cannot shard per "
-                "parameter: use --parallel ddp or leave it off")
-        require(not (self.method.fp8_base and self.distributed.parallel == "fsdp" and
-                     (self.distributed.world_size > 1 or self.distributed.fsdp_cpu_offload)),
-                "--fp8-base keeps e4m3 copies of whole base weights, which FSDP shards: use --parallel ddp or leave "
-                "it off")
-        require(not (self.model.compile_dequant and self.method.fp8_base),
-                "--compile-dequant and --fp8-base each dequantize the 4-bit weights: pick one")
-        require(not (self.model.compile_dequant and self.method.dequant_kernel == "triton"),
-                 "--compile-dequant and --dequant-kernel triton each dequantize the 4-bit weights: pick one")
+        for problem in declarations.problems(self.declared_values()):
+            raise ConfigError(problem)
         self._check_steps()
+
+    def declared_values(self) -> dict:
+        """Every option's value in one flat mapping, with the derived facts the option declarations read
+        (config/declarations.py)."""
+        d = self.distributed
+        values = {k: v for section in SECTIONS for k, v in dataclasses.asdict(getattr(self, section)).items()}
+        values[declarations.SHARDED] = d.parallel == "fsdp" and (d.world_size > 1 or d.fsdp_cpu_offload)
+        return values
 
     def _check_steps(self) -> None:
         """Epochs need a dataset; eval on real data needs eval rows. (A run all of whose steps are measurement warm-up

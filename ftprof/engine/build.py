@@ -13,16 +13,18 @@ import torch
 from ftprof import metrics
 from ftprof.data import make_batches
 from ftprof.engine import checkpointing, distributed
-from ftprof.engine.checkpointing import AutoChoice, SelectivePolicy
 from ftprof.engine.compile import CompileOutcome, warm_up
 from ftprof.engine.evaluate import eval_batches_for
 from ftprof.engine.schedule import make_scheduler
 from ftprof.models import attention, dequant, fp8_base, fused_projections, kernels
+from ftprof.models.checkpointing import SelectivePolicy
 from ftprof.models.materialize import materialize_sharded
 from ftprof.models.methods import LoadContext, get_strategy
+from ftprof.models.precision import precision
 from ftprof.models.tokenizer import load_tokenizer as tokenizer_for
-from ftprof.preflight import RunPlan
 from ftprof.profiling.memory import MemoryTracker
+from ftprof.resolved import ResolvedRun
+from ftprof.results.parts import AutoChoice
 from ftprof.runtime import torch_dtype
 
 
@@ -54,32 +56,32 @@ class Built:
     eval_batches: list = field(default_factory=list)  # CPU batches each evaluation runs over (engine/evaluate.py)
 
 
-def build(plan: RunPlan, memory: MemoryTracker, log: Callable[[str], None]) -> Built:
-    cfg, rank = plan.config, plan.dist.rank
-    dtype = torch_dtype(plan.dtype)
+def build(resolved: ResolvedRun, memory: MemoryTracker, log: Callable[[str], None]) -> Built:
+    cfg, rank = resolved.config, resolved.dist.rank
+    dtype = torch_dtype(resolved.dtype)
     strategy = get_strategy(cfg.method.method)
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank
-    # Real data: the tokenizer and the tokenized rows come with the plan (ftprof.data.prepare).
-    tokenizer = plan.tokenizer if plan.tokenizer is not None else load_tokenizer(plan, log)
-    vocab = plan.source.config.vocab_size
+    # Real data: the tokenizer and the tokenized rows come with the resolved run (ftprof.data.prepare).
+    tokenizer = resolved.tokenizer if resolved.tokenizer is not None else load_tokenizer(resolved, log)
+    vocab = resolved.source.config.vocab_size
     # Each rank reads a different stream of batches (data parallelism).
-    batches = make_batches(cfg.data, tokenizer, vocab, cfg.train.seed + rank, prepared=plan.data)
+    batches = make_batches(cfg.data, tokenizer, vocab, cfg.train.seed + rank, prepared=resolved.data)
 
     def calibration() -> list[torch.Tensor]:
-        return calibration_rows(plan, tokenizer)
+        return calibration_rows(resolved, tokenizer)
 
     # Under FSDP a preset is sharded while still on the meta device: no rank ever holds the whole model.
-    defer = plan.shards and plan.source.kind == "preset" and strategy.can_defer_init
+    defer = resolved.shards and resolved.source.kind == "preset" and strategy.can_defer_init
     with memory.stage("load"):
-        model = strategy.load(LoadContext(cfg, plan.source, plan.device, dtype, tokenizer, calibration, log,
-                                          defer_init=defer))
+        model = strategy.load(LoadContext(cfg, resolved.source, resolved.device, dtype, tokenizer, calibration, log,
+                                          defer_init=defer, policy=resolved.policy))
     with memory.stage("method_setup"):
         model = strategy.apply(model, cfg)
-        autocast = precision(model, plan, dtype, strategy.uses_lora)
+        autocast = precision(model, resolved.device_type, dtype, strategy.uses_lora and not cfg.method.kbit_prepare)
         if hasattr(model, "config"):
             model.config.use_cache = False
         model.train()  # HF models start in eval mode, where gradient checkpointing silently does nothing
-        policy, layers, auto, selective = checkpointing.resolve_policy(model, plan)
+        policy, layers, auto, selective = checkpointing.resolve_policy(model, resolved)
         if auto is not None:
             log(f"--checkpointing auto: {auto.reason}")
         joined = (fused_projections.fuse(model, metrics.decoder_layers(model))
@@ -87,9 +89,9 @@ def build(plan: RunPlan, memory: MemoryTracker, log: Callable[[str], None]) -> B
         if cfg.method.fp8_base:
             log(f"--fp8-base: {fp8_base.convert(metrics.decoder_layers(model))} base linears multiply in e4m3")
         kept, torch_dequant = route_dequantization(model, cfg, policy, layers, compiling=cfg.model.compile)
-        model = wrap_model(model, plan, dtype, defer)
+        model = wrap_model(model, resolved, dtype, defer)
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = make_optimizer(params, plan)
+        optimizer = make_optimizer(params, resolved)
         fused_projections.follow(optimizer, joined)
         t = cfg.train
         scheduler = make_scheduler(optimizer, t.lr_scheduler_type, t.lr_warmup_steps(), t.max_steps)
@@ -97,7 +99,7 @@ def build(plan: RunPlan, memory: MemoryTracker, log: Callable[[str], None]) -> B
     if cfg.model.compile:
         with memory.stage("compile"):
             first = next(make_batches(cfg.data, tokenizer, vocab, cfg.train.seed + rank))  # stream untouched
-            compiled = warm_up(model, params, {k: v.to(plan.device) for k, v in first.items()}, autocast, log,
+            compiled = warm_up(model, params, {k: v.to(resolved.device) for k, v in first.items()}, autocast, log,
                                policy, cfg.model.compile_mode,
                                compile_loss=cfg.model.compile_loss and not kernels.fuses_loss(cfg.model.kernels),
                                tuning=cfg.model.compile_tuning)
@@ -105,12 +107,12 @@ def build(plan: RunPlan, memory: MemoryTracker, log: Callable[[str], None]) -> B
             if torch_dequant and not compiled.compiled:  # torch-op dequantization pays only inside compiled code
                 route_dequantization(model, cfg, policy, layers, compiling=False)
     counts = metrics.count_params(model)
-    device_name = torch.cuda.get_device_name(plan.device) if plan.device_type == "cuda" else "cpu"
-    used = (attention.probe(plan.source.config, cfg.data.seq_len, plan.device, dtype)
+    device_name = torch.cuda.get_device_name(resolved.device) if resolved.device_type == "cuda" else "cpu"
+    used = (attention.probe(resolved.source.config, cfg.data.seq_len, resolved.device, dtype)
             if cfg.model.attn_implementation == "sdpa" else None)
     return Built(tokenizer, batches, model, params, optimizer, autocast, counts,
-                 count_flops(model, counts, plan, policy, layers), device_name, policy, layers, auto, compiled, used,
-                 selective, kept, scheduler, eval_batches_for(plan, tokenizer))
+                 count_flops(model, counts, resolved, policy, layers), device_name, policy, layers, auto, compiled,
+                 used, selective, kept, scheduler, eval_batches_for(resolved, tokenizer))
 
 
 def route_dequantization(model, cfg, policy: str, layers: int | None, compiling: bool) -> tuple[int, int]:
@@ -129,15 +131,16 @@ def route_dequantization(model, cfg, policy: str, layers: int | None, compiling:
     return kept, rerouted if torch_ops else 0
 
 
-def load_tokenizer(plan: RunPlan, log: Callable[[str], None]):
-    return tokenizer_for(plan.source, synthetic=plan.config.data.dataset == "synthetic", log=log)
+def load_tokenizer(resolved: ResolvedRun, log: Callable[[str], None]):
+    return tokenizer_for(resolved.source, synthetic=resolved.config.data.dataset == "synthetic", log=log)
 
 
-def calibration_rows(plan: RunPlan, tokenizer) -> list[torch.Tensor]:
+def calibration_rows(resolved: ResolvedRun, tokenizer) -> list[torch.Tensor]:
     """GPTQ calibration sequences, from the run's own data stream (a fresh iterator, same seed)."""
-    cfg = plan.config
+    cfg = resolved.config
     n = cfg.method.gptq_calibration_samples
-    stream = make_batches(cfg.data, tokenizer, plan.source.config.vocab_size, cfg.train.seed, prepared=plan.data)
+    vocab = resolved.source.config.vocab_size
+    stream = make_batches(cfg.data, tokenizer, vocab, cfg.train.seed, prepared=resolved.data)
     rows: list[torch.Tensor] = []
     while len(rows) < n:
         batch = next(stream)
@@ -146,22 +149,22 @@ def calibration_rows(plan: RunPlan, tokenizer) -> list[torch.Tensor]:
     return rows[:n]
 
 
-def wrap_model(model, plan: RunPlan, dtype: torch.dtype, deferred: bool):
+def wrap_model(model, resolved: ResolvedRun, dtype: torch.dtype, deferred: bool):
     """The data-parallel wrapper (and, for a preset sharded on the meta device, each rank's own weights)."""
-    cfg = plan.config
-    if plan.dist.enabled or plan.shards:
-        model = distributed.wrap(model, cfg, plan.device, dtype)
+    cfg = resolved.config
+    if resolved.dist.enabled or resolved.shards:
+        model = distributed.wrap(model, cfg, resolved.device, dtype)
     if deferred:
-        std = float(getattr(plan.source.config, "initializer_range", 0.02))
+        std = float(getattr(resolved.source.config, "initializer_range", 0.02))
         # FSDP2's CPU offload wants the shards in host memory from the start (seen on two H200s: it refuses
         # parameters materialized on the GPU).
         host = torch.device("cpu") if cfg.distributed.fsdp_cpu_offload else None
-        materialize_sharded(model, plan.device, std=std, seed=cfg.train.seed + plan.dist.rank, params_on=host)
+        materialize_sharded(model, resolved.device, std=std, seed=cfg.train.seed + resolved.dist.rank, params_on=host)
     return model
 
 
-def make_optimizer(params: list[torch.nn.Parameter], plan: RunPlan) -> torch.optim.Optimizer:
-    t = plan.config.train
+def make_optimizer(params: list[torch.nn.Parameter], resolved: ResolvedRun) -> torch.optim.Optimizer:
+    t = resolved.config.train
     if t.optimizer == "paged_adamw_8bit":
         import bitsandbytes as bnb
 
@@ -172,30 +175,13 @@ def make_optimizer(params: list[torch.nn.Parameter], plan: RunPlan) -> torch.opt
     return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, fused=fused or None)
 
 
-def precision(model, plan: RunPlan, dtype: torch.dtype, uses_lora: bool) -> Callable:
-    """The forward's autocast context (a factory). Adapters are fp32 master weights: their matmuls run in the run
-    dtype under autocast. The textbook recipe (kbit_prepare) runs without autocast, as it was written to: its fp32
-    upcasts then cost what they cost."""
-    use_autocast = uses_lora and dtype != torch.float32 and not plan.config.method.kbit_prepare
-    if not use_autocast:
-        return contextlib.nullcontext
-    # PEFT casts each adapter's input to the adapter dtype (fp32) and autocast casts it straight back to bf16 for
-    # the matmul: two full activation copies per adapted projection (measured on an H200: 20% of QLoRA's kernel
-    # time in copy kernels). Under autocast the cast is pointless; switch it off.
-    for module in model.modules():
-        if hasattr(module, "cast_input_dtype_enabled"):
-            module.cast_input_dtype_enabled = False
-    device_type = plan.device_type
-    return lambda: torch.autocast(device_type, dtype=dtype)
-
-
-def count_flops(model, counts: metrics.ParamCounts, plan: RunPlan, policy: str,
+def count_flops(model, counts: metrics.ParamCounts, resolved: ResolvedRun, policy: str,
                 checkpointed: int | None = None) -> FlopCounts:
     """Model FLOPs per token, and what checkpointing recomputes: the layers' forward under full checkpointing (the
     checkpointed layers' share of it when only some are); under selective the matmuls and attention are saved, so
     only elementwise work (no counted FLOPs) reruns."""
-    layers, attn_dim = metrics.attention_dims(plan.source.config)
-    seq = plan.config.data.seq_len
+    layers, attn_dim = metrics.attention_dims(resolved.source.config)
+    seq = resolved.config.data.seq_len
     recompute = 0.0
     if policy == "full":
         recompute = metrics.recompute_flops_per_token(metrics.recomputed_params(model), layers, attn_dim, seq)

@@ -72,15 +72,15 @@ def evaluating(model: torch.nn.Module):
             module.training = training
 
 
-def eval_batches_for(plan, tokenizer) -> list[dict]:
+def eval_batches_for(resolved, tokenizer) -> list[dict]:
     """The run's eval batches (CPU tensors): the eval split's, synthetic data's held-out ones, or none."""
     from ftprof.data import eval_batches, synthetic_eval_batches
 
-    cfg = plan.config
+    cfg = resolved.config
     e = cfg.eval
     if not e.enabled:
         return []
-    if plan.eval_data is None:  # synthetic data: --eval-steps alone
-        return synthetic_eval_batches(cfg.data, plan.source.config.vocab_size, cfg.train.seed, e.eval_batches)
+    if resolved.eval_data is None:  # synthetic data: --eval-steps alone
+        return synthetic_eval_batches(cfg.data, resolved.source.config.vocab_size, cfg.train.seed, e.eval_batches)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return eval_batches(plan.eval_data, cfg.data, pad, e.eval_batches)
+    return eval_batches(resolved.eval_data, cfg.data, pad, e.eval_batches)

@@ -13,8 +13,8 @@ from ftprof.engine.build import Built
 from ftprof.engine.proof import TrainingCheck
 from ftprof.engine.trackers import FirstStepMemory, NvmlTracker, StepLog
 from ftprof.models.kernels import FUSED_LOSS
-from ftprof.preflight import RunPlan
 from ftprof.profiling.memory import MemoryTracker, host_peak_rss
+from ftprof.resolved import ResolvedRun
 from ftprof.results import run_dir as files
 from ftprof.results.parts import (
     Checkpointing,
@@ -39,7 +39,7 @@ from ftprof.results.status import Status
 class Recorded:
     """Everything a finished (or failed) run leaves to be assembled. ``built`` is None when building failed."""
 
-    plan: RunPlan
+    resolved: ResolvedRun
     run_dir: str
     started_at: str
     finished_at: str
@@ -58,8 +58,8 @@ class Recorded:
 
 def assemble(rec: Recorded, status: Status, exc: BaseException | None = None) -> RunResult:
     """This process's result: each part from what measured it. (A distributed run's ranks are combined after.)"""
-    cfg = rec.plan.config
-    device = rec.plan.device
+    cfg = rec.resolved.config
+    device = rec.resolved.device
     run = RunIdentity(method=cfg.method.method, model=cfg.model.model, device=str(device),
                       device_name=rec.built.device_name if rec.built else str(device), started_at=rec.started_at,
                       finished_at=rec.finished_at, steps_completed=len(rec.steps.steps), seq_len=cfg.data.seq_len,
@@ -67,8 +67,8 @@ def assemble(rec: Recorded, status: Status, exc: BaseException | None = None) ->
     if cfg.distributed.fsdp_cpu_offload:  # FSDP2 ran, in one process or several (aggregation says how many)
         run.parallel = "fsdp"
     res = RunResult(status=status.value, run_dir=rec.run_dir, run=run, setup_time_s=rec.setup_time_s)
-    if rec.plan.data is not None and rec.plan.data.stats:  # real data's stats (ftprof.data.prepare)
-        res.data = DataStats.from_dict(rec.plan.data.stats)
+    if rec.resolved.data is not None and rec.resolved.data.stats:  # real data's stats (ftprof.data.prepare)
+        res.data = DataStats.from_dict(rec.resolved.data.stats)
     steps = rec.steps.dicts()
     _throughput(res, steps)
     steady, left_out = metrics.steady_window(steps)
@@ -76,12 +76,12 @@ def assemble(rec: Recorded, status: Status, exc: BaseException | None = None) ->
         res.notes.append(f"steady-state figures from {len(steady)} unprofiled steps ({left_out} profiled steps "
                          "left out)")
     if rec.built is not None:
-        res.flops = _flops(rec.built, rec.plan)
+        res.flops = _flops(rec.built, rec.resolved)
         res.checkpointing = _checkpointing(rec.built)
         res.compile = _compile(rec.built, rec.kernels_applied, res.notes, cfg.model.sdpa_backend)
     if not record_steady_state(res, steps, steady, res.run.world_size) and steps:
         res.notes.append("every step was a warm-up step: no steady-state figures")
-    res.prediction = rec.plan.prediction  # made before the model loaded (ftprof/plan)
+    res.prediction = rec.resolved.prediction  # made before the model loaded (ftprof/plan)
     res.memory = _memory(rec, steps)
     res.nvml = _nvml(res.memory, rec.nvml, steps, res.notes)
     res.evaluation = _evaluation(steps, rec.built)
@@ -93,7 +93,7 @@ def assemble(rec: Recorded, status: Status, exc: BaseException | None = None) ->
         res.failure = _failure(exc)
     res.artifacts = {"config": files.CONFIG, "env": files.ENV, "steps": files.STEPS, **rec.profiler.artifacts(),
                      **({"nvml": rec.nvml.file} if rec.nvml.ran else {})}
-    res.notes.extend(rec.plan.notes)
+    res.notes.extend(rec.resolved.notes)
     if rec.profiler.enabled:
         res.profiling = {**rec.profiler.resolved(), **metrics.profiler_overhead(steps)}
         res.notes.extend(res.profiling.get("notes", []))
@@ -133,9 +133,9 @@ def _evaluation(steps: list[dict], built: Built | None) -> Evaluation:
                       eval_time_s=sum(s["eval_s"] for s in evals), eval_tokens=tokens)
 
 
-def _flops(built: Built, plan: RunPlan) -> Flops:
+def _flops(built: Built, resolved: ResolvedRun) -> Flops:
     c = built.counts
-    peak = metrics.peak_flops(built.device_name) if plan.device_type == "cuda" else None
+    peak = metrics.peak_flops(built.device_name) if resolved.device_type == "cuda" else None
     return Flops(params_total=c.total, params_trainable=c.trainable_total, params_trainable_matmul=c.trainable_matmul,
                  params_frozen_matmul=c.frozen_matmul, flops_per_token=built.flops.per_token,
                  recompute_flops_per_token=built.flops.recompute_per_token, peak_flops=peak)
@@ -160,7 +160,7 @@ def _compile(built: Built, kernels_applied: list[str], notes: list[str], wanted_
 
 
 def _memory(rec: Recorded, steps: list[dict]) -> Memory:
-    cfg = rec.plan.config
+    cfg = rec.resolved.config
     memory = rec.memory
     out = Memory(host_peak_rss=host_peak_rss(), memory_stages=memory.stage_fields())
     training_peak = None
@@ -175,7 +175,7 @@ def _memory(rec: Recorded, steps: list[dict]) -> Memory:
         out.fragmentation = metrics.gap(out.torch_peak_reserved, out.torch_peak_allocated)
         training_peak = metrics.training_peak({s.stage: s.peak_allocated for s in memory.stages},
                                               (s["mem_peak_allocated"] for s in steps))
-    vocab = getattr(rec.plan.source.config, "vocab_size", None)
+    vocab = getattr(rec.resolved.source.config, "vocab_size", None)
     fused = FUSED_LOSS in rec.kernels_applied  # Liger's fused loss never holds the logits' gradients
     logits = metrics.logits_gradient_bytes(cfg.data.batch_size * cfg.data.seq_len, vocab) \
         if vocab and not fused else None

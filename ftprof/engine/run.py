@@ -1,4 +1,4 @@
-"""``ftprof.train(RunConfig) -> RunResult``: preflight (the run's plan), train, classify the outcome, write the
+"""``ftprof.train(RunConfig) -> RunResult``: preflight (the resolved run), train, classify the outcome, write the
 run directory.
 
 Bad input raises ConfigError before anything big loads. Failures during training (OOM, Ctrl-C, any error) do not
@@ -71,7 +71,7 @@ def _summarize(trainer, result: RunResult, display) -> None:
 def _oom_snapshot(trainer, result: RunResult) -> None:
     from ftprof.profiling.memory import dump_oom_snapshot
 
-    if trainer.plan.device_type != "cuda":
+    if trainer.resolved.device_type != "cuda":
         return
     path = _profile_dir(trainer) / f"oom_snapshot_rank{trainer.dist.rank}.pickle"
     if dump_oom_snapshot(path):
@@ -137,22 +137,23 @@ def train(cfg: RunConfig, *, quiet: bool | None = None, make_profiler_fn=None) -
 
         use_cuda = cfg.output.device != "cpu" and torch.cuda.is_available()
         distributed.init("cuda" if use_cuda else "cpu")
-    plan = preflight(cfg)
+    resolved = preflight(cfg)
     if quiet is None:
-        quiet = cfg.output.quiet or not plan.dist.is_main
-    display = RunDisplay(plan.config, quiet=quiet)
-    for note in plan.notes:
+        quiet = cfg.output.quiet or not resolved.dist.is_main
+    display = RunDisplay(resolved.config, quiet=quiet)
+    for note in resolved.notes:
         display.log(note)
     factory = make_profiler_fn or (lambda trainer, built: make_profiler(trainer, built, display.log))
     # --report-to exporters, main rank only: opened once the run is built, each step after the display, the result
     # at the end.
-    exporters = Exporters(plan.config.output.report_to, enabled=plan.dist.is_main)
+    exporters = Exporters(resolved.config.output.report_to, enabled=resolved.dist.is_main)
 
     def on_start(trainer) -> None:
-        exporters.start(plan.config.to_dict(), trainer.run_dir, Path(plan.config.output.output_dir).expanduser())
+        cfg = resolved.config
+        exporters.start(cfg.to_dict(), trainer.run_dir, Path(cfg.output.output_dir).expanduser())
         display.start(trainer)
 
-    trainer = Trainer(plan, log=display.log, on_start=on_start, on_step=exporters.chain(display.on_step),
+    trainer = Trainer(resolved, log=display.log, on_start=on_start, on_step=exporters.chain(display.on_step),
                       make_profiler=factory)
     try:
         result = trainer.run()
@@ -166,7 +167,7 @@ def train(cfg: RunConfig, *, quiet: bool | None = None, make_profiler_fn=None) -
     if trainer.profiler.enabled and result.status == Status.OK.value:
         _summarize(trainer, result, display)
     trainer.teardown(result)
-    if plan.dist.is_main:  # under torchrun too (a torchrun started by hand has no ftprof launcher to record it)
+    if resolved.dist.is_main:  # under torchrun too (a torchrun started by hand has no ftprof launcher to record it)
         _record_calibration(trainer.run_dir)
     trainer.release()
     exporters.finish(result)

@@ -30,22 +30,22 @@ from ftprof.results.parts import Saved
 ADAPTER, MODEL, BASE = "adapter", "model", "base"
 
 
-def save_trained(plan, built, run_dir: Path, log: Callable[[str], None]) -> Saved:
+def save_trained(resolved, built, run_dir: Path, log: Callable[[str], None]) -> Saved:
     """Write what ``built`` trained under --save-dir (default the run directory); every rank calls it."""
-    cfg = plan.config
+    cfg = resolved.config
     root = Path(cfg.save.save_dir).expanduser() if cfg.save.save_dir else Path(run_dir)
     t0 = time.perf_counter()
     model = built.model.module if isinstance(built.model, torch.nn.parallel.DistributedDataParallel) else built.model
     lora = cfg.method.method != "full"
-    preset_base = lora and plan.source.kind == "preset" and cfg.method.method != "gptq-lora"
-    gathered = _gathered_state(model, adapters_only=lora and not preset_base) if plan.shards else None
+    preset_base = lora and resolved.source.kind == "preset" and cfg.method.method != "gptq-lora"
+    gathered = _gathered_state(model, adapters_only=lora and not preset_base) if resolved.shards else None
     out = Saved(saved="adapter" if lora else "model", save_dir=str(root / (ADAPTER if lora else MODEL)))
-    if plan.dist.is_main:
+    if resolved.dist.is_main:
         if lora:
-            out.save_base_dir = _save_adapter(plan, model, gathered, root, built.tokenizer, preset_base, log)
+            out.save_base_dir = _save_adapter(resolved, model, gathered, root, built.tokenizer, preset_base, log)
         else:
             _publish(root / MODEL, lambda tmp: _save_full(model, gathered, built.tokenizer, tmp))
-    if plan.dist.enabled:
+    if resolved.dist.enabled:
         import torch.distributed as dist
 
         dist.barrier()  # the files exist for every rank once save returns
@@ -83,19 +83,19 @@ def _save_full(model, gathered: dict | None, tokenizer, where: Path) -> None:
     _save_tokenizer(tokenizer, where)
 
 
-def _save_adapter(plan, peft_model, gathered: dict | None, root: Path, tokenizer, preset_base: bool,
+def _save_adapter(resolved, peft_model, gathered: dict | None, root: Path, tokenizer, preset_base: bool,
                   log: Callable[[str], None]) -> str | None:
     """The adapter (and, for a preset, its base); returns the base's directory or name."""
     base_dir = None
     if preset_base:
-        if gathered is not None and plan.config.method.method == "qlora":
+        if gathered is not None and resolved.config.method.method == "qlora":
             log("--save: the base of a qlora preset under FSDP is not saved (its 4-bit weights are sharded); "
                 "the adapter is")
         else:
             state = base_state(peft_model, gathered)
-            _publish(root / BASE, lambda tmp: _save_base(plan.source.config, state, tokenizer, tmp))
+            _publish(root / BASE, lambda tmp: _save_base(resolved.source.config, state, tokenizer, tmp))
             base_dir = str((root / BASE).resolve())
-    name = base_dir or _base_name(peft_model, plan)
+    name = base_dir or _base_name(peft_model, resolved)
     config = peft_model.peft_config["default"]
     before, config.base_model_name_or_path = config.base_model_name_or_path, name
     try:
@@ -106,10 +106,10 @@ def _save_adapter(plan, peft_model, gathered: dict | None, root: Path, tokenizer
     return name
 
 
-def _base_name(peft_model, plan) -> str:
+def _base_name(peft_model, resolved) -> str:
     """The base a non-preset adapter loads on: the checkpoint it was trained on (gptq-lora: the GPTQ one)."""
     path = getattr(peft_model.get_base_model().config, "_name_or_path", "") or ""
-    return path if plan.config.method.method == "gptq-lora" and path else plan.source.name
+    return path if resolved.config.method.method == "gptq-lora" and path else resolved.source.name
 
 
 def _clean(name: str) -> str:

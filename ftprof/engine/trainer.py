@@ -29,9 +29,9 @@ from ftprof.engine.save import save_trained
 from ftprof.engine.trackers import FirstStepMemory, NvmlTracker, StepLog
 from ftprof.errors import ConfigError
 from ftprof.models import attention, kernels
-from ftprof.preflight import RunPlan
 from ftprof.profiling.memory import MemoryTracker
 from ftprof.profiling.noop import NullProfiler
+from ftprof.resolved import ResolvedRun
 from ftprof.results.env import collect_env
 from ftprof.results.parts import Saved
 from ftprof.results.run_dir import RunDirWriter, default_run_name, make_run_dir
@@ -59,9 +59,9 @@ def classify_exception(exc: BaseException) -> Status:
     return Status.ERROR
 
 
-def open_run_dir(plan: RunPlan) -> RunDirWriter:
+def open_run_dir(resolved: ResolvedRun) -> RunDirWriter:
     """The run directory, with config.json and env.json written by the main rank."""
-    cfg, dist = plan.config, plan.dist
+    cfg, dist = resolved.config, resolved.dist
     run_name = cfg.output.run_name
     if dist.enabled and run_name is None:  # every rank must write into the same directory
         run_name = ranks.all_gather_object(default_run_name(cfg.method.method, cfg.model.model))[0]
@@ -79,25 +79,25 @@ ProfilerFactory = Callable[["Trainer", Built], object]
 class Trainer:
     """Holds one run's parts; every attribute exists from construction on (``built`` is None until built)."""
 
-    def __init__(self, plan: RunPlan, *, log: Callable[[str], None] = print,
+    def __init__(self, resolved: ResolvedRun, *, log: Callable[[str], None] = print,
                  on_start: Callable[[Trainer], None] = lambda trainer: None,
                  on_step: Callable[[StepRecord], None] = lambda record: None,
                  make_profiler: ProfilerFactory | None = None):
-        self.plan = plan
-        self.cfg = plan.config
-        self.device = plan.device
-        self.dist = plan.dist
+        self.resolved = resolved
+        self.cfg = resolved.config
+        self.device = resolved.device
+        self.dist = resolved.dist
         self.log, self.on_start, self.on_step = log, on_start, on_step
         self.make_profiler = make_profiler or (lambda trainer, built: NullProfiler())
         self.started_at = now_iso()
-        if plan.device_type == "cuda":
+        if resolved.device_type == "cuda":
             torch.cuda.set_device(self.device)  # libraries that use "the current device" (bitsandbytes) agree
         gc.collect()  # leftovers of earlier runs in this process must not count as this run's memory
-        self.writer = open_run_dir(plan)
+        self.writer = open_run_dir(resolved)
         self.run_dir = self.writer.path
         self.memory = MemoryTracker(self.device)
         self.steps = StepLog(self.writer, self.memory, self.device, self.cfg.train.max_steps)
-        self.first = FirstStepMemory(measure_activations=not plan.shards, device_type=plan.device_type)
+        self.first = FirstStepMemory(measure_activations=not resolved.shards, device_type=resolved.device_type)
         self.nvml = NvmlTracker(self.cfg, self.device, self.run_dir, self.dist.rank if self.dist.enabled else None,
                                 self.steps)
         self.profiler = NullProfiler()
@@ -114,16 +114,17 @@ class Trainer:
         try:
             with contextlib.ExitStack() as trackers:
                 trackers.enter_context(memory_cap(self.device, self.cfg.output.memory_limit_gib))
-                if self.plan.shards and not self.dist.enabled:  # --fsdp-cpu-offload on one GPU
+                if self.resolved.shards and not self.dist.enabled:  # --fsdp-cpu-offload on one GPU
                     trackers.enter_context(distributed.single_process_group(self.device))
                 trackers.enter_context(self.nvml)
                 trackers.enter_context(self.memory)
                 self.kernels_applied = trackers.enter_context(
-                    kernels.patched(self.cfg.model.kernels, self.plan.source.config.model_type, self.cfg.model.compile))
+                    kernels.patched(self.cfg.model.kernels, self.resolved.source.config.model_type,
+                                    self.cfg.model.compile))
                 trackers.enter_context(attention.preferred(self.cfg.model.sdpa_backend))
                 trackers.enter_context(eager_rounding(self.cfg.model.compile))
                 t0 = time.perf_counter()
-                self.built = build(self.plan, self.memory, self.log)
+                self.built = build(self.resolved, self.memory, self.log)
                 self.setup_time_s = time.perf_counter() - t0
                 self.profiler = trackers.enter_context(self.make_profiler(self, self.built))
                 trackers.enter_context(self.steps)
@@ -133,7 +134,7 @@ class Trainer:
                           self.on_step, self.check, stop_early=not self.dist.enabled)
                 self.prove_trained()
                 if self.cfg.save.save:  # after the last step's time; inside the process group FSDP2 needs
-                    self.saved = save_trained(self.plan, self.built, self.run_dir, self.log)
+                    self.saved = save_trained(self.resolved, self.built, self.run_dir, self.log)
         except ConfigError as exc:
             self.teardown(self.result(Status.ERROR, exc))
             self.release()
@@ -154,7 +155,7 @@ class Trainer:
             raise NotTrainedError(reason)
 
     def result(self, status: Status, exc: BaseException | None = None) -> RunResult:
-        recorded = Recorded(self.plan, str(self.run_dir), self.started_at, now_iso(), self.built, self.setup_time_s,
+        recorded = Recorded(self.resolved, str(self.run_dir), self.started_at, now_iso(), self.built, self.setup_time_s,
                             self.steps, self.memory, self.first, self.nvml, self.profiler, self.kernels_applied,
                             saved=self.saved, check=self.check, not_trained=self.not_trained)
         res = assemble(recorded, status, exc)
@@ -163,7 +164,7 @@ class Trainer:
         elif self.dist.enabled:
             # No collective after a failure (a rank that is gone would hang it): say how many ranks ran, and that
             # the figures are this rank's alone.
-            res.run.world_size, res.run.parallel = self.plan.world_size, self.cfg.distributed.parallel
+            res.run.world_size, res.run.parallel = self.resolved.world_size, self.cfg.distributed.parallel
             res.notes.append(f"figures are rank {self.dist.rank}'s: the ranks' figures are combined only when "
                              "the run finishes")
         return res
@@ -191,5 +192,5 @@ class Trainer:
         """Free the model and optimizer now, so a next run in the same process starts from an empty device."""
         self.built = None
         gc.collect()  # PEFT wrappers hold reference cycles: without this the weights outlive the run
-        if self.plan.device_type == "cuda":
+        if self.resolved.device_type == "cuda":
             torch.cuda.empty_cache()

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ftprof.errors import ConfigError
+from ftprof.metrics import GIB
 
 # tracker name -> (module of its exporter, package it imports, pip name)
 EXPORTERS = {
@@ -17,7 +18,6 @@ EXPORTERS = {
     "wandb": ("ftprof.exporters.wandb", "wandb", "wandb"),
     "mlflow": ("ftprof.exporters.mlflow", "mlflow", "mlflow-skinny"),
 }
-GIB = float(1 << 30)
 
 
 class Tracker(Protocol):

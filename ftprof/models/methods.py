@@ -39,6 +39,7 @@ class LoadContext:
     calibration: Callable[[], list[torch.Tensor]]  # token sequences for GPTQ calibration (lazy)
     log: Callable[[str], None] = print
     defer_init: bool = False  # presets only: leave parameters on meta (FSDP shards them, then each rank fills its own)
+    policy: str = "none"  # the checkpointing policy that runs (ResolvedRun.policy: auto's choice under auto)
 
 
 def _from_pretrained(ctx: LoadContext, **kwargs) -> nn.Module:
@@ -166,7 +167,7 @@ class GPTQLoRA(LoRA):
         # gptq_torch dequantizes inside torch autograd, which keeps each dequantized weight until backward. Without
         # checkpointing that is every layer at once (llama-8b on an H200: 76.7 -> 63.8 GiB peak with lean_backward,
         # 4.5% slower); with it only the layer being recomputed, so there the extra dequantization buys nothing.
-        if m.gptq_backend == "gptq_torch" and not ctx.cfg.model.gradient_checkpointing:
+        if m.gptq_backend == "gptq_torch" and ctx.policy == "none":
             gptq.lean_backward(model)
         # GPTQModel loads non-quantized parts in fp16; bring them to the run dtype so no op runs in mixed dtypes.
         cast_frozen_parameters(model, ctx.dtype)

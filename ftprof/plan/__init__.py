@@ -4,6 +4,9 @@ One predictor serves ``ftprof plan``, ``--checkpointing auto`` and ``--memory-li
 prediction it was given (result.json's ``prediction``) and feeds the calibration store, so the report can publish
 the predictor's error.
 
+The planner sits below the engine, bench and report: it imports none of them (``--verify`` runs through
+ftprof/bench/verify.py).
+
 - gpus.py         the GPUs a plan can target by name: memory and dense bf16 peak
 - probe.py        activations per token and static bytes, measured on a two-layer copy of the model (host CPU)
 - memory.py       peak memory per GPU: static bytes + activations + transients, by policy and micro-batch
@@ -13,5 +16,4 @@ the predictor's error.
 - predict.py      a candidate -> Prediction (result.json's record); the one entry point the engine calls
 - accuracy.py     prediction against measurement (what "measured" means per device), for report and --verify
 - output.py       the ranked table, plan.json, plan.csv, the sweep YAML of the top K
-- verify.py       --verify K: run the top K through bench and compare
 """

@@ -147,16 +147,9 @@ def row_from_run_dir(path: str | Path) -> dict[str, Any]:
 def row_from_records(result: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """result.json and (optionally) config.json, as dicts, flattened as the report flattens a run directory's
     (the config's sections' options, then the result's fields over them)."""
-    from ftprof.config import SECTIONS
-    from ftprof.results.load import _flatten  # the report's own flattening, so the keys are the same
+    from ftprof.results.load import flat_row  # the report's own flattening, so the keys are the same
 
-    row: dict[str, Any] = {}
-    for section in SECTIONS:
-        row.update((config or {}).get(section) or {})
-    flat: dict[str, Any] = {}
-    _flatten("", dict(result), flat)
-    row.update(flat)
-    return row
+    return flat_row(dict(result), dict(config) if config else None)
 
 
 def _frame(rows) -> pd.DataFrame:
@@ -175,7 +168,7 @@ def _labels(frame: pd.DataFrame) -> pd.Series:
     ok = frame[frame["status"] == "ok"] if "status" in frame else frame.iloc[0:0]
     if not len(ok) or "method" not in ok or "world_size" not in ok:
         return names
-    from ftprof.report.labels import labels
+    from ftprof.results.labels import labels
 
     return names.where(~frame.index.isin(ok.index), labels(ok).reindex(frame.index))
 

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from ftprof.metrics import GIB
+from ftprof.metrics import GIB, budget_margin
 from ftprof.plan.candidates import POLICIES, Candidate, micro_batches
 from ftprof.plan.predict import Planner
 from ftprof.results.parts import AutoChoice, Prediction
 
-MARGIN_FRACTION, MARGIN_MIN = 0.08, 1 << 30  # headroom for fragmentation, kernels' workspaces, prediction error
-
 
 def margin_for(available: int) -> int:
-    return max(int(MARGIN_FRACTION * available), MARGIN_MIN)
+    """The budget margin (ftprof.metrics, the one definition the report uses too)."""
+    return budget_margin(available)
 
 
 def fewest_layers(planner: Planner, cand: Candidate, budget: int) -> int | None:

@@ -15,6 +15,7 @@ FTPROF_CALIBRATION: the store's path; ``off`` stops recording and local look-ups
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import functools
 import json
@@ -27,8 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ftprof.config import declarations
 from ftprof.metrics import peak_flops
 from ftprof.results import run_dir as files
+from ftprof.results.load import config_options
 from ftprof.results.status import Status
 
 STORE_ENV = "FTPROF_CALIBRATION"
@@ -37,18 +40,12 @@ STORE_NAME = "calibration.jsonl"
 SHIPPED = Path(__file__).with_name("shipped_calibration.json")
 VERSION_PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "gptqmodel")  # and any liger package
 
-# Options outside the ClassKey that move a run's speed by a few percent, at today's defaults. Among the records of
-# the nearest configuration, those with the fewest options off these defaults are used (a knob that does not
+# Options outside the ClassKey that move a run's speed by a few percent, at today's defaults (the option
+# declarations, config/declarations.py). Among the records of the nearest configuration, those matching the
+# candidate's options most, then those with the fewest options off these defaults, are used (a knob that does not
 # apply to a run is None and never counts).
-DEFAULT_KNOBS: dict[str, Any] = {
-    "dtype": "bfloat16", "sdpa_backend": "auto", "prefetch": True,
-    "compile_mode": "default", "compile_loss": True, "compile_dequant": False, "compile_tuning": False,
-    "lora_addmm": False, "lora_fused_a": True, "lora_fused_projections": False, "fp8_base": False,
-    "kbit_prepare": False,
-    "keep_dequantized": True, "dequant_kernel": "triton",
-}
-LORA_METHODS = ("lora", "qlora", "gptq-lora")
-MEMORY_KNOBS = {"compile_loss", "keep_dequantized", "compile_dequant", "kbit_prepare"}  # change what is saved
+DEFAULT_KNOBS: dict[str, Any] = declarations.calibration_defaults()
+MEMORY_KNOBS = declarations.activation_options()  # change what is saved
 _warned: set[str] = set()  # one warning per problem per process
 
 
@@ -60,11 +57,29 @@ class ClassKey:
     policy: str  # none | selective | full   (full on N of L layers is still "full")
     kernels: str  # the run's --kernels: eager | liger
     compile: bool  # whether the blocks ran compiled (a compile that fell back to eager is False)
-    fp8: bool = False  # --fp8-base: e4m3 base matmuls (+6% to +27% on an H200), a speed class of their own
+    # the declared speed-class options that are on, as (name, value) sorted: --fp8-base's e4m3 base matmuls
+    # (+6% to +27% on an H200) are a class of their own
+    options: tuple = ()
 
     def describe(self) -> str:
         text = f"{self.method} {self.policy} {self.kernels} {'compiled' if self.compile else 'uncompiled'}"
-        return text + " fp8" if self.fp8 else text
+        return " ".join([text, *(declarations.BY_NAME[n].spell(v) for n, v in self.options)])
+
+    @property
+    def base(self) -> ClassKey:
+        """The same class without its speed-class options (what they save is what the base saves)."""
+        return dataclasses.replace(self, options=())
+
+
+def speed_class_options(values: dict) -> tuple:
+    """The (name, value) pairs of the declared speed-class options that apply and are on in ``values``."""
+    out = []
+    for name in declarations.speed_classes():
+        d = declarations.BY_NAME[name]
+        value = values.get(name)
+        if value is not None and value != d.default and d.applies(values):
+            out.append((name, value))
+    return tuple(sorted(out))
 
 
 @dataclass(frozen=True)
@@ -200,15 +215,6 @@ def _read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def flat_config(config: dict) -> dict:
-    """config.json's sections merged into one dict (their keys are unique across sections, as in bench CSVs)."""
-    out: dict = {}
-    for section in config.values():
-        if isinstance(section, dict):
-            out.update(section)
-    return out
-
-
 def run_record(run_dir: str | Path) -> dict | None:
     """A finished run's record, or None when it has no steady-state figures to calibrate from."""
     run_dir = Path(run_dir).resolve()
@@ -216,7 +222,7 @@ def run_record(run_dir: str | Path) -> dict | None:
     tokens_per_s, flops = result.get("tokens_per_s"), result.get("flops_per_token")
     if result.get("status") != Status.OK.value or not tokens_per_s or not flops or not result.get("finished_at"):
         return None
-    cfg = flat_config(_read_json(run_dir / files.CONFIG))
+    cfg = config_options(_read_json(run_dir / files.CONFIG))
     env = _read_json(run_dir / files.ENV)
     compiled = bool((result.get("compile") or {}).get("compiled", cfg.get("compile", False)))
     kernels = cfg.get("kernels") or "eager"
@@ -288,16 +294,10 @@ def _bucket_tflops(run_dir: Path, result: dict) -> dict[str, float | None]:
 
 
 def run_knobs(cfg: dict, method: str | None, kernels: str, compiled: bool) -> dict[str, Any]:
-    """The DEFAULT_KNOBS options of a run from its flat configuration; None where an option does not apply to it."""
-    applies = {
-        "compile_mode": compiled, "compile_tuning": compiled, "compile_dequant": compiled and method == "qlora",
-        "compile_loss": compiled and kernels != "liger",  # Liger computes the loss itself
-        "lora_addmm": method in LORA_METHODS, "lora_fused_a": method in LORA_METHODS,
-        "lora_fused_projections": method in ("lora", "qlora"), "fp8_base": method in ("lora", "qlora"),
-        "kbit_prepare": method in ("qlora", "gptq-lora"),
-        "keep_dequantized": method == "qlora", "dequant_kernel": method == "qlora",
-    }
-    return {k: cfg.get(k) if applies.get(k, True) else None for k in DEFAULT_KNOBS}
+    """The DEFAULT_KNOBS options of a run from its flat configuration; None where an option does not apply to it
+    (keep_dequantized is kept under every policy: ``memory_options_off`` reads it where layers are recomputed)."""
+    values = {**cfg, "method": method, "kernels": kernels, "compile": compiled, "checkpointing": "full"}
+    return {k: cfg.get(k) if declarations.BY_NAME[k].applies(values) else None for k in DEFAULT_KNOBS}
 
 
 def off_default(record: dict) -> dict[str, Any]:
@@ -316,8 +316,10 @@ def memory_options_off(record: dict) -> set[str]:
 
 
 def class_key(record: dict) -> ClassKey:
+    values = {**(record.get("knobs") or {}), "method": record.get("method"), "kernels": record.get("kernels"),
+              "compile": bool(record.get("compile"))}
     return ClassKey(str(record.get("method")), str(record.get("policy")), str(record.get("kernels")),
-                    bool(record.get("compile")), bool((record.get("knobs") or {}).get("fp8_base")))
+                    bool(record.get("compile")), speed_class_options(values))
 
 
 def activation_ratio(record: dict) -> float | None:
@@ -363,15 +365,24 @@ def _speed_point(record: dict) -> tuple[float, float, float] | None:
     return point if all(math.isfinite(x) and x > 0 for x in point) else None
 
 
-def _nearest(rows: list[dict], flops_per_token: float, micro_batch_tokens: int) -> list[dict]:
-    """The rows of the configuration nearest in (log model FLOPs per token, log micro-batch tokens), those with
-    the fewest options off today's defaults among them."""
+def _nearest(rows: list[dict], flops_per_token: float, micro_batch_tokens: int,
+             knobs: dict | None = None) -> list[dict]:
+    """The rows of the configuration nearest in (log model FLOPs per token, log micro-batch tokens); among them
+    those whose options match ``knobs`` (the candidate's: its compile mode, fused projections) most, then those
+    with the fewest options off today's defaults."""
     def distance(row: dict) -> float:
         flops, tokens, _ = _speed_point(row)
         return math.hypot(math.log(flops / flops_per_token), math.log(tokens / micro_batch_tokens))
 
+    def matches(row: dict) -> int:
+        have = row.get("knobs") or {}
+        return sum(1 for k, v in (knobs or {}).items() if v is not None and v != DEFAULT_KNOBS.get(k)
+                   and have.get(k) == v)
+
     best = min(map(distance, rows))
     near = [r for r in rows if distance(r) <= best + 1e-9]
+    most = max(map(matches, near))
+    near = [r for r in near if matches(r) == most]
     fewest = min(len(off_default(r)) for r in near)
     return [r for r in near if len(off_default(r)) == fewest]
 
@@ -391,8 +402,8 @@ def _describe(rows: list[dict], key: ClassKey) -> str:
 
 
 def _rate(rows: list[dict], key: ClassKey, flops_per_token: float, micro_batch_tokens: int,
-          source: Callable[[list[dict], str], str], scale: float = 1.0) -> Rate:
-    chosen = _nearest(rows, flops_per_token, micro_batch_tokens)
+          source: Callable[[list[dict], str], str], scale: float = 1.0, knobs: dict | None = None) -> Rate:
+    chosen = _nearest(rows, flops_per_token, micro_batch_tokens, knobs)
     rate = statistics.median(_speed_point(r)[2] for r in chosen) * scale
     tokens = int(statistics.median(_speed_point(r)[1] for r in chosen))
     return Rate(rate, source(chosen, _describe(chosen, key)), len(chosen), tokens)
@@ -414,12 +425,13 @@ def _matching(rows: list[dict], key: ClassKey, device_name: str | None = None) -
 
 
 def speed_rate(device_name: str, key: ClassKey, flops_per_token: float, micro_batch_tokens: int,
-               records: list[dict] | None = None) -> Rate | None:
+               records: list[dict] | None = None, knobs: dict | None = None) -> Rate | None:
     """The achieved FLOP/s per GPU to expect on ``device_name`` (as torch names it; "cpu" on CPU) for a run of
     class ``key``: from the local store's records of that device and class (the nearest configuration, the
     median of its runs), else the shipped defaults for that device and class, else another GPU's shipped defaults
     scaled by the ratio of dense bf16 peaks; None when nothing applies. Records of other kernels or compile
-    settings are never used (they differ by up to 40%). ``records``: the local records (default: the store)."""
+    settings are never used (they differ by up to 40%). ``records``: the local records (default: the store);
+    ``knobs``: the candidate's own options (DEFAULT_KNOBS names), preferred among the nearest configuration's runs."""
     if not (flops_per_token > 0 and micro_batch_tokens > 0):
         raise ValueError(f"speed_rate needs positive FLOPs per token and micro-batch tokens, got "
                          f"{flops_per_token} and {micro_batch_tokens}")
@@ -428,17 +440,18 @@ def speed_rate(device_name: str, key: ClassKey, flops_per_token: float, micro_ba
     local = _matching(records, key, device_name)
     if local:
         return _rate(local, key, flops_per_token, micro_batch_tokens,
-                     lambda rows, what: f"local store: {_runs(len(rows))} on {device_name} ({what})")
+                     lambda rows, what: f"local store: {_runs(len(rows))} on {device_name} ({what})", knobs=knobs)
     defaults = shipped()["speed"]
     same_device = _matching(defaults, key, device_name)
     if same_device:
         return _rate(same_device, key, flops_per_token, micro_batch_tokens,
-                     lambda rows, what: f"shipped defaults ({_shipped_origin(rows)}, {device_name}: {what})")
-    return _scaled_rate(defaults, device_name, key, flops_per_token, micro_batch_tokens)
+                     lambda rows, what: f"shipped defaults ({_shipped_origin(rows)}, {device_name}: {what})",
+                     knobs=knobs)
+    return _scaled_rate(defaults, device_name, key, flops_per_token, micro_batch_tokens, knobs)
 
 
 def _scaled_rate(defaults: list[dict], device_name: str, key: ClassKey, flops_per_token: float,
-                 micro_batch_tokens: int) -> Rate | None:
+                 micro_batch_tokens: int, knobs: dict | None = None) -> Rate | None:
     """Another GPU's shipped defaults for ``key``, times target peak / its peak (the GPU of the nearest peak)."""
     target = peak_flops(device_name) if device_name != "cpu" else None
     if not target:
@@ -456,7 +469,7 @@ def _scaled_rate(defaults: list[dict], device_name: str, key: ClassKey, flops_pe
         return (f"shipped {other} defaults scaled by peak bf16 FLOP/s to {device_name} ({target / 1e12:,.0f}/"
                 f"{peak / 1e12:,.0f} TFLOP/s; {_shipped_origin(chosen)}: {what})")
 
-    return _rate(rows, key, flops_per_token, micro_batch_tokens, source, scale=target / peak)
+    return _rate(rows, key, flops_per_token, micro_batch_tokens, source, scale=target / peak, knobs=knobs)
 
 
 def activation_factor(key: ClassKey, records: list[dict] | None = None) -> Factor:

@@ -1,6 +1,8 @@
 """The configurations a plan predicts for one model and shape: method (where several are allowed), checkpointing
-(none, selective, full, and full on part of the layers), kernels, compile, and micro-batch x gradient accumulation
-at the same tokens per optimizer step.
+(none, selective, full, and full on part of the layers), kernels, compile, micro-batch x gradient accumulation at
+the same tokens per optimizer step, and every declared option with ``planner_values`` where it applies
+(config/declarations.py: the compile mode with CUDA graphs, --lora-fused-projections, --fp8-base on GPUs with FP8
+tensor cores). A new fast path becomes a candidate by its declaration alone.
 
 A candidate is a set of train options (``flat``): the sweep YAML of the top K, ``--verify`` and the run's own
 prediction all speak the same option names.
@@ -8,9 +10,10 @@ prediction all speak the same option names.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass
 
-from ftprof.config import RunConfig
+from ftprof.config import RunConfig, declarations
 
 POLICIES = ("none", "selective", "full")
 KERNEL_SETS = ("eager", "liger")
@@ -26,13 +29,20 @@ class Candidate:
     compile: bool
     batch_size: int  # micro-batch per GPU
     grad_accum: int
+    options: tuple = ()  # (name, value) of the declared candidate options off their defaults, sorted
 
     def flat(self) -> dict:
         """The candidate as train options (RunConfig.from_flat names)."""
         out = asdict(self)
+        del out["options"]
+        out.update(self.options)
         if out["checkpoint_layers"] is None:
             del out["checkpoint_layers"]
         return out
+
+    def option(self, name: str):
+        """A declared option's value in this candidate (its default when the candidate leaves it)."""
+        return dict(self.options).get(name, declarations.BY_NAME[name].default)
 
     @property
     def label(self) -> str:
@@ -40,6 +50,7 @@ class Candidate:
         parts = [self.method, f"ckpt {ckpt}", self.kernels]
         if self.compile:
             parts.append("compiled")
+        parts += [declarations.BY_NAME[n].spell(v) for n, v in self.options]
         parts.append(f"{self.batch_size}x{self.grad_accum}")
         return " ".join(parts)
 
@@ -49,8 +60,28 @@ def of_config(cfg: RunConfig) -> Candidate:
     m = cfg.model
     policy = m.checkpointing or ("full" if m.gradient_checkpointing else "none")
     layers = m.checkpoint_layers if policy in ("full", "selective") else None
+    values = cfg.declared_values()
+    options = tuple(sorted((d.name, values[d.name]) for d in declarations.DECLARED
+                           if d.planner_values and d.name != "compile" and d.applies(values)
+                           and values.get(d.name) is not None and values[d.name] != d.default))
     return Candidate(cfg.method.method, policy, layers, m.kernels, bool(m.compile), cfg.data.batch_size,
-                     cfg.train.grad_accum)
+                     cfg.train.grad_accum, options)
+
+
+def option_sets(method: str, kernels: str, compiled: bool, cuda: bool, capability: tuple | None) -> list[tuple]:
+    """Every combination of the declared candidate options for a (method, kernels, compile) on this target: the
+    values each option applies with, combinations the declarations refuse left out."""
+    values = {"method": method, "kernels": kernels, "compile": compiled, declarations.SHARDED: False}
+    choices = []
+    for d in declarations.planner_options(values, capability if cuda else None):
+        tried = [v for v in d.planner_values if cuda or not d.needs_cuda(v)]
+        choices.append([(d.name, v) for v in tried])
+    out = []
+    for combo in itertools.product(*choices):
+        if declarations.problems({**values, **dict(combo)}):
+            continue
+        out.append(tuple(sorted((n, v) for n, v in combo if v != declarations.BY_NAME[n].default)))
+    return list(dict.fromkeys(out))
 
 
 def micro_batches(batch_size: int, grad_accum: int) -> list[tuple[int, int]]:
@@ -61,19 +92,23 @@ def micro_batches(batch_size: int, grad_accum: int) -> list[tuple[int, int]]:
 
 def enumerate_candidates(methods: list[str], layer_count: int, batch_size: int, grad_accum: int,
                          kernel_sets: tuple[str, ...] = KERNEL_SETS, compile_options: tuple[bool, ...] = (False, True),
-                         policies: tuple[str, ...] = POLICIES) -> list[Candidate]:
+                         policies: tuple[str, ...] = POLICIES, cuda: bool = False,
+                         capability: tuple | None = None) -> list[Candidate]:
     """Every combination worth predicting. Partial checkpointing (full on N of L layers) is listed at a few
-    shares of the layers; ``plan`` adds the fewest layers that fit each budget on top."""
+    shares of the layers; ``plan`` adds the fewest layers that fit each budget on top. ``cuda``/``capability``:
+    the target (options that need a CUDA device or FP8 tensor cores are tried only where the target has them)."""
     out: list[Candidate] = []
     for method in methods:
         for kernels in kernel_sets:
             for compiled in compile_options:
-                for micro, accum in micro_batches(batch_size, grad_accum):
-                    for policy in policies:
-                        out.append(Candidate(method, policy, None, kernels, compiled, micro, accum))
-                    if "full" in policies:
-                        for layers in partial_layers(layer_count):
-                            out.append(Candidate(method, "full", layers, kernels, compiled, micro, accum))
+                for options in option_sets(method, kernels, compiled, cuda, capability):
+                    for micro, accum in micro_batches(batch_size, grad_accum):
+                        for policy in policies:
+                            out.append(Candidate(method, policy, None, kernels, compiled, micro, accum, options))
+                        if "full" in policies:
+                            for layers in partial_layers(layer_count):
+                                out.append(Candidate(method, "full", layers, kernels, compiled, micro, accum,
+                                                     options))
     return out
 
 

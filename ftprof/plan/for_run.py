@@ -29,7 +29,7 @@ class RunPrediction:
 
 def predict_run(cfg: RunConfig, source, device, dtype: str, shards: bool) -> RunPrediction:
     """The run's prediction (and auto's choice); ConfigError when auto or --memory-limit-gib finds nothing fits."""
-    from ftprof.engine.checkpointing import available_memory
+    from ftprof.runtime import available_memory
 
     p = planner(cfg, source, dtype, run_target(cfg, device, shards))
     cand, limit = of_config(cfg), cfg.output.memory_limit_gib
@@ -52,7 +52,7 @@ def predict_run(cfg: RunConfig, source, device, dtype: str, shards: bool) -> Run
 
 
 def _refusal(what: str, p: Planner, cand: Candidate, pred: Prediction, budget_bytes: int) -> str:
-    from ftprof.plan.output import gib
+    from ftprof.console import fmt_gib_digits as gib
 
     line = (f"{what}: {cand.label} is predicted to peak at {gib(pred.peak_bytes)} GiB per GPU, over the "
             f"{gib(max(0, budget_bytes))} GiB it may use")
@@ -65,7 +65,7 @@ def _refusal(what: str, p: Planner, cand: Candidate, pred: Prediction, budget_by
 
 
 def _described(cand: Candidate, other: Candidate, pred: Prediction) -> str:
-    from ftprof.plan.output import gib
+    from ftprof.console import fmt_gib_digits as gib
 
     speed = f", ~{pred.tokens_per_s:,.0f} tokens/s" if pred.tokens_per_s else ""
     return f"{budget.describe_change(cand, other)} ({gib(pred.peak_bytes)} GiB predicted{speed})"

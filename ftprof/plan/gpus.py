@@ -9,6 +9,7 @@ import difflib
 from dataclasses import dataclass
 
 from ftprof.errors import ConfigError
+from ftprof.metrics import GIB
 
 CUDA_CONTEXT_GIB = 0.5  # what the CUDA context and library workspaces take from a card before torch allocates
 
@@ -17,26 +18,27 @@ CUDA_CONTEXT_GIB = 0.5  # what the CUDA context and library workspaces take from
 class Gpu:
     name: str  # as torch.cuda.get_device_name reports it
     memory_gib: float  # the card's memory as the driver reports it (GiB)
+    capability: tuple = (8, 0)  # CUDA compute capability: FP8 tensor cores from 8.9 (Ada, Hopper, Blackwell)
 
     @property
     def usable_bytes(self) -> int:
-        return int((self.memory_gib - CUDA_CONTEXT_GIB) * (1 << 30))
+        return int((self.memory_gib - CUDA_CONTEXT_GIB) * GIB)
 
 
 # Short names people type -> the card. Memory: total as nvidia-smi reports it (MiB / 1024).
 CATALOGUE: dict[str, Gpu] = {
-    "h200": Gpu("NVIDIA H200", 140.4),
-    "h100": Gpu("NVIDIA H100 80GB HBM3", 79.6),
-    "h100-pcie": Gpu("NVIDIA H100 PCIe", 79.6),
-    "gh200": Gpu("NVIDIA GH200 480GB", 94.5),
-    "a100-80gb": Gpu("NVIDIA A100-SXM4-80GB", 79.2),
-    "a100-40gb": Gpu("NVIDIA A100-SXM4-40GB", 39.4),
-    "l40s": Gpu("NVIDIA L40S", 44.5),
-    "l4": Gpu("NVIDIA L4", 22.0),
-    "a10g": Gpu("NVIDIA A10G", 22.0),
-    "b200": Gpu("NVIDIA B200", 178.4),
-    "rtx4090": Gpu("NVIDIA GeForce RTX 4090", 23.6),
-    "rtx3090": Gpu("NVIDIA GeForce RTX 3090", 23.6),
+    "h200": Gpu("NVIDIA H200", 140.4, (9, 0)),
+    "h100": Gpu("NVIDIA H100 80GB HBM3", 79.6, (9, 0)),
+    "h100-pcie": Gpu("NVIDIA H100 PCIe", 79.6, (9, 0)),
+    "gh200": Gpu("NVIDIA GH200 480GB", 94.5, (9, 0)),
+    "a100-80gb": Gpu("NVIDIA A100-SXM4-80GB", 79.2, (8, 0)),
+    "a100-40gb": Gpu("NVIDIA A100-SXM4-40GB", 39.4, (8, 0)),
+    "l40s": Gpu("NVIDIA L40S", 44.5, (8, 9)),
+    "l4": Gpu("NVIDIA L4", 22.0, (8, 9)),
+    "a10g": Gpu("NVIDIA A10G", 22.0, (8, 6)),
+    "b200": Gpu("NVIDIA B200", 178.4, (10, 0)),
+    "rtx4090": Gpu("NVIDIA GeForce RTX 4090", 23.6, (8, 9)),
+    "rtx3090": Gpu("NVIDIA GeForce RTX 3090", 23.6, (8, 6)),
 }
 ALIASES = {"a100": "a100-80gb", "h100-sxm": "h100", "4090": "rtx4090", "3090": "rtx3090"}
 

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from ftprof.config import RunConfig
+from ftprof.metrics import GIB
 from ftprof.plan import budget, candidates
 from ftprof.plan.candidates import Candidate
 from ftprof.plan.predict import Planner, Target, planner
@@ -68,7 +69,8 @@ def make_plan(req: PlanRequest) -> Plan:
     on_gpu = target.device_name != "cpu"
     pool = candidates.enumerate_candidates(list(req.methods), p.layer_count, cfg.data.batch_size,
                                            cfg.train.grad_accum, kernel_sets=candidates.KERNEL_SETS if on_gpu
-                                           else ("eager",), compile_options=(False, True) if on_gpu else (False,))
+                                           else ("eager",), compile_options=(False, True) if on_gpu else (False,),
+                                           cuda=on_gpu, capability=target.capability)
     pool += _fewest_layers(p, pool, plan.budget_bytes)
     plan.rows = _rank([_row(p, c, plan.budget_bytes) for c in dict.fromkeys(pool)])
     plan.seconds = time.perf_counter() - started
@@ -88,7 +90,7 @@ def _context(req: PlanRequest):
     else:
         target, dtype, usable, usable_from = _this_machine(cfg, req.gpus)
     if limit is not None:
-        usable, usable_from = int(limit * (1 << 30)), f"--memory-limit-gib {limit:g}"
+        usable, usable_from = int(limit * GIB), f"--memory-limit-gib {limit:g}"
     method = cfg.method.for_method(req.methods[0], dtype, preset=source.kind == "preset")
     return dataclasses.replace(cfg, method=method), source, target, dtype, usable, usable_from
 
@@ -102,21 +104,21 @@ def _named_card(cfg: RunConfig, name: str, gpus: int):
     from ftprof.runtime import resolve_dtype_name
 
     gpu = gpu_named(name)
-    return (Target(gpu.name, gpus, gpus > 1), resolve_dtype_name(cfg.model.dtype, torch.device("cuda")),
+    return (Target(gpu.name, gpus, gpus > 1, gpu.capability), resolve_dtype_name(cfg.model.dtype, torch.device("cuda")),
             gpu.usable_bytes, f"{gpu.name}: {gpu.memory_gib:.1f} GiB less the CUDA context")
 
 
 def _this_machine(cfg: RunConfig, gpus: int):
-    from ftprof.engine.checkpointing import available_memory
-    from ftprof.runtime import resolve_device, resolve_dtype_name
+    from ftprof.runtime import available_memory, resolve_device, resolve_dtype_name
 
     device = resolve_device(cfg.output.device)
     if device.type == "cuda":
         import torch
 
         name = torch.cuda.get_device_name(device)
-        return (Target(name, gpus, gpus > 1), resolve_dtype_name(cfg.model.dtype, device), available_memory(device),
-                f"{name}: free now")
+        capability = tuple(torch.cuda.get_device_capability(device))
+        return (Target(name, gpus, gpus > 1, capability), resolve_dtype_name(cfg.model.dtype, device),
+                available_memory(device), f"{name}: free now")
     return (Target("cpu"), resolve_dtype_name(cfg.model.dtype, device), available_memory(device),
             "this machine's available host memory")
 
@@ -137,7 +139,7 @@ def _row(p: Planner, cand: Candidate, budget_bytes: int) -> Row:
     headroom = budget_bytes - pred.peak_bytes
     row = Row(cand, pred, headroom >= 0, headroom)
     if not row.fits:
-        row.why_not = f"over the budget by {-headroom / (1 << 30):.2f} GiB"
+        row.why_not = f"over the budget by {-headroom / GIB:.2f} GiB"
     return row
 
 

@@ -9,6 +9,7 @@ import io
 import json
 from pathlib import Path
 
+from ftprof.console import fmt_gib_digits as gib
 from ftprof.metrics import GIB
 from ftprof.plan.make import Plan, Row
 from ftprof.results.store import write_text_atomic
@@ -84,12 +85,6 @@ def table(plan: Plan, shown: int):
                   "-" if d["tokens_per_s"] is None else f"{d['tokens_per_s']:,}", d["why_not"],
                   style=None if r.fits else "dim")
     return t
-
-
-def gib(nbytes: float) -> str:
-    """GiB with the digits that matter: 61.5, 9.73, 0.0042."""
-    value = nbytes / GIB
-    return f"{value:.1f}" if value >= 10 else f"{value:.2f}" if value >= 0.1 else f"{value:.2g}"
 
 
 def sources(plan: Plan) -> list[str]:

@@ -26,6 +26,7 @@ class Target:
     device_name: str
     world_size: int = 1
     shards: bool = False
+    capability: tuple | None = None  # CUDA compute capability (None: the CPU, or not known)
 
 
 @dataclass
@@ -48,17 +49,18 @@ class Planner:
 
     def predict(self, cand: Candidate) -> Prediction:
         result = self.probe(cand.method)
-        fp8 = bool(self.cfg.method.fp8_base) and cand.method in ("lora", "qlora")
-        key = calibration.ClassKey(cand.method, cand.checkpointing, cand.kernels, cand.compile, fp8)
-        # FP8 base matmuls save what 16-bit ones save (neither keeps its input for a frozen weight: 44.00 against
-        # 43.99 GiB allocated, QLoRA on an H200): the 16-bit class's activation factor serves both
-        factor = self.factor(dataclasses.replace(key, fp8=False))
+        values = {**dict(cand.options), "method": cand.method, "kernels": cand.kernels, "compile": cand.compile}
+        key = calibration.ClassKey(cand.method, cand.checkpointing, cand.kernels, cand.compile,
+                                   calibration.speed_class_options(values))
+        # Speed-class options save what the base class saves (FP8 base matmuls: neither keeps its input for a frozen
+        # weight, 44.00 against 43.99 GiB allocated, QLoRA on an H200): the base class's activation factor serves
+        factor = self.factor(key.base)
         # Partial checkpointing: the layers left unchecked save what none saves, calibrated as none is.
-        rest = self.factor(dataclasses.replace(key, policy="none", fp8=False)) if cand.checkpoint_layers else factor
-        mem = memory.predict_memory(result, cand, self.shape(), factor.activation_ratio, rest.activation_ratio)
+        rest = self.factor(dataclasses.replace(key.base, policy="none")) if cand.checkpoint_layers else factor
+        mem = memory.predict_memory(result, cand, self.shape(cand), factor.activation_ratio, rest.activation_ratio)
         flops = speed.flops_per_token(result, cand, self.cfg.data.seq_len, self.attn_dim)
         micro_tokens = cand.batch_size * self.cfg.data.seq_len
-        rate = self.rate(key, flops.model, micro_tokens)
+        rate = self.rate(key, flops.model, micro_tokens, dict(cand.options))
         rate = speed.at_micro_batch(rate, micro_tokens, cand.compile) if rate else None
         tps = speed.tokens_per_s(flops, rate.flops_per_s, self.target.world_size) if rate else None
         return Prediction(
@@ -69,18 +71,18 @@ class Planner:
                 f"no calibration for {self.target.device_name}: run ftprof on it once, or plan with --gpu"),
             device=self.target.device_name, candidate={**cand.flat(), "seq_len": self.cfg.data.seq_len})
 
-    def rate(self, key, flops_per_token: float, micro_tokens: int):
+    def rate(self, key, flops_per_token: float, micro_tokens: int, knobs: dict | None = None):
         """The class's calibrated rate; for none or full without one, the other's per executed FLOP: the rate
         counts recomputation, and the two differ by 3.5% on an H200 (llama-8b LoRA compiled: 605 against 584
         TFLOP/s). Selective has no stand-in: its elementwise recomputation is no counted FLOP (8,320 tokens/s
         against none's 16,794 for compiled QLoRA)."""
         rate = calibration.speed_rate(self.target.device_name, key, flops_per_token, micro_tokens,
-                                      records=self.records)
+                                      records=self.records, knobs=knobs)
         if rate is not None or key.policy == "selective":
             return rate
         other = dataclasses.replace(key, policy="full" if key.policy == "none" else "none")
         rate = calibration.speed_rate(self.target.device_name, other, flops_per_token, micro_tokens,
-                                      records=self.records)
+                                      records=self.records, knobs=knobs)
         if rate is None:
             return None
         return dataclasses.replace(rate, source=f"{rate.source}; no {key.describe()} run: {other.policy}'s rate "
@@ -94,15 +96,16 @@ class Planner:
             return calibration.Factor(1.0, "probe (a CPU run saves what the CPU probe measures)", 0)
         return calibration.activation_factor(key, records=self.records)
 
-    def shape(self) -> memory.Shape:
+    def shape(self, cand: Candidate) -> memory.Shape:
         from ftprof.runtime import torch_dtype
 
         m, config = self.cfg.method, self.source.config
+        fp8 = bool(cand.option("fp8_base")) and cand.method in ("lora", "qlora")
         return memory.Shape(self.cfg.data.seq_len, config.vocab_size, self.target.world_size,
                             self.target.shards, m.gptq_bits or 4, m.gptq_group_size or 128,
-                            m.keep_dequantized is not False and not m.fp8_base, m.double_quant is not False,
+                            m.keep_dequantized is not False and not fp8, m.double_quant is not False,
                             config.hidden_size * torch_dtype(self.dtype).itemsize, bool(self.cfg.model.compile_loss),
-                            torch_dtype(self.dtype).itemsize, bool(m.fp8_base))
+                            torch_dtype(self.dtype).itemsize, fp8)
 
     @property
     def attn_dim(self) -> int:
@@ -128,9 +131,9 @@ def _memory_source(result: ProbeResult, factor) -> str:
 
 def run_target(cfg: RunConfig, device, shards: bool) -> Target:
     """The target of a run on this machine: its own GPU (or the CPU), its processes."""
-    name = "cpu"
+    name, capability = "cpu", None
     if device.type == "cuda":
         import torch
 
-        name = torch.cuda.get_device_name(device)
-    return Target(name, cfg.distributed.world_size, shards)
+        name, capability = torch.cuda.get_device_name(device), tuple(torch.cuda.get_device_capability(device))
+    return Target(name, cfg.distributed.world_size, shards, capability)

@@ -35,7 +35,7 @@ from ftprof.plan.candidates import POLICIES
 # give the slope; one alone would count as per-token what is saved once per forward (the adapters' weights cast to
 # bf16 under autocast: 35 KB per "token" per llama-8b layer at 64 tokens).
 PROBE_TOKENS = (64, 128)
-PROBE_VERSION = 7  # bump when what the probe measures changes: cached results are keyed by it
+PROBE_VERSION = 8  # bump when what the probe measures changes: cached results are keyed by it
 
 
 @dataclass(frozen=True)
@@ -120,13 +120,15 @@ def cache_key(cfg: RunConfig, source, dtype: str) -> str:
     stored and saved, the dtype, the optimizer, torch's version."""
     import torch
 
-    m = cfg.method
-    fields = {"arch": source.config.to_dict(), "method": m.method, "dtype": dtype,
+    from ftprof.config import declarations
+
+    # Every method option keys the cache except those the probe does not measure (declared so): a new option
+    # makes a new probe, never a stale answer from a probe that did not have it.
+    skip = declarations.probe_excluded()
+    method = {k: v for k, v in dataclasses.asdict(cfg.method).items() if k not in skip}
+    fields = {"arch": source.config.to_dict(), "method": method, "dtype": dtype,
               "optimizer": cfg.train.optimizer, "torch": torch.__version__, "probe": PROBE_VERSION,
               "attn": cfg.model.attn_implementation}
-    if m.method != "full":
-        fields.update(r=m.lora_r, targets=list(m.lora_targets), dropout=m.lora_dropout, fused_a=m.lora_fused_a,
-                      addmm=m.lora_addmm, kbit_prepare=m.kbit_prepare)
     text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
@@ -173,8 +175,14 @@ def _measure(cfg: RunConfig, source, dtype: str) -> ProbeResult:
 
 def _probe_config(cfg: RunConfig, dtype: str) -> RunConfig:
     """The run's configuration as the probe builds it: on the CPU, in the run's dtype, LoRA for the 4-bit methods."""
+    from ftprof.config import declarations
+
     method = cfg.method.for_method(probed_method(cfg.method.method), dtype, preset=True)
-    model = dataclasses.replace(cfg.model, dtype=dtype, kernels="eager", compile=False)
+    # eager and uncompiled: compile's own options back to their defaults too (a CUDA-graph mode without compile
+    # is refused by the configuration)
+    uncompiled = {d.name: d.default for d in declarations.DECLARED
+                  if d.section == "model" and any(w.option == "compile" for w in d.needs)}
+    model = dataclasses.replace(cfg.model, dtype=dtype, kernels="eager", compile=False, **uncompiled)
     return dataclasses.replace(cfg, method=method, model=model)
 
 
@@ -194,21 +202,18 @@ def _two_layer_source(source):
 def _build_probe_model(cfg: RunConfig, source, dtype: str):
     import torch
 
-    from ftprof.engine.build import precision
     from ftprof.models.methods import LoadContext, get_strategy
-    from ftprof.preflight import RunPlan
-    from ftprof.ranks import DistInfo
+    from ftprof.models.precision import precision
     from ftprof.runtime import torch_dtype
 
     pcfg = cfg
     small = _two_layer_source(source)
     device, tdtype = torch.device("cpu"), torch_dtype(dtype)
     strategy = get_strategy(pcfg.method.method)
-    plan = RunPlan(small, device, dtype, pcfg, DistInfo(), False)
     torch.manual_seed(pcfg.train.seed)
     model = strategy.load(LoadContext(pcfg, small, device, tdtype, None, list, log=lambda _: None))
     model = strategy.apply(model, pcfg)
-    autocast = precision(model, plan, tdtype, strategy.uses_lora)
+    autocast = precision(model, device.type, tdtype, strategy.uses_lora and not pcfg.method.kbit_prepare)
     if hasattr(model, "config"):
         model.config.use_cache = False
     model.train()  # checkpointing does nothing in eval mode
@@ -240,9 +245,9 @@ def _activations(model, autocast, cfg: RunConfig, policy: str) -> tuple[float, f
     """(bytes per token, bytes once per forward) the policy saves: the line through the two probe lengths."""
     import torch
 
-    from ftprof.engine import checkpointing
+    from ftprof.models.checkpointing import measure_activations
 
-    short, long = (checkpointing.measure_activations(model, autocast, model.config.vocab_size, torch.device("cpu"),
+    short, long = (measure_activations(model, autocast, model.config.vocab_size, torch.device("cpu"),
                                                      tokens, cfg.method.lora_r or 0, (policy,))[policy]
                    for tokens in PROBE_TOKENS)
     per_token = _slope(short, long)
@@ -267,10 +272,10 @@ def _without_loss(model, autocast, tokens: int) -> float:
     """Bytes per token saved by a forward without labels (no checkpointing): the model without its loss."""
     import torch
 
-    from ftprof.engine import checkpointing
+    from ftprof.models.checkpointing import apply_policy
     from ftprof.profiling.memory import SavedActivations
 
-    checkpointing.apply_policy(model, "none")
+    apply_policy(model, "none")
     ids = torch.randint(0, model.config.vocab_size, (1, tokens))
     with SavedActivations(model) as meter, autocast():
         logits = model(input_ids=ids).logits

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ftprof import metrics
 from ftprof.plan.candidates import Candidate
 from ftprof.plan.probe import ProbeResult
 
@@ -37,16 +38,19 @@ class FlopsPerToken:
 
 
 def flops_per_token(probe: ProbeResult, cand: Candidate, seq_len: int, attn_dim: int) -> FlopsPerToken:
-    """The same count a run records (ftprof.metrics), from the probe's parts: 6 N_trainable + 4 N_frozen +
-    12 L d T, and under full checkpointing 2 N_recomputed + 4 L d T over the checkpointed layers."""
+    """The count a run records, by ftprof.metrics' own functions (the one owner of the formula), from the
+    probe's matmul parameter counts; under full checkpointing, what the checkpointed layers recompute."""
     layers, out, per = probe.layers, probe.outside, probe.per_layer
     trainable = out.matmul_trainable + layers * per.matmul_trainable
     frozen = out.matmul_frozen + layers * per.matmul_frozen
-    model = 6.0 * trainable + 4.0 * frozen + 12.0 * layers * attn_dim * seq_len
+    model = metrics.flops_per_token(metrics.ParamCounts(trainable, frozen, trainable, trainable + frozen), layers,
+                                    attn_dim, seq_len)
     recomputed = 0.0
     if cand.checkpointing == "full":
         checkpointed = layers if cand.checkpoint_layers is None else cand.checkpoint_layers
-        recomputed = checkpointed * (2.0 * per.matmul_recomputed + 4.0 * attn_dim * seq_len)
+        # one layer's recomputation (its share is the same in every identical layer), times the layers
+        one_layer = metrics.ParamCounts(per.matmul_recomputed, 0, 0, per.matmul_recomputed)
+        recomputed = checkpointed * metrics.recompute_flops_per_token(one_layer, 1, attn_dim, seq_len)
     return FlopsPerToken(model, recomputed)
 
 

@@ -23,18 +23,16 @@ import pandas as pd
 
 from ftprof.config import CHECKPOINTING, KERNELS, METHODS
 from ftprof.console import fmt_gib, fmt_num
-from ftprof.metrics import GIB
+from ftprof.metrics import BUDGET_MARGIN_WORDS, GIB, fits_budget
 from ftprof.report import noise, training_check
-from ftprof.report.labels import labels, missing, short, varying_options
 from ftprof.results.effective import config_key, effective_frame
+from ftprof.results.labels import labels, missing, short, varying_options
 
 # Common GPU memory sizes (GiB): 16 (V100/T4-class), 24 (L4/A10/4090), 40 (A100-40G), 48 (L40S/A6000),
 # 80 (A100/H100-80G), 141 (H200).
 BUDGETS_GIB = (16, 24, 40, 48, 80, 141)
-# A configuration fits a budget when its measured peak is at most (1 - MARGIN) of it. 10% covers what one run's peak
-# does not: a card's usable memory is below its nominal size, another driver/CUDA version has a larger context, the
-# allocator fragments differently on a longer run, and real data has longer or uneven sequences.
-MARGIN = 0.10
+# A configuration fits a budget when its measured peak leaves the budget margin free: the one definition the plan
+# uses too (ftprof.metrics.fits_budget).
 
 # Peak-memory sources, most faithful first: (column, words for the reader).
 MEMORY_SOURCES = (("nvml_process_used_peak", "NVML process peak"), ("torch_peak_reserved", "torch reserved peak"),
@@ -179,8 +177,8 @@ def pareto_front(configs: list[Configuration]) -> list[Configuration]:
     return front
 
 
-def pick(configs: list[Configuration], budget_bytes: float, budget: str, margin: float = MARGIN) -> Pick:
-    fits = [c for c in configs if c.peak_bytes <= (1 - margin) * budget_bytes]
+def pick(configs: list[Configuration], budget_bytes: float, budget: str) -> Pick:
+    fits = [c for c in configs if fits_budget(c.peak_bytes, budget_bytes)]
     best = max(fits, key=lambda c: c.tokens_per_s, default=None)
     fastest = max(configs, key=lambda c: c.tokens_per_s, default=None)
     cost = None if best is None or fastest is None else 100.0 * (best.tokens_per_s / fastest.tokens_per_s - 1)
@@ -245,8 +243,7 @@ def option_effects(configs: list[Configuration]) -> list[OptionEffect]:
     return effects
 
 
-def choose(df: pd.DataFrame, device: tuple[str, float] | None = None, budgets_gib=BUDGETS_GIB,
-           margin: float = MARGIN) -> Choice:
+def choose(df: pd.DataFrame, device: tuple[str, float] | None = None, budgets_gib=BUDGETS_GIB) -> Choice:
     """The whole answer. ``device``: (name, total bytes) of the GPU the runs came from, added as a budget."""
     ok = _ok_rows(effective_frame(df))
     flags = training_check.lagging_runs(ok)
@@ -258,7 +255,7 @@ def choose(df: pd.DataFrame, device: tuple[str, float] | None = None, budgets_gi
     if device is not None and device[1]:
         budgets.append((f"{device[0]} ({device[1] / GIB:.1f} GiB, the runs' device)", device[1]))
     budgets.sort(key=lambda b: b[1])
-    result.picks = [pick(configs, size, name, margin) for name, size in budgets]
+    result.picks = [pick(configs, size, name) for name, size in budgets]
     result.frontier = pareto_front(configs)
     result.effects = option_effects(configs)
     return result
@@ -272,14 +269,14 @@ def _value(option: str, value: object) -> str:
     return short(option, value) if option != "method" else str(value)
 
 
-def to_markdown(choice: Choice, margin: float = MARGIN) -> str:
+def to_markdown(choice: Choice) -> str:
     lines = ["## Which should I pick?", ""]
     if not choice.configurations:
         return "\n".join(lines + [f"No successful run with a peak memory to choose from ({choice.memory_source}).", ""])
     fastest = choice.fastest
     lines += [f"Peak memory per GPU: {choice.memory_source} (max over repeats); a configuration fits a budget when its "
-              f"peak is at most {100 * (1 - margin):.0f}% of it (a {100 * margin:.0f}% margin for driver, allocator "
-              f"and data differences). Cost: tokens/s against the fastest overall ({fastest.label}, "
+              f"peak leaves a margin of {BUDGET_MARGIN_WORDS} free (for driver, allocator and data differences; "
+              f"the plan uses the same margin). Cost: tokens/s against the fastest overall ({fastest.label}, "
               f"{fmt_num(fastest.tokens_per_s)} tokens/s).", ""]
     if not choice.on_gpu:
         lines += [f"These runs ran on the CPU: memory is the {choice.memory_source}, so the GPU budgets below are "

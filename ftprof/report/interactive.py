@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ftprof.metrics import GIB
-from ftprof.report.labels import labels
+from ftprof.results.labels import labels
 
 MISSING = "plotly is not installed (pip install 'ftprof[plots]'): the charts below are PNGs without hover."
 

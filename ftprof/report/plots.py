@@ -13,7 +13,7 @@ import pandas as pd
 
 from ftprof.metrics import GIB
 from ftprof.report.figures import figure, label_column, legend_below, quiet, save, text_width_in
-from ftprof.report.labels import labeller, labels
+from ftprof.results.labels import labeller, labels
 from ftprof.results.run_dir import STEPS
 
 MAX_EXPERIMENTS_PER_PLOT = 40  # beyond this, per-run plots show the 40 fastest (tables and report.html keep all)

@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 from ftprof.config import METHOD_OPTION_GROUPS, SECTIONS, flat_field_owners
+from ftprof.config.declarations import DECLARED, ON, Declared, When, is_on
 
 # Options that say where or how a run was recorded, not what it ran: never part of a configuration.
 # gradient_checkpointing is the yes/no derived from the checkpointing policy (HF's spelling); the policy is the column.
@@ -28,7 +29,6 @@ NOT_CONFIG = frozenset({
 # Options that change the step time a little (what measuring costs): a configuration of their own when they vary
 # across the runs shown (an overhead sweep), ignored otherwise and when matching baselines.
 MEASUREMENT_OPTIONS = ("memory_logging",)
-COMPILE_OPTIONS = ("compile_mode", "compile_dequant", "compile_tuning", "compile_loss")
 # Options of real data, by the data formats they apply to (auto: whichever the columns picked, so all of them).
 DATA_OPTIONS = {
     "dataset_config": None, "dataset_split": None, "data_format": None, "packing": None,
@@ -109,15 +109,11 @@ def inapplicable_masks(df) -> dict[str, Any]:
     method = _column(df, "method")
     for methods, names in METHOD_OPTION_GROUPS.values():  # method options of the other methods
         drop(names, ~method.isin(methods))
-    compiled = _is(df, "compile", (True,))
-    drop(COMPILE_OPTIONS, ~compiled)  # compile's own options without compile
-    drop(["compile_loss"], _is(df, "kernels", ("liger",)))  # Liger computes the loss itself
-    drop(["compile_dequant"], method != "qlora")  # dequantizing 4-bit bitsandbytes weights: QLoRA only
+    for d in DECLARED:  # where a declared option does not apply, or does nothing (config/declarations.py)
+        drop([d.name], ~_applies(df, d))
     policy = _column(df, "checkpointing")
     drop(["checkpoint_layers"], ~policy.isin(("full", "selective")))
-    drop(["keep_dequantized"], policy != "full")  # what full checkpointing's recomputation keeps
     drop(["gptq_calibration_samples"], _is(df, "gptq_quantizer", ("rtn",)))  # round-to-nearest calibrates nothing
-    drop(["sdpa_backend"], _column(df, "attn_implementation", "sdpa").isin(("eager", "flash_attention_2")))
     synthetic = _column(df, "dataset", "synthetic").isin(("synthetic",))
     data_format = _column(df, "data_format", "auto")
     for name, formats in DATA_OPTIONS.items():
@@ -131,6 +127,27 @@ def inapplicable_masks(df) -> dict[str, Any]:
     drop(["parallel", "fsdp_reshard_after_forward"], (world <= 1) & ~offload)
     drop(["fsdp_reshard_after_forward", "fsdp_cpu_offload"], _is(df, "parallel", ("ddp",)))
     return masks
+
+
+def _holds(df, when: When):
+    """Rows where ``when`` holds (ON: any value that is on)."""
+    column = _column(df, when.option)
+    mask = column.isin([v for v in when.values if v not in (ON, None)])
+    if None in when.values:
+        mask = mask | column.map(_missing)
+    if ON in when.values:
+        mask = mask | column.map(lambda v: not _missing(v) and is_on(normalize_value("bool", v)))
+    return mask
+
+
+def _applies(df, d: Declared):
+    """Rows where the declared option does something: its method, what it needs, none of what voids it."""
+    mask = _column(df, "method").isin(d.methods)
+    for when in d.needs:
+        mask = mask & _holds(df, when)
+    for when in d.void_when:
+        mask = mask & ~_holds(df, when)
+    return mask
 
 
 def _world_size(df):

@@ -126,26 +126,45 @@ def run_row(run_dir: Path) -> dict[str, Any]:
     if config is None:
         raise ValueError(f"{CONFIG}: missing")
     row: dict[str, Any] = {"run_dir": str(run_dir), "run_name": run_dir.name}
-    options: dict[str, Any] = {}
-    for section in SECTIONS:
-        options.update(config.get(section) or {})
-    # an older config's options under today's names and meanings (schema 1's warmup_steps: the measurement warm-up)
-    for key, value in migrate_flat(options, config.get("schema_version", 1)).items():
-        row[key] = ",".join(map(str, value)) if isinstance(value, list) else value
-    # options newer than the run: it ran with what is now the default, or the old way where an option changed that
-    for key, value in option_defaults(str(row.get("method", "qlora"))).items():
-        row.setdefault(key, value)
+    row.update(config_options(config))
     row["run_name"] = run_dir.name  # the directory, even if copied or renamed since the run
     row.update(slurm_columns(run_dir))
     result = read_result(run_dir)
     if result is None:
         row["status"] = INCOMPLETE  # started, never finished (killed before bench could record it)
         return row
+    row.update(result_fields(result))
+    return row
+
+
+def config_options(config: dict[str, Any]) -> dict[str, Any]:
+    """config.json's options in one flat dict under today's names and meanings (lists as comma-joined text), with
+    today's defaults for options newer than the run. The one flattening of a configuration: the report's rows, the
+    planner's accuracy rows and the calibration store's records all read a run's options through it."""
+    options: dict[str, Any] = {}
+    for section in SECTIONS:
+        values = config.get(section)
+        options.update(values if isinstance(values, dict) else {})
+    # an older config's options under today's names and meanings (schema 1's warmup_steps: the measurement warm-up)
+    row = {key: ",".join(map(str, value)) if isinstance(value, list) else value
+           for key, value in migrate_flat(options, config.get("schema_version", 1)).items()}
+    # options newer than the run: it ran with what is now the default, or the old way where an option changed that
+    for key, value in option_defaults(str(row.get("method", "qlora"))).items():
+        row.setdefault(key, value)
+    return row
+
+
+def result_fields(result: dict[str, Any]) -> dict[str, Any]:
+    """result.json as flat columns (nested records joined by "_", lists as JSON text), without its run_dir."""
     flat: dict[str, Any] = {}
     _flatten("", result, flat)
     flat.pop("run_dir", None)
-    row.update(flat)
-    return row
+    return flat
+
+
+def flat_row(result: dict[str, Any], config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A run's row from its result.json and config.json as dicts (``run_row`` without the files)."""
+    return {**(config_options(config) if config else {}), **result_fields(result)}
 
 
 def slurm_columns(run_dir: Path) -> dict[str, str]:

@@ -64,9 +64,9 @@ def test_partial_checkpointing_sits_between_full_and_none(policy_runs, tmp_path)
 def test_compile_under_partial_checkpointing_compiles_checkpointed_blocks_by_children():
     from transformers import AutoModelForCausalLM
 
-    from ftprof.engine.checkpointing import apply_policy
     from ftprof.engine.compile import _scope, compile_targets
     from ftprof.metrics import decoder_layers
+    from ftprof.models.checkpointing import apply_policy
     from ftprof.models.presets import preset_config
 
     model = AutoModelForCausalLM.from_config(preset_config("tiny"))

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from ftprof.engine import checkpointing
+from ftprof import runtime
 from ftprof.errors import ConfigError
 from ftprof.metrics import GIB
 from ftprof.plan import budget
@@ -37,7 +37,7 @@ def predicted_peaks(cfg):
 
 
 def auto_with(monkeypatch, cfg, available):
-    monkeypatch.setattr(checkpointing, "available_memory", lambda device, cap=None: available)
+    monkeypatch.setattr(runtime, "available_memory", lambda device, cap=None: available)
     return preflight(cfg)
 
 
@@ -67,7 +67,7 @@ def test_nothing_fits_refuses_before_loading_and_names_the_closest_that_does(tmp
     _, _, lora_peaks = predicted_peaks(config(tmp_path, "lora", deep, batch_size=1))
     assert lora_peaks["full"] < peaks["full"]
     available = GIB + (lora_peaks["full"] + peaks["full"]) // 2  # LoRA fits, full fine-tuning in no form does
-    monkeypatch.setattr(checkpointing, "available_memory", lambda device, cap=None: available)
+    monkeypatch.setattr(runtime, "available_memory", lambda device, cap=None: available)
     with pytest.raises(ConfigError, match="closest that fits: .*--method") as caught:
         preflight(config(tmp_path, "full", deep, "auto", batch_size=1))
     assert "--checkpointing auto: full ckpt full eager 1x1 is predicted to peak at" in str(caught.value)

@@ -161,7 +161,7 @@ def test_the_nearest_configuration_of_the_same_device_and_class_sets_the_rate():
 
 
 def test_fp8_base_runs_are_a_speed_class_of_their_own():
-    fp8 = dataclasses.replace(QLORA_COMPILED, fp8=True)
+    fp8 = dataclasses.replace(QLORA_COMPILED, options=(("fp8_base", True),))
     records = [_record(rate=5e14), _record(rate=6e14, knobs={"fp8_base": True})]
     assert [calibration.class_key(r) for r in records] == [QLORA_COMPILED, fp8]
     assert calibration.speed_rate(H200, QLORA_COMPILED, 3.35e10, 8192, records=records).flops_per_s == 5e14

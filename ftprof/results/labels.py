@@ -8,6 +8,7 @@ import math
 
 import pandas as pd
 
+from ftprof.config.declarations import BY_NAME
 from ftprof.results.effective import config_columns, config_key, effective_frame
 
 # Options that identify a run's size but whose label is spelled specially (GPUs come from world_size).
@@ -15,7 +16,7 @@ GPU_OPTIONS = {"nproc_per_node", "nnodes"}
 # Labels read method first, then the options people sweep most; any other varying option follows.
 LABEL_ORDER = ("method", "model", "batch_size", "seq_len", "grad_accum", "checkpointing", "kernels", "compile",
                "compile_mode", "sdpa_backend", "world_size")
-_PREFIX = {"batch_size": "b", "seq_len": "s", "grad_accum": "ga", "sdpa_backend": "attn-", "compile_mode": "compile-"}
+_PREFIX = {"batch_size": "b", "seq_len": "s", "grad_accum": "ga"}
 
 
 def missing(value: object) -> bool:
@@ -51,6 +52,8 @@ def short(name: str, value: object, device: object = None) -> str:
         return "no-ckpt" if value == "none" else f"ckpt-{value}"
     if name in _PREFIX:
         return f"{_PREFIX[name]}{value}"
+    if name in BY_NAME and name != "compile":  # a declared option's own spelling (config/declarations.py)
+        return BY_NAME[name].spell(value)
     if isinstance(value, bool):
         return name if value else f"no-{name}"
     if isinstance(value, float):

@@ -1,0 +1,63 @@
+"""The resolved run: a run's configuration as it will go, resolved once by ``ftprof.preflight`` before anything big
+loads, and read by every part after it (the engine, the probe that builds a model the way the run does).
+
+Not to be confused with ``ftprof.plan`` (the predictor package) or ``ftprof plan`` (the command): this is one run's
+facts, not a prediction or a ranking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ftprof.config import RunConfig
+from ftprof.models.source import ModelSource
+from ftprof.ranks import DistInfo
+
+
+@dataclass
+class ResolvedRun:
+    """The configuration with defaults filled in, where the model comes from, the device and dtype, the
+    checkpointing policy that runs (``--checkpointing auto``'s choice written here once), and the facts about the
+    run that every part asks."""
+
+    source: ModelSource
+    device: object  # torch.device
+    dtype: str  # resolved dtype name
+    config: RunConfig  # with method defaults, dtype and profiling steps filled in (checkpointing as the user gave it)
+    dist: DistInfo  # this process's place among the run's processes (rank 0 of 1 outside torchrun)
+    shards: bool  # whether FSDP2 wraps the model (engine.distributed.shards)
+    notes: list[str] = field(default_factory=list)  # adjustments the user should hear about
+    tokenizer: object = None  # loaded here for real data (None for synthetic runs: the trainer picks one)
+    data: object = None  # ftprof.data.PreparedData for real data: tokenized, checked, with its stats
+    eval_data: object = None  # ftprof.data.PreparedData of --eval-dataset / --eval-split (None: none, or synthetic)
+    prediction: object = None  # ftprof.results.parts.Prediction: peak memory and tokens/s, before anything loads
+    auto_choice: object = None  # ftprof.results.parts.AutoChoice: what --checkpointing auto chose (else None)
+
+    @property
+    def device_type(self) -> str:
+        return self.device.type  # "cuda" or "cpu"
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size  # processes in this run
+
+    @property
+    def policy(self) -> str:
+        """The checkpointing policy that runs: none, selective or full (auto's choice under auto)."""
+        return policy_of(self.config, self.auto_choice)[0]
+
+    @property
+    def checkpointed_layers(self) -> int | None:
+        """How many decoder layers the policy applies to (None: all of them)."""
+        return policy_of(self.config, self.auto_choice)[1]
+
+
+def policy_of(cfg: RunConfig, auto_choice=None) -> tuple[str, int | None]:
+    """(policy, checkpointed layers or None for all) of a configuration: under auto, the choice made for it."""
+    m = cfg.model
+    if m.checkpointing == "auto":
+        if auto_choice is None:
+            raise ValueError("--checkpointing auto has not chosen yet (preflight chooses before the model loads)")
+        return auto_choice.policy, auto_choice.layers
+    policy = m.checkpointing or ("full" if m.gradient_checkpointing else "none")
+    return policy, m.checkpoint_layers if policy in ("full", "selective") else None
