@@ -45,10 +45,7 @@ def check_config(cfg: RunConfig) -> None:
     if cfg.data.dataset != "synthetic":
         locate(cfg.data)  # a file or save_to_disk folder that exists, or a hub name (its content: check_dataset)
     if cfg.eval.eval_dataset is not None:
-        try:
-            locate(eval_data_config(cfg.data, cfg.eval))
-        except ConfigError as exc:
-            raise ConfigError(f"--eval-dataset: {str(exc).removeprefix('--dataset: ')}") from None
+        locate(eval_data_config(cfg.data, cfg.eval))  # its problems name --eval-dataset
     prof = cfg.profiling
     if prof.profile and "cuda" in prof.activities() and cfg.output.device == "cpu":
         raise ConfigError("--prof-activities cuda: the run is on --device cpu")

@@ -24,9 +24,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
-
-import yaml
+from typing import Any
 
 from ftprof.bench.launcher import LauncherSettings, launcher_from_file
 from ftprof.checks import check_before_load
@@ -38,6 +36,7 @@ from ftprof.config import (
     flat_field_owners,
     migrate_flat,
 )
+from ftprof.config.yaml_io import YamlProblem, check_old_names, read_yaml, whole_numbers
 from ftprof.errors import ConfigError, did_you_mean
 
 TOP_KEYS = {"name": str, "base": dict, "matrix": dict, "experiments": list, "exclude": list, "repeats": int,
@@ -128,35 +127,6 @@ def _digest(values: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
-class _DuplicateKey(Exception):
-    def __init__(self, key: object, line: int):
-        super().__init__(key)
-        self.key, self.line = key, line
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """safe_load that refuses a key given twice in one mapping (PyYAML silently keeps the last), and reads numbers
-    as people write them: YAML 1.1 needs a dot in a float, so ``2e-4`` and ``5E-5`` would be strings."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if not isinstance(key, (str, int, float, bool)):
-                continue  # a list or mapping as a key: SafeLoader refuses it with its own error
-            if key in seen:
-                raise _DuplicateKey(key, key_node.start_mark.line + 1)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-# Floats with an exponent and no dot (YAML 1.2's spelling), underscores allowed as YAML 1.1 allows them.
-_StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."))
-
-
 def _differing_keys(cells: list[dict[str, Any]]) -> set[str]:
     """Options whose value is not the same in every cell (one pass over the cells: linear, not quadratic)."""
     seen: dict[str, set[str]] = {}
@@ -175,16 +145,9 @@ def load_sweep(path: str | Path) -> Sweep:
     if not path.is_file():
         raise ConfigError(f"sweep file '{path}' does not exist")
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)  # a SafeLoader
-    except _DuplicateKey as exc:
-        raise _fail(path, f"line {exc.line}", f"key '{exc.key}' is given twice") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise _fail(path, where, f"not valid YAML: {problem}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _fail(path, "", f"cannot read: {exc}") from None
+        data = read_yaml(path)  # the loader --config files use: numbers, duplicate keys, merge keys
+    except YamlProblem as exc:
+        raise _fail(path, exc.where, exc.problem) from None
     if not isinstance(data, dict):
         raise _fail(path, "", "must be a YAML mapping with at least 'matrix' or 'experiments'")
     for key, value in data.items():
@@ -292,6 +255,10 @@ def _experiments(path: Path, cells: list[tuple[str, dict[str, Any]]], varying: l
     data_checked: set[str] = set()  # each dataset's content is read once, however many cells use it
     for where, values in cells:
         values.setdefault("method", "qlora")
+        try:
+            check_old_names(values, version)
+        except ConfigError as exc:
+            raise _fail(path, where, str(exc)) from None
         config = _cell_config(path, where, migrate_flat(values, version), memory, data_checked)
         name = f"{_slug(values, varying or ['method'])}-{_digest(values)}"
         if name in seen:
@@ -302,19 +269,6 @@ def _experiments(path: Path, cells: list[tuple[str, dict[str, Any]]], varying: l
     return experiments
 
 
-def _whole_numbers(values: dict[str, Any]) -> dict[str, Any]:
-    """A whole number written as a float (``max_steps: 1e3``) is an int where the option takes an int."""
-    from ftprof.config.run import _field_types
-
-    types = _field_types()
-    out = dict(values)
-    for key, value in values.items():
-        whole = isinstance(value, float) and math.isfinite(value) and value.is_integer()
-        if whole and types.get(key) in (int, Optional[int]):
-            out[key] = int(value)
-    return out
-
-
 def _cell_config(path: Path, where: str, values: dict[str, Any], memory: str, data_checked: set[str]) -> RunConfig:
     """A cell's RunConfig, checked before anything runs, or one line naming the cell."""
     try:
@@ -322,7 +276,7 @@ def _cell_config(path: Path, where: str, values: dict[str, Any], memory: str, da
         # MEMORY_LOGGING in the environment wins over both.
         own = None if os.environ.get("MEMORY_LOGGING") else values.get("memory_logging")
         own = MEMORY_LOGGING_ALIASES.get(own, own)
-        config = RunConfig.from_flat({**_whole_numbers(values), "memory_logging": own or memory, "quiet": True})
+        config = RunConfig.from_flat({**whole_numbers(values), "memory_logging": own or memory, "quiet": True})
         # what `ftprof train` checks before its model loads: LoRA targets, seq_len against the model, packages,
         # the data's content (each dataset read once)
         check_before_load(config, data_checked)

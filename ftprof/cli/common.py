@@ -43,19 +43,40 @@ class OneLineErrorParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
     def _closest_option(self, words: list[str]) -> str:
-        """`` (did you mean '--lora-r'?)`` for the first unknown option, over every option of every subcommand
-        (the root parser reports what its subcommands left over)."""
+        """`` (did you mean '--lora-r'?)`` for the first unknown option, over this parser's own options (the
+        subcommand's: :meth:`parse_args` hands what the subcommands left over to the one that was chosen)."""
         from ftprof.errors import did_you_mean
 
         unknown = next((w.split("=", 1)[0] for w in words if w.startswith("--")), None)
         if unknown is None:
             return ""
-        known = _option_strings(self)
+        known = {o for o in self._option_string_actions if o.startswith("--")}
         return did_you_mean(unknown.replace("_", "-"), known) or did_you_mean(unknown, known)
 
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but arguments nobody took are reported by the subcommand that was chosen (its name in the
+        line, its own options in the suggestion), not by the root parser over every subcommand's options."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            _chosen(self, parsed).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
     def parse_known_args(self, args=None, namespace=None):
-        self._refuse_repeats(sys.argv[1:] if args is None else list(args))
+        words = sys.argv[1:] if args is None else list(args)
+        self._refuse_repeats(words)
+        self._refuse_config(words)
         return super().parse_known_args(args, namespace)
+
+    def _refuse_config(self, words: list[str]) -> None:
+        """``--config`` given to a subcommand that reads no config file (only ``ftprof train`` does): say so, before
+        argparse takes the file for a positional argument."""
+        options = words[:words.index("--")] if "--" in words else words
+        if "--config" in _option_strings(self) or not any(w.split("=", 1)[0] == "--config" for w in options):
+            return
+        bench = self.prog.endswith(" bench")
+        how = (f"{self.prog} takes a sweep file as its argument ({self.prog} SWEEP.yaml)" if bench
+               else f"give {self.prog} its options on the command line")
+        self.error(f"--config: only `ftprof train` reads a config file; {how}")
 
     def _refuse_repeats(self, words: list[str]) -> None:
         """An option given twice, under any of its spellings (``--active-steps 2 --prof-active-steps 3``, or
@@ -72,6 +93,16 @@ class OneLineErrorParser(argparse.ArgumentParser):
             if action.dest in given:
                 self.error(f"{word.split('=', 1)[0]} repeats {given[action.dest]} (give each option once)")
             given[action.dest] = word.split("=", 1)[0]
+
+
+def _chosen(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+    """The deepest subcommand parser that ``parsed`` went through (``ftprof train qlora``'s), or ``parser``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            sub = action.choices.get(getattr(parsed, action.dest, None) or "")
+            if sub is not None:
+                return _chosen(sub, parsed)
+    return parser
 
 
 def _option_strings(parser: argparse.ArgumentParser) -> set[str]:

@@ -107,7 +107,7 @@ def plan_command(args: argparse.Namespace) -> int:
 
 
 def nothing_fits(plan) -> str:
-    from ftprof.console import fmt_gib_digits as gib
+    from ftprof.plan.output import gib
 
     least = min(plan.rows, key=lambda r: r.prediction.peak_bytes)
     return (f"no configuration of {', '.join(plan.request.methods)} fits {gib(max(0, plan.budget_bytes))} GiB per GPU "
@@ -116,8 +116,7 @@ def nothing_fits(plan) -> str:
 
 
 def _verify(plan, sweep_path: Path, out_dir: Path, k: int, request, base: dict, console) -> int:
-    from ftprof.bench import verify
-    from ftprof.plan import output
+    from ftprof.plan import output, verify
 
     top = out_dir / "verify-sweep.yaml"
     top.write_text(output.sweep_yaml(plan, k, base))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Optional
 
 from ftprof.config.options import DATA_FORMATS, TRAIN_ON, one_of, option, require
 from ftprof.errors import ConfigError
@@ -11,6 +11,8 @@ from ftprof.errors import ConfigError
 
 @dataclass
 class DataConfig:
+    # how the command line spells a field when it is not --<field> (the eval data's: config/evaluation.py)
+    RENAMED: ClassVar[dict[str, str]] = {}
     dataset: str = option("synthetic", "'synthetic' (learnable token stream), a data file (.txt, .json, .jsonl, .csv, "
                           ".parquet), a folder written by datasets' save_to_disk, or a hub dataset name",
                           metavar="synthetic|FILE|DIR|NAME")
@@ -37,6 +39,10 @@ class DataConfig:
     prefetch: bool = option(True, "make the next step's first micro-batch and queue its copy to the device while "
                             "the GPU runs this step, instead of after it (the host's work then stays out of the "
                             "step's time)")
+
+    def option(self, name: str) -> str:
+        """The command-line option that set field ``name`` (``--dataset``; for eval data ``--eval-dataset``)."""
+        return self.RENAMED.get(name) or "--" + name.replace("_", "-")
 
     def __post_init__(self) -> None:
         require(self.seq_len >= 2, f"--seq-len must be at least 2, got {self.seq_len}")

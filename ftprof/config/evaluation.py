@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Optional
 
 from ftprof.config.data import DataConfig
 from ftprof.config.options import option, require
@@ -39,10 +39,23 @@ class EvalConfig:
         return self.eval_steps is not None or self.eval_dataset is not None or self.eval_split is not None
 
 
+@dataclasses.dataclass
+class EvalSplitData(DataConfig):
+    """--dataset's --eval-split: its problems name --eval-split where they are the split's."""
+    RENAMED: ClassVar[dict[str, str]] = {"dataset_split": "--eval-split"}
+
+
+@dataclasses.dataclass
+class EvalFileData(DataConfig):
+    """--eval-dataset (split --eval-split): its problems name those options, not --dataset's."""
+    RENAMED: ClassVar[dict[str, str]] = {"dataset": "--eval-dataset", "dataset_split": "--eval-split"}
+
+
 def eval_data_config(data: DataConfig, e: EvalConfig) -> DataConfig:
     """The data section that reads the eval rows: --eval-dataset (split --eval-split, default train) or --dataset's
-    --eval-split; formats, columns and lengths as for training."""
+    --eval-split; formats, columns and lengths as for training. Its ``option()`` names the eval options."""
+    fields = {f.name: getattr(data, f.name) for f in dataclasses.fields(data)}
     if e.eval_dataset is None:
-        return dataclasses.replace(data, dataset_split=e.eval_split or data.dataset_split)
-    return dataclasses.replace(data, dataset=e.eval_dataset, dataset_split=e.eval_split or "train",
-                               dataset_config=None)
+        return EvalSplitData(**{**fields, "dataset_split": e.eval_split or data.dataset_split})
+    return EvalFileData(**{**fields, "dataset": e.eval_dataset, "dataset_split": e.eval_split or "train",
+                           "dataset_config": None})

@@ -35,7 +35,8 @@ def _no_format_columns(data: DataConfig, columns: list[str]) -> ConfigError:
     wanted = {data.messages_field: "chat", data.response_field: "instruction", data.text_field: "text"}
     hint = next((h for h in (did_you_mean(name, columns) for name in wanted) if h), "")
     looked = ", ".join(f"'{name}' ({fmt})" for name, fmt in wanted.items())
-    return ConfigError(f"--dataset: '{data.dataset}' has none of the columns --data-format auto looks for: {looked} "
+    return ConfigError(f"{data.option('dataset')}: '{data.dataset}' has none of the columns --data-format auto looks "
+                       f"for: {looked} "
                        f"(columns: {', '.join(columns)}){hint}; see --messages-field, --response-field, --text-field")
 
 
@@ -68,7 +69,8 @@ def resolve_format(data: DataConfig, columns: list[str]) -> str:
 def check_chat(data: DataConfig, rows, tokenizer, model: str) -> None:
     """Chat data needs a tokenizer with a chat template and an assistant turn in every row (something to learn)."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(f"--dataset: chat data needs a chat template, and the tokenizer of model '{model}' has "
+        raise ConfigError(f"{data.option('dataset')}: chat data needs a chat template, and the tokenizer of model "
+                          f"'{model}' has "
                           "none (use --data-format instruction or text, or a model whose tokenizer has one)")
     check_chat_turns(data, rows)
 
@@ -91,7 +93,7 @@ def check_chat_turns(data: DataConfig, rows) -> None:
     has_assistant[parents[is_assistant]] = True
     missing = np.flatnonzero(~has_assistant)
     if len(missing):
-        raise ConfigError(f"--dataset: chat row {missing[0]} of '{data.dataset}' has no assistant turn "
+        raise ConfigError(f"{data.option('dataset')}: chat row {missing[0]} of '{data.dataset}' has no assistant turn "
                           f"({len(missing)} of {len(column)} rows have none; each row needs one to learn from)")
 
 

@@ -76,7 +76,7 @@ def check_rows(data: DataConfig) -> None:
     with _progress_bars(False):
         rows = load_rows(data)
     if len(rows) == 0:
-        raise ConfigError(f"--dataset: '{data.dataset}' split '{data.dataset_split}' has no rows")
+        raise ConfigError(f"{data.option('dataset')}: '{data.dataset}' split '{data.dataset_split}' has no rows")
     if resolve_format(data, list(rows.column_names)) == "chat":
         check_chat_turns(data, rows)
 
@@ -92,7 +92,7 @@ def _prepare(data: DataConfig, tokenizer, model: str) -> PreparedData:
 
     rows = load_rows(data)
     if len(rows) == 0:
-        raise ConfigError(f"--dataset: '{data.dataset}' split '{data.dataset_split}' has no rows")
+        raise ConfigError(f"{data.option('dataset')}: '{data.dataset}' split '{data.dataset_split}' has no rows")
     fmt = resolve_format(data, list(rows.column_names))
     if fmt == "chat":
         check_chat(data, rows, tokenizer, model)
@@ -105,7 +105,7 @@ def _prepare(data: DataConfig, tokenizer, model: str) -> PreparedData:
     tokenize_s = time.perf_counter() - t0
     if len(kept) == 0:
         why = " once cut to --seq-len" if not data.packing else ""
-        raise ConfigError(f"--dataset: no row of '{data.dataset}' has a token to train on{why} "
+        raise ConfigError(f"{data.option('dataset')}: no row of '{data.dataset}' has a token to train on{why} "
                           f"({len(rows)} rows, format {fmt}, --train-on {data.train_on})")
     # filter() only records the kept rows' indices; the Arrow table underneath still holds every row.
     kept = kept.flatten_indices()

@@ -42,19 +42,19 @@ def locate(data: DataConfig) -> DatasetLocation:
     name = data.dataset
     if not _looks_like_path(name):
         if not _HUB_NAME.match(name):
-            raise ConfigError(f"--dataset: '{name}' is not 'synthetic', a data file, a save_to_disk folder or a "
-                              "hub dataset name")
+            raise ConfigError(f"{data.option('dataset')}: '{name}' is not 'synthetic', a data file, a save_to_disk "
+                              "folder or a hub dataset name")
         return DatasetLocation("hub", name)
     path = Path(name).expanduser()
     if path.is_dir():
         if not any((path / marker).is_file() for marker in ("state.json", "dataset_dict.json")):
-            raise ConfigError(f"--dataset: folder '{name}' was not written by datasets' save_to_disk "
+            raise ConfigError(f"{data.option('dataset')}: folder '{name}' was not written by datasets' save_to_disk "
                               "(no state.json or dataset_dict.json)")
         return DatasetLocation("disk", str(path.resolve()))
     if path.suffix.lower() not in FILE_BUILDERS:
-        raise ConfigError(f"--dataset: '{name}' is not a supported file ({', '.join(FILE_BUILDERS)})")
+        raise ConfigError(f"{data.option('dataset')}: '{name}' is not a supported file ({', '.join(FILE_BUILDERS)})")
     if not path.is_file():
-        raise ConfigError(f"--dataset: '{name}' does not exist")
+        raise ConfigError(f"{data.option('dataset')}: '{name}' does not exist")
     return DatasetLocation("file", str(path.resolve()))
 
 
@@ -68,16 +68,16 @@ def check_dataset(data: DataConfig) -> None:
     try:
         with open(where.name, encoding="utf-8") as fh:
             if where.name.endswith(".jsonl"):
-                found = _check_jsonl_lines(fh, data.dataset)
+                found = _check_jsonl_lines(fh, data.dataset, data.option('dataset'))
             else:
                 found = any(line.strip() for line in fh)
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--dataset: cannot read '{data.dataset}': {exc}") from None
+        raise ConfigError(f"{data.option('dataset')}: cannot read '{data.dataset}': {exc}") from None
     if not found:
-        raise ConfigError(f"--dataset: '{data.dataset}' is empty")
+        raise ConfigError(f"{data.option('dataset')}: '{data.dataset}' is empty")
 
 
-def _check_jsonl_lines(fh, name: str) -> bool:
+def _check_jsonl_lines(fh, name: str, opt: str = "--dataset") -> bool:
     """Every record of a .jsonl file, streamed: the first bad line is named by its number. True if any record."""
     found = False
     for number, line in enumerate(fh, start=1):
@@ -86,9 +86,9 @@ def _check_jsonl_lines(fh, name: str) -> bool:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"--dataset: '{name}' line {number} is not JSON: {exc.msg}") from None
+            raise ConfigError(f"{opt}: '{name}' line {number} is not JSON: {exc.msg}") from None
         if not isinstance(record, dict):
-            raise ConfigError(f"--dataset: '{name}' line {number} is not a JSON object")
+            raise ConfigError(f"{opt}: '{name}' line {number} is not a JSON object")
         found = True
     return found
 
@@ -110,16 +110,18 @@ def load_rows(data: DataConfig):
     except ConfigError:
         raise
     except ConnectionError as exc:  # no network, or HF_HUB_OFFLINE=1 and not in the local cache
-        raise ConfigError(f"--dataset: cannot reach hub dataset '{data.dataset}' and it is not in the local "
+        raise ConfigError(f"{data.option('dataset')}: cannot reach hub dataset '{data.dataset}' and it is not in the "
+                          "local "
                           f"datasets cache ({_offline_hint() or _first_line(exc)})") from None
     except (ValueError, KeyError) as exc:  # a bad split name or slice, a bad config name
         if offline:
             raise _not_cached(data) from None
-        raise ConfigError(f"--dataset: '{data.dataset}' split '{data.dataset_split}': {_first_line(exc)}") from None
+        raise ConfigError(f"{data.option('dataset_split')}: '{data.dataset}' split '{data.dataset_split}': "
+                          f"{_first_line(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - unknown dataset, unreadable file, parse error: all user input
         if offline:
             raise _not_cached(data) from None
-        raise ConfigError(f"--dataset: cannot load '{data.dataset}': {_first_line(exc)}") from None
+        raise ConfigError(f"{data.option('dataset')}: cannot load '{data.dataset}': {_first_line(exc)}") from None
     if rows._indices is not None:  # a selected or shuffled view: make the Arrow table match the rows
         rows = rows.flatten_indices()
     return rows
@@ -127,7 +129,8 @@ def load_rows(data: DataConfig):
 
 def _not_cached(data: DataConfig) -> ConfigError:
     """Offline (HF_HUB_OFFLINE, set by the user or because the hub is unreachable): not in the local cache."""
-    return ConfigError(f"--dataset: hub dataset '{data.dataset}' (split '{data.dataset_split}') is not in the local "
+    return ConfigError(f"{data.option('dataset')}: hub dataset '{data.dataset}' (split '{data.dataset_split}') is not "
+                       "in the local "
                        f"datasets cache ({_offline_hint() or 'HF_HUB_OFFLINE is set'})")
 
 
@@ -143,9 +146,10 @@ def _load(data: DataConfig, where: DatasetLocation):
     if where.kind == "disk":
         loaded = datasets.load_from_disk(where.name)
         if isinstance(loaded, datasets.DatasetDict):
-            return _pick_split(loaded, data.dataset_split, data.dataset)
+            return _pick_split(loaded, data.dataset_split, data.dataset, data.option('dataset_split'))
         if data.dataset_split != "train":
-            raise ConfigError(f"--dataset-split: folder '{data.dataset}' holds a single dataset, not splits")
+            raise ConfigError(f"{data.option('dataset_split')}: folder '{data.dataset}' holds a single dataset, "
+                              "not splits")
         return loaded
     if where.kind == "file":
         builder = FILE_BUILDERS[Path(where.name).suffix.lower()]
@@ -157,8 +161,8 @@ def _load(data: DataConfig, where: DatasetLocation):
 
 
 
-def _pick_split(splits, split: str, name: str):
+def _pick_split(splits, split: str, name: str, opt: str = "--dataset-split"):
     if split in splits:
         return splits[split]
-    raise ConfigError(f"--dataset-split: '{name}' has no split '{split}' (splits: {', '.join(splits)})"
+    raise ConfigError(f"{opt}: '{name}' has no split '{split}' (splits: {', '.join(splits)})"
                       f"{did_you_mean(split, list(splits))}")

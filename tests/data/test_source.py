@@ -44,7 +44,7 @@ def test_locate_tells_files_folders_and_hub_names_apart(tmp_path):
 def test_split_slicing_and_a_missing_split(tmp_path):
     path = write(tmp_path / "d.jsonl", text_rows(10))
     assert len(load_rows(DataConfig(dataset=path, dataset_split="train[:3]"))) == 3
-    with pytest.raises(ConfigError, match="--dataset: .*test"):
+    with pytest.raises(ConfigError, match="--dataset-split: .*test"):
         load_rows(DataConfig(dataset=path, dataset_split="test"))
 
 
