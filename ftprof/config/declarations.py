@@ -119,11 +119,11 @@ DECLARED: tuple[Declared, ...] = (
                        Excludes(When("dequant_kernel", ("triton",)), "{flag} and {other} triton " + _DEQUANT))),
     Declared("compile_tuning", "model", frozenset({"speed"}), False, needs=(_COMPILED,),
              refuse=frozenset({"needs"})),
-    Declared("lora_addmm", "method", frozenset({"speed"}), False, methods=LORA_METHODS, family="lora",
+    Declared("lora_addmm", "method", frozenset({"speed", "activations"}), False, methods=LORA_METHODS, family="lora",
              refuse=frozenset({"methods"}),
              excludes=(Excludes(When("lora_fused_a", (ON,)), "{flag} and {other} " + _ADAPTER),
                        Excludes(When("lora_fused_projections", (ON,)), "{flag} and {other} " + _ADAPTER))),
-    Declared("lora_fused_a", "method", frozenset({"speed"}), True, methods=LORA_METHODS, family="lora",
+    Declared("lora_fused_a", "method", frozenset({"speed", "activations"}), True, methods=LORA_METHODS, family="lora",
              refuse=frozenset({"methods"})),
     # GPTQ-LoRA's quantized bases keep their own kernels: its projections are not joined
     Declared("lora_fused_projections", "method", frozenset({"speed"}), False, methods=("lora", "qlora"),
@@ -212,8 +212,11 @@ def calibration_defaults() -> dict[str, Any]:
 
 
 def activation_options() -> frozenset[str]:
-    """Knobs that change what autograd saves: records off their default describe another activation model."""
-    return frozenset(d.name for d in DECLARED if "activations" in d.effects and d.name not in ("compile", "dtype"))
+    """Knobs that change what autograd saves in a way the planner's probe does not reproduce (it builds the LoRA
+    model, eager and uncompiled: compile's options, and options of the 4-bit methods alone, are not in it), so a
+    calibration record off their default describes another activation model."""
+    return frozenset(d.name for d in DECLARED if "activations" in d.effects and d.name not in ("compile", "dtype")
+                     and (d.section == "model" or "lora" not in d.methods))
 
 
 def speed_classes() -> tuple[str, ...]:
