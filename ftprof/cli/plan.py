@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ftprof.cli.common import add_common_arguments, config_from_args
 from ftprof.config import METHODS
+from ftprof.config.declarations import DECLARED
 from ftprof.errors import ConfigError
 
 PLAN_OPTIONS = {"gpu", "gpus", "top", "show", "verify", "plan_dir", "methods"}
@@ -93,7 +94,8 @@ def plan_command(args: argparse.Namespace) -> int:
     out_dir = Path(args.plan_dir or Path(request.cfg.output.output_dir) / f"plan-{_slug(request.cfg.model.model)}")
     from ftprof.bench.sweep import SWEEP_ONLY
 
-    per_experiment = {"method", "checkpointing", "checkpoint_layers", "kernels", "compile", "batch_size", "grad_accum"}
+    per_experiment = {"method", "checkpointing", "checkpoint_layers", "kernels", "compile", "batch_size", "grad_accum",
+                      *(d.name for d in DECLARED if d.planner_values)}  # the candidates' own options
     base = {k: v for k, v in given.items() if k not in per_experiment | SWEEP_ONLY}
     paths = output.write(plan, out_dir.expanduser(), request.top, base)
     console.print(output.table(plan, args.show))
@@ -107,7 +109,7 @@ def plan_command(args: argparse.Namespace) -> int:
 
 
 def nothing_fits(plan) -> str:
-    from ftprof.plan.output import gib
+    from ftprof.console import fmt_gib_digits as gib
 
     least = min(plan.rows, key=lambda r: r.prediction.peak_bytes)
     return (f"no configuration of {', '.join(plan.request.methods)} fits {gib(max(0, plan.budget_bytes))} GiB per GPU "
@@ -116,7 +118,8 @@ def nothing_fits(plan) -> str:
 
 
 def _verify(plan, sweep_path: Path, out_dir: Path, k: int, request, base: dict, console) -> int:
-    from ftprof.plan import output, verify
+    from ftprof.bench import verify
+    from ftprof.plan import output
 
     top = out_dir / "verify-sweep.yaml"
     top.write_text(output.sweep_yaml(plan, k, base))

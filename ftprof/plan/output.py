@@ -9,20 +9,22 @@ import io
 import json
 from pathlib import Path
 
+from ftprof.config.declarations import BY_NAME
 from ftprof.console import fmt_gib_digits as gib
 from ftprof.metrics import GIB
 from ftprof.plan.make import Plan, Row
 from ftprof.results.store import write_text_atomic
 
 JSON_NAME, CSV_NAME, SWEEP_NAME = "plan.json", "plan.csv", "plan-sweep.yaml"
-COLUMNS = ("rank", "method", "checkpointing", "checkpoint_layers", "kernels", "compile", "batch_size", "grad_accum",
-           "fits", "peak_gib", "headroom_gib", "tokens_per_s", "why_not", "memory_source", "speed_source")
+COLUMNS = ("rank", "method", "checkpointing", "checkpoint_layers", "kernels", "compile", "options", "batch_size",
+           "grad_accum", "fits", "peak_gib", "headroom_gib", "tokens_per_s", "why_not", "memory_source", "speed_source")
 
 
 def row_dict(rank: int, row: Row) -> dict:
     c, p = row.candidate, row.prediction
     return {"rank": rank, "method": c.method, "checkpointing": c.checkpointing,
             "checkpoint_layers": c.checkpoint_layers, "kernels": c.kernels, "compile": c.compile,
+            "options": " ".join(BY_NAME[n].spell(v) for n, v in c.options),  # the declared options it sets
             "batch_size": c.batch_size, "grad_accum": c.grad_accum, "fits": row.fits,
             "peak_gib": round(p.peak_bytes / GIB, 4), "headroom_gib": round(row.headroom_bytes / GIB, 4),
             "tokens_per_s": None if p.tokens_per_s is None else round(p.tokens_per_s),
@@ -71,8 +73,8 @@ def table(plan: Plan, shown: int):
                     f"{f' x{plan.target.world_size}' if plan.target.world_size > 1 else ''}, budget "
                     f"{plan.budget_bytes / GIB:.1f} GiB per GPU ({plan.usable_from}, less a "
                     f"{plan.margin_bytes / GIB:.1f} GiB margin)", header_style="bold")
-    for name in ("#", "method", "checkpointing", "kernels", "compile", "batch x accum", "peak GiB", "headroom GiB",
-                 "tokens/s", "why not"):
+    for name in ("#", "method", "checkpointing", "kernels", "compile", "options", "batch x accum", "peak GiB",
+                 "headroom GiB", "tokens/s", "why not"):
         t.add_column(name, justify="right" if name in ("#", "peak GiB", "headroom GiB", "tokens/s") else "left")
     rows = plan.fitting[:shown] + [r for r in plan.rows if not r.fits][:3]
     for r in rows:
@@ -80,7 +82,7 @@ def table(plan: Plan, shown: int):
         ckpt = d["checkpointing"] if d["checkpoint_layers"] is None else (
             f"full on {d['checkpoint_layers']} of {plan.layer_count} layers")
         t.add_row(str(d["rank"]), d["method"], ckpt, d["kernels"], "yes" if d["compile"] else "no",
-                  f"{d['batch_size']} x {d['grad_accum']}", gib(r.prediction.peak_bytes),
+                  d["options"] or "-", f"{d['batch_size']} x {d['grad_accum']}", gib(r.prediction.peak_bytes),
                   ("+" if r.headroom_bytes >= 0 else "-") + gib(abs(r.headroom_bytes)),
                   "-" if d["tokens_per_s"] is None else f"{d['tokens_per_s']:,}", d["why_not"],
                   style=None if r.fits else "dim")
