@@ -14,6 +14,7 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from ftprof.config import METHODS, SECTIONS, RunConfig, inapplicable_options
+from ftprof.config.options import HF_ALIASES, HF_DTYPE_FLAGS
 
 SECTION_TITLES = {"model": "model", "data": "data", "method": "method options (LoRA, bitsandbytes, GPTQ)",
                   "train": "training", "eval": "evaluation", "save": "saving what was trained",
@@ -21,11 +22,6 @@ SECTION_TITLES = {"model": "model", "data": "data", "method": "method options (L
                   "profiling": "profiling (torch.profiler; any --prof-* option turns profiling on)",
                   "distributed": "several GPUs (torchrun; FSDP2 or DDP)"}
 POSITIONAL = {"method"}  # given as a subcommand argument, not an option
-# The HF Trainer's (and TRL's) spellings, accepted as aliases where they mean the same thing as ours.
-HF_ALIASES = {"lr": "--learning-rate", "batch_size": "--per-device-train-batch-size",
-              "grad_accum": "--gradient-accumulation-steps", "seq_len": "--max-seq-length"}
-# The HF Trainer's precision flags: each stands for one --dtype value (given with --dtype: an option given twice).
-HF_DTYPE_FLAGS = {"--bf16": "bfloat16", "--fp16": "float16"}
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

@@ -34,6 +34,12 @@ PARALLEL = ("fsdp", "ddp")
 RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")  # torchrun's
 PROFILER_ACTIVITIES = ("cpu", "cuda")
 
+# The HF Trainer's (and TRL's) spellings, accepted as aliases where they mean the same thing as ours.
+HF_ALIASES = {"lr": "--learning-rate", "batch_size": "--per-device-train-batch-size",
+              "grad_accum": "--gradient-accumulation-steps", "seq_len": "--max-seq-length"}
+# The HF Trainer's precision flags: each stands for one --dtype value (given with --dtype: an option given twice).
+HF_DTYPE_FLAGS = {"--bf16": "bfloat16", "--fp16": "float16"}
+
 
 def option(default: Any = None, help: str = "", *, choices: tuple | None = None, metavar: str | None = None,
            default_factory: Any = None) -> Any:

@@ -95,7 +95,7 @@ def whole_numbers(values: dict[str, Any]) -> dict[str, Any]:
 
 def cli_aliases() -> dict[str, str]:
     """Other names the command line takes for an option, as file keys: ``learning_rate`` -> ``lr``."""
-    from ftprof.cli.common import HF_ALIASES
+    from ftprof.config.options import HF_ALIASES
 
     return {flag.removeprefix("--").replace("-", "_"): name for name, flag in HF_ALIASES.items()}
 
