@@ -14,8 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ftprof.metrics import GIB
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-GIB = 1 << 30
+
 VMSTAT = "/proc/vmstat"  # the system-wide OOM-kill count (oom_kill_counts)
 
 
