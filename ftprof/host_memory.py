@@ -77,7 +77,20 @@ def refusal(config, method: str, dtype: str, batch_size: int, seq_len: int) -> s
              f"Adam state {need.optimizer / GIB:.1f}", f"logits {need.logits / GIB:.1f} (batch {batch_size} x "
              f"seq {seq_len})"]
     return (f"host memory: this CPU run needs at least {need.total / GIB:.1f} GiB ({', '.join(parts)}) and "
-            f"the machine has {available / GIB:.1f} GiB available; lower --batch-size or --seq-len, or use a GPU")
+            f"the machine has {available / GIB:.1f} GiB available; {_advice(need, available, method, dtype)}")
+
+
+def _advice(need: HostNeed, available: int, method: str, dtype: str) -> str:
+    """What can bring the run under ``available``: only the logits shrink with --batch-size and --seq-len."""
+    fixed = need.weights + need.gradients + need.optimizer
+    if fixed < available:
+        return "lower --batch-size or --seq-len, or use a GPU"
+    if need.weights < available and method == "full":
+        return ("the weights fit but their gradients and Adam state do not: train adapters only (lora or qlora), "
+                "or use a smaller --model, a machine with more memory or a GPU")
+    half = dtype == "float32" and need.weights / 2 + need.gradients / 2 + need.optimizer / 2 + need.logits < available
+    return ("the weights alone do not fit, whatever the batch: " + ("--dtype bfloat16 halves them, or use " if half
+            else "use ") + "a smaller --model, a machine with more memory, or a GPU")
 
 
 def oom_kill_counts() -> dict[str, int]:
