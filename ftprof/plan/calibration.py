@@ -472,16 +472,55 @@ def _scaled_rate(defaults: list[dict], device_name: str, key: ClassKey, flops_pe
     return _rate(rows, key, flops_per_token, micro_batch_tokens, source, scale=target / peak, knobs=knobs)
 
 
-def activation_factor(key: ClassKey, records: list[dict] | None = None) -> Factor:
-    """measured / probed activations for runs of class ``key``: the median over the local store's records (any GPU),
-    else over the shipped defaults' memory rows, else 1.0 (the probe as it is)."""
+TRANSFER_AGREEMENT = 0.05  # local ratios at several shapes within this of their median: they transfer
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Where a local activation ratio was measured, or is to be used: what the ratio may depend on beyond its
+    class (the model, the sequence, the micro-batch, how many layers full checkpointing covers)."""
+
+    model: str | None
+    seq_len: int | None
+    micro_batch_tokens: int | None
+    checkpointed_layers: int | None = None
+
+    @classmethod
+    def of_record(cls, record: dict) -> Shape:
+        return cls(record.get("model"), record.get("seq_len"), record.get("micro_batch_tokens"),
+                   record.get("checkpointed_layers"))
+
+
+def _transferring(local: list[tuple[dict, float]], at: Shape | None) -> tuple[list[tuple[dict, float]], str]:
+    """The local (record, ratio) pairs that may answer at ``at``: those measured at that very shape; else all of
+    them where they were measured at two or more shapes and agree (within TRANSFER_AGREEMENT of their median),
+    which shows the ratio transfers across shapes; else none (the shipped defaults answer). A ratio learned at one
+    shape and policy was seen to under-predict another shape's peak by 12% (issue: learning made memory worse)."""
+    if at is None or not local:
+        return local, ""
+    same = [(r, x) for r, x in local if Shape.of_record(r) == at]
+    if same:
+        return same, "at this shape"
+    shapes = {Shape.of_record(r) for r, _ in local}
+    middle = statistics.median(x for _, x in local)
+    if len(shapes) >= 2 and all(abs(x / middle - 1) <= TRANSFER_AGREEMENT for _, x in local):
+        return local, f"{len(shapes)} shapes agreeing within {TRANSFER_AGREEMENT:.0%}"
+    return [], ""
+
+
+def activation_factor(key: ClassKey, records: list[dict] | None = None, at: Shape | None = None) -> Factor:
+    """measured / probed activations for runs of class ``key``: the median over the local store's records (any GPU)
+    that may answer at ``at`` (``_transferring``), else over the shipped defaults' memory rows, else 1.0 (the probe
+    as it is)."""
     if records is None:
         records = load_records()
     local = [(r, x) for r in records if class_key(r) == key and (x := activation_ratio(r)) is not None]
+    local, why = _transferring(local, at)
     if local:
         models = "/".join(sorted({str(r.get("model")) for r, _ in local}))
         return Factor(statistics.median(x for _, x in local),
-                      f"local store: {_runs(len(local))} ({models} {key.describe()})", len(local))
+                      f"local store: {_runs(len(local))} ({models} {key.describe()}{', ' + why if why else ''})",
+                      len(local))
     # Rows whose options change what is saved (an uncompiled loss, weights not kept) describe another model of
     # memory: a QLoRA full-checkpointing row of the uncompiled loss gave 2.9 where today's runs give about 1.
     rows = [r for r in shipped()["memory"] if class_key(r) == key and r.get("activation_ratio")

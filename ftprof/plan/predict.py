@@ -54,12 +54,14 @@ class Planner:
                                    calibration.speed_class_options(values))
         # Speed-class options save what the base class saves (FP8 base matmuls: neither keeps its input for a frozen
         # weight, 44.00 against 43.99 GiB allocated, QLoRA on an H200): the base class's activation factor serves
-        factor = self.factor(key.base)
+        micro_tokens = cand.batch_size * self.cfg.data.seq_len
+        at = calibration.Shape(self.cfg.model.model, self.cfg.data.seq_len, micro_tokens, cand.checkpoint_layers)
+        factor = self.factor(key.base, at)
         # Partial checkpointing: the layers left unchecked save what none saves, calibrated as none is.
-        rest = self.factor(dataclasses.replace(key.base, policy="none")) if cand.checkpoint_layers else factor
+        rest = self.factor(dataclasses.replace(key.base, policy="none"), dataclasses.replace(
+            at, checkpointed_layers=None)) if cand.checkpoint_layers else factor
         mem = memory.predict_memory(result, cand, self.shape(cand), factor.activation_ratio, rest.activation_ratio)
         flops = speed.flops_per_token(result, cand, self.cfg.data.seq_len, self.attn_dim)
-        micro_tokens = cand.batch_size * self.cfg.data.seq_len
         rate = self.rate(key, flops.model, micro_tokens, dict(cand.options))
         rate = speed.at_micro_batch(rate, micro_tokens, cand.compile) if rate else None
         tps = speed.tokens_per_s(flops, rate.flops_per_s, self.target.world_size) if rate else None
@@ -88,13 +90,13 @@ class Planner:
         return dataclasses.replace(rate, source=f"{rate.source}; no {key.describe()} run: {other.policy}'s rate "
                                                 "per executed FLOP")
 
-    def factor(self, key) -> calibration.Factor:
+    def factor(self, key, at: calibration.Shape | None = None) -> calibration.Factor:
         """measured / probed activations for runs of this class on a GPU; a CPU run saves what the probe saw."""
         if not self.calibrate_memory:
             return calibration.Factor(1.0, "probe (uncalibrated)", 0)
         if self.target.device_name == "cpu":
             return calibration.Factor(1.0, "probe (a CPU run saves what the CPU probe measures)", 0)
-        return calibration.activation_factor(key, records=self.records)
+        return calibration.activation_factor(key, records=self.records, at=at)
 
     def shape(self, cand: Candidate) -> memory.Shape:
         from ftprof.runtime import torch_dtype

@@ -255,3 +255,56 @@ def test_a_torchrun_run_and_a_profiled_run_are_recorded_once_each(tmp_path, stor
     assert d["world_size"] == 2 and d["parallel"] == "ddp" and d["tokens_per_s"] == ddp.throughput.tokens_per_s
     summary = json.loads((tmp_path / "p" / "profile" / "summary.json").read_text())
     assert p["buckets"] == {k: b["tflops"] for k, b in summary["breakdown"]["buckets"].items()}
+
+
+def _at(record, seq_len=2048, micro=8192, layers=None, model="llama-8b"):
+    return {**record, "model": model, "seq_len": seq_len, "micro_batch_tokens": micro, "checkpointed_layers": layers}
+
+
+def test_a_ratio_learned_at_one_shape_answers_only_there():
+    """Runs of one shape fill the store: another shape is predicted as with the shipped calibration alone (the
+    ratio did not show it transfers), the same shape with what was measured there."""
+    full = ClassKey("qlora", "full", "liger", True)
+    store = [_at(_measured(0.73, key=full), micro=8192) for _ in range(3)]
+    here = calibration.Shape("llama-8b", 2048, 8192, None)
+    elsewhere = calibration.Shape("llama-8b", 2048, 4096, None)
+    assert calibration.activation_factor(full, records=store, at=here).activation_ratio == pytest.approx(0.73)
+    shipped_alone = calibration.activation_factor(full, records=[], at=elsewhere)
+    assert calibration.activation_factor(full, records=store, at=elsewhere) == shipped_alone
+    partial = calibration.Shape("llama-8b", 2048, 8192, 6)  # another share of the layers checkpointed
+    assert calibration.activation_factor(full, records=store, at=partial) == shipped_alone
+
+
+def test_ratios_that_agree_across_shapes_transfer_and_ones_that_disagree_do_not():
+    full = ClassKey("qlora", "full", "liger", True)
+    elsewhere = calibration.Shape("llama-8b", 1024, 2048, None)
+    agree = [_at(_measured(0.90, key=full), micro=8192), _at(_measured(0.92, key=full), micro=4096)]
+    learned = calibration.activation_factor(full, records=agree, at=elsewhere)
+    assert learned.activation_ratio == pytest.approx(0.91) and "2 shapes agreeing" in learned.source
+    disagree = [_at(_measured(0.73, key=full), micro=8192), _at(_measured(1.0, key=full), micro=4096)]
+    assert calibration.activation_factor(full, records=disagree, at=elsewhere) == \
+        calibration.activation_factor(full, records=[], at=elsewhere)
+
+
+def test_a_planner_fed_runs_of_one_shape_predicts_another_as_the_shipped_calibration_does():
+    """End to end through the predictor: a store of 4 x 2048 runs (their ratio 0.73) leaves a 2 x 2048 QLoRA
+    full-checkpointing prediction exactly where the shipped calibration alone puts it."""
+    import dataclasses
+
+    from ftprof.config import RunConfig
+    from ftprof.models.source import resolve_model_source
+    from ftprof.plan.candidates import of_config
+    from ftprof.plan.predict import Planner, Target
+
+    cfg = RunConfig.from_flat({"model": "tiny", "method": "qlora", "seq_len": 64, "batch_size": 2,
+                               "checkpointing": "full", "kernels": "liger", "compile": True})
+    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("bfloat16", preset=True))
+    full = ClassKey("qlora", "full", "liger", True)
+    store = [_at(_measured(0.73, key=full), model="tiny", seq_len=64, micro=256) for _ in range(3)]
+    source, target = resolve_model_source("tiny"), Target(H200, capability=(9, 0))
+    with_store = Planner(cfg, source, "bfloat16", target, store).predict(of_config(cfg))
+    shipped_alone = Planner(cfg, source, "bfloat16", target, []).predict(of_config(cfg))
+    assert with_store.peak_bytes == shipped_alone.peak_bytes  # micro-batch 128 tokens: not the store's shape
+    same_shape = dataclasses.replace(of_config(cfg), batch_size=4)
+    assert Planner(cfg, source, "bfloat16", target, store).predict(same_shape).activation_factor == \
+        pytest.approx(0.73, rel=1e-4)
