@@ -17,7 +17,11 @@ from ftprof.data.source import check_dataset, locate
 from ftprof.errors import ConfigError
 from ftprof.models.modules import lora_target_problem, max_positions
 from ftprof.models.source import classify_model_name, unknown_model_message
-from ftprof.results.store import check_writable_dir
+from ftprof.results.store import check_writable_dir, remove_partial_dirs
+
+CACHE_ENV = "FTPROF_CACHE_DIR"
+STORE_ENV = "FTPROF_CALIBRATION"
+SAVED_DIRS = ("adapter", "model", "base")  # what --save writes under its root (ftprof/engine/save.py)
 
 
 def check_model(name: str) -> None:
@@ -112,6 +116,69 @@ def check_host(cfg: RunConfig) -> None:
     prof = cfg.profiling
     if prof.profile and prof.prof_output_dir:
         check_writable_dir(prof.prof_output_dir, "--prof-output-dir")
+    check_save_dir(cfg)
+    check_cache_dir()
+
+
+def save_root(cfg: RunConfig) -> Path | None:
+    """Where --save writes (its adapter/, model/, base/): --save-dir, else the run directory (None: not known
+    before the run names it, or no --save)."""
+    if not cfg.save.save:
+        return None
+    if cfg.save.save_dir:
+        return Path(cfg.save.save_dir).expanduser()
+    if cfg.output.run_name:
+        return Path(cfg.output.output_dir).expanduser() / cfg.output.run_name
+    return None
+
+
+def check_save_dir(cfg: RunConfig, clean: bool = True) -> None:
+    """--save's directory can be written (before training, not after it). With ``clean``, what a save killed midway
+    left there (a hidden ``.adapter.tmp-<pid>``) is removed and named in a line on stderr."""
+    root = save_root(cfg)
+    if root is None:
+        return
+    check_writable_dir(root, "--save-dir" if cfg.save.save_dir else "--output-dir")
+    if not clean:
+        return
+    for path in remove_partial_dirs(root, SAVED_DIRS):
+        import sys
+
+        print(f"ftprof: removed {path}: a partial save left by a run that stopped while saving", file=sys.stderr,
+              flush=True)
+
+
+def cache_base() -> Path:
+    """ftprof's cache directory: $FTPROF_CACHE_DIR, else ~/.cache/ftprof (the GPTQ cache, the planner's probes, the
+    calibration store). The one resolver: ftprof.models.gptq.cache_root is its gptq/ folder."""
+    value = os.environ.get(CACHE_ENV, "").strip()
+    return Path(value).expanduser() if value else Path.home() / ".cache" / "ftprof"
+
+
+def check_cache_dir() -> None:
+    """ftprof's cache directory and the calibration store can be written: one line naming the path and what to set
+    otherwise, before anything heavy starts (``ftprof train`` and ``ftprof plan`` write both)."""
+    value = os.environ.get(CACHE_ENV, "").strip()
+    try:
+        root = cache_base()
+    except (RuntimeError, KeyError):  # ~user of no user, or no HOME and no password entry
+        raise ConfigError(f"{CACHE_ENV} '{value}': no such user's home directory" if value.startswith("~") else
+                          f"no cache directory: HOME is not set; set {CACHE_ENV} to a writable directory") from None
+    try:
+        check_writable_dir(root, CACHE_ENV if value else "cache directory")
+    except ConfigError as exc:
+        hint = "" if value else f" (HOME is {Path.home()}); set {CACHE_ENV} to a writable directory"
+        raise ConfigError(f"{exc}{hint}") from None
+    store = os.environ.get(STORE_ENV, "").strip()
+    if not store or store.lower() == "off":
+        return
+    try:
+        path = Path(store).expanduser()
+    except RuntimeError:
+        raise ConfigError(f"{STORE_ENV} '{store}': no such user's home directory") from None
+    if path.is_dir():
+        raise ConfigError(f"{STORE_ENV} '{store}' is a directory; give a file (calibration.jsonl), or off")
+    check_writable_dir(path.parent, STORE_ENV)
 
 
 def _need_package(module: str, what: str, extra: str) -> None:
@@ -165,3 +232,21 @@ def check_before_load(cfg: RunConfig, checked: set[str] | None = None) -> None:
 def check_before_run(cfg: RunConfig) -> None:
     check_before_load(cfg)  # before torch is imported
     check_host(cfg)
+
+
+MANY_EPOCHS = 1000  # more passes over the data than any fine-tuning makes: a typo, most likely
+
+
+def length_notes(cfg: RunConfig) -> list[str]:
+    """Notes on the run's length the user may want to act on, known before anything loads: an LR warm-up longer
+    than the run (the learning rate never reaches --lr), an epoch count no fine-tuning needs. (A warm-up longer than
+    the steps --num-train-epochs comes to is known only once the data is read: preflight's to say.)"""
+    t, notes = cfg.train, []
+    if t.num_train_epochs is None and t.warmup_steps > t.max_steps and t.lr_scheduler_type != "constant":
+        notes.append(f"--warmup-steps {t.warmup_steps} is longer than the run (--max-steps {t.max_steps}): the "
+                     f"learning rate rises for the whole run and ends at {t.max_steps / t.warmup_steps:.0%} of --lr; "
+                     "lower --warmup-steps to reach it")
+    if t.num_train_epochs is not None and t.num_train_epochs > MANY_EPOCHS:
+        notes.append(f"--num-train-epochs {t.num_train_epochs:g}: that many passes over the data takes as many "
+                     "times an epoch's steps; fine-tuning takes a few (stop it with Ctrl-C: what ran is kept)")
+    return notes

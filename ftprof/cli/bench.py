@@ -190,14 +190,16 @@ def experiment_table(sweep, out_dir: Path) -> Table:
 
 
 def check_devices(sweep) -> None:
-    """Each experiment's GPU-only options against this machine (no torch): one line naming the first that cannot
-    run, instead of launching it to fail."""
-    from ftprof.checks import check_device
+    """Each experiment's GPU-only options and --save-dir against this machine (no torch): one line naming the first
+    that cannot run, instead of launching it to fail."""
+    from ftprof.checks import check_device, check_save_dir
     from ftprof.errors import ConfigError
 
     for exp in sweep.experiments:
         try:
             check_device(exp.config)
+            if exp.config.save.save_dir:  # written here after the cell trains: refused now if it cannot be
+                check_save_dir(exp.config, clean=False)
         except ConfigError as exc:
             raise ConfigError(f"{sweep.path}: experiment {exp.name}: {exc}") from None
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ftprof.cli.common import add_common_arguments, config_from_args
+from ftprof.cli.common import add_common_arguments, config_from_args, path_argument
 from ftprof.config import METHODS
 from ftprof.config.declarations import DECLARED
 from ftprof.errors import ConfigError
@@ -43,7 +43,8 @@ def plan_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--show", type=_positive, default=15, help="rows of the table (default 15)")
     parser.add_argument("--verify", type=_positive, metavar="K", help="run the top K with ftprof bench and print "
                         "predicted against measured")
-    parser.add_argument("--plan-dir", help="where the plan's files go (default: <output-dir>/plan-<model>)")
+    parser.add_argument("--plan-dir", type=path_argument,
+                        help="where the plan's files go (default: <output-dir>/plan-<model>)")
     add_common_arguments(parser)
     parser.set_defaults(func=plan_command)
     return parser
@@ -67,17 +68,21 @@ def parse_methods(text: str) -> tuple[str, ...]:
 
 def plan_request(args: argparse.Namespace):
     """The request from the command line: every check that needs no torch, done (one line, exit 2 on a problem)."""
-    from ftprof.checks import check_before_load
+    from ftprof.checks import check_before_load, check_cache_dir, host_has_cuda
     from ftprof.plan.gpus import gpu_named
     from ftprof.plan.make import PlanRequest
 
     methods = parse_methods(args.methods)
     if args.gpu is not None:
         gpu_named(args.gpu)
+    elif args.gpus > 1 and not host_has_cuda():  # the plan would be for this CPU, one process: --gpus ignored
+        raise ConfigError(f"--gpus {args.gpus}: this machine has no NVIDIA GPU; plan for one with --gpu NAME "
+                          f"(e.g. --gpu h100 --gpus {args.gpus})")
     given = {k: v for k, v in vars(args).items() if k not in PLAN_OPTIONS | {"func", "command"}}
     lora_like = [m for m in methods if m != "full"]
     cfg = config_from_args(argparse.Namespace(**given, method=(lora_like or list(methods))[0]))
     check_before_load(cfg)
+    check_cache_dir()  # the probes' cache and the calibration store live there
     return PlanRequest(cfg, methods, args.gpu, args.gpus, args.top), given
 
 
@@ -86,12 +91,14 @@ def plan_command(args: argparse.Namespace) -> int:
     from ftprof.console import make_console
     from ftprof.plan import output
     from ftprof.plan.make import make_plan
+    from ftprof.results.store import check_writable_dir
 
+    out_dir = Path(args.plan_dir or Path(request.cfg.output.output_dir) / f"plan-{_slug(request.cfg.model.model)}")
+    check_writable_dir(out_dir, "--plan-dir" if args.plan_dir else "--output-dir")  # before the plan is computed
     console = make_console()
     plan = make_plan(request)
     if not plan.fitting:
         raise ConfigError(nothing_fits(plan))  # one line, exit 2
-    out_dir = Path(args.plan_dir or Path(request.cfg.output.output_dir) / f"plan-{_slug(request.cfg.model.model)}")
     from ftprof.bench.sweep import SWEEP_ONLY
 
     per_experiment = {"method", "checkpointing", "checkpoint_layers", "kernels", "compile", "batch_size", "grad_accum",

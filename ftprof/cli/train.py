@@ -54,10 +54,14 @@ def config_with_file(args: argparse.Namespace):
 
 
 def train_command(args: argparse.Namespace) -> int:
-    from ftprof.checks import check_before_run
+    import sys
+
+    from ftprof.checks import check_before_run, length_notes
 
     cfg = config_with_file(args)
     check_before_run(cfg)  # bad input: one line, exit 2, before torch is imported
+    for note in length_notes(cfg):
+        print(f"ftprof: note: {note}", file=sys.stderr, flush=True)
     if cfg.output.quiet:
         from ftprof.console import silence_third_party
 

@@ -26,6 +26,7 @@ import torch
 
 from ftprof.models.dequant import dequantize, is_4bit_linear
 from ftprof.results.parts import Saved
+from ftprof.results.store import partial_dir
 
 ADAPTER, MODEL, BASE = "adapter", "model", "base"
 
@@ -65,9 +66,13 @@ def _gathered_state(model, adapters_only: bool) -> dict:
 def _publish(final: Path, write: Callable[[Path], None]) -> None:
     """``write`` into a fresh directory beside ``final``, then rename it into place (replacing an older one)."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    tmp = partial_dir(final)  # a kill leaves it: the next run's check_save_dir removes it and says so
     shutil.rmtree(tmp, ignore_errors=True)
-    write(tmp)
+    try:
+        write(tmp)
+    except BaseException:  # a full disk, a failed write, Ctrl-C: no partial directory is left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)

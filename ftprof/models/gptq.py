@@ -32,7 +32,11 @@ QUANTIZER_VERSION = 1  # bump when the way ftprof quantizes changes, so old cach
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "ftprof") / "gptq"
+    """The GPTQ cache: gptq/ in ftprof's cache directory ($FTPROF_CACHE_DIR, else ~/.cache/ftprof; resolved, and
+    checked before a run, by ftprof.checks)."""
+    from ftprof.checks import cache_base
+
+    return cache_base() / "gptq"
 
 
 def ensure_workers() -> None:

@@ -117,3 +117,44 @@ def write_csv_atomic(path: str | Path, rows: Iterable[dict[str, Any]], columns: 
 
 def read_json(path: str | Path) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def partial_dir(final: Path) -> Path:
+    """Where a directory is written before it is renamed to ``final`` (``.adapter.tmp-<pid>`` beside it)."""
+    return final.parent / f".{final.name}.tmp-{os.getpid()}"
+
+
+def remove_partial_dirs(parent: str | Path, names: Iterable[str]) -> list[Path]:
+    """Remove what a killed writer left of ``parent/<name>`` for each name (its ``partial_dir``, whose process is
+    gone: a live one is still writing it); returns the paths removed."""
+    import re
+    import shutil
+
+    parent = Path(parent).expanduser()
+    alternatives = "|".join(re.escape(n) for n in names)
+    pattern = re.compile(rf"^\.({alternatives})\.tmp-(\d+)$")
+    removed = []
+    try:
+        entries = list(parent.iterdir()) if parent.is_dir() else []
+    except OSError:
+        return removed
+    for entry in entries:
+        found = pattern.match(entry.name)
+        if found is None or not entry.is_dir() or _alive(int(found.group(2))):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        if not entry.exists():
+            removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process's own leftover (an earlier failed attempt): not being written now
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True

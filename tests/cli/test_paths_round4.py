@@ -1,0 +1,101 @@
+"""Every path a command will write is checked before the work starts (one line naming the path, exit 2, no torch);
+a partial save a killed run left is removed and named; notes on a run's length (issue 41, parts 6 and 7)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.cli.test_bad_input import RUNNER
+
+TRAIN = ["train", "lora", "--model", "tiny", "--device", "cpu", "--max-steps", "1"]
+
+
+def _run(cases, cwd, env=None):
+    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps([argv for argv, _ in cases])],
+                          capture_output=True, text=True, cwd=cwd, timeout=120, env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    problems = []
+    for (argv, want), res in zip(cases, results, strict=True):
+        lines = res["stderr"].strip().splitlines()
+        if res["code"] != 2 or len(lines) != 1 or any(w not in res["stderr"] for w in want) or res["torch"]:
+            problems.append(f"{' '.join(argv)}: exit {res['code']}, torch {res['torch']}, stderr {res['stderr']!r}")
+    assert problems == [], "\n".join(problems)
+
+
+def test_paths_refused_before_the_work(tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "sv.yaml").write_text("base: {model: tiny, device: cpu, max_steps: 1, save: true, save_dir: a_file}\n"
+                                      "matrix: {method: [lora]}\n")
+    out = ["--output-dir", str(tmp_path / "o")]
+    _run([
+        ([*TRAIN, *out, "--save", "--save-dir", "a_file"], ["--save-dir", "a_file", "is a file"]),
+        ([*TRAIN, *out, "--save", "--save-dir", "/proc/ftprof-save"], ["--save-dir", "/proc/ftprof-save"]),
+        (["bench", "sv.yaml", "--dry-run"], ["--save-dir", "a_file", "is a file"]),
+        (["plan", "lora", "--gpus", "2"], ["--gpus 2", "no NVIDIA GPU", "--gpu NAME"]),
+        (["plan", "lora", "--plan-dir", ""], ["--plan-dir", "empty path"]),
+        (["plan", "lora", "--plan-dir", "a_file"], ["--plan-dir", "a_file", "is a file"]),
+    ], tmp_path)
+
+
+@pytest.mark.parametrize("env, want", [
+    ({"FTPROF_CACHE_DIR": "a_file"}, ["FTPROF_CACHE_DIR", "a_file", "is a file"]),
+    ({"FTPROF_CACHE_DIR": "~no-such-user-ftprof/x"}, ["FTPROF_CACHE_DIR", "no such user"]),
+    ({"HOME": "/proc/ftprof-home", "FTPROF_CACHE_DIR": ""}, ["/proc/ftprof-home", "set FTPROF_CACHE_DIR"]),
+    ({"FTPROF_CALIBRATION": "~no-such-user-ftprof/c.jsonl"}, ["FTPROF_CALIBRATION", "no such user"]),
+])
+def test_cache_dir_refused_by_train_and_plan(tmp_path, env, want):
+    (tmp_path / "a_file").write_text("x")
+    if os.environ.get("HF_HOME") is None and "HOME" in env:
+        env = {**env, "HF_HOME": str(tmp_path / "hf")}  # the hub's cache stays where it was
+    _run([([*TRAIN, "--output-dir", str(tmp_path / "o")], want), (["plan", "lora"], want)], tmp_path, env)
+
+
+def test_partial_save_is_removed_and_named(tmp_path, capsys):
+    from ftprof.checks import check_save_dir
+    from ftprof.config import RunConfig
+
+    save = tmp_path / "save"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (save / f".adapter.tmp-{dead.pid}").mkdir(parents=True)  # a run killed while saving
+    (save / f".adapter.tmp-{os.getppid()}").mkdir()  # a live process still writing: left alone
+    (save / ".other.tmp-1").mkdir()  # not ours
+    cfg = RunConfig.from_flat({"method": "lora", "save": True, "save_dir": str(save)})
+    check_save_dir(cfg, clean=False)
+    assert (save / f".adapter.tmp-{dead.pid}").exists()  # bench --dry-run only checks
+    check_save_dir(cfg)
+    assert sorted(p.name for p in save.iterdir()) == sorted([f".adapter.tmp-{os.getppid()}", ".other.tmp-1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f".adapter.tmp-{dead.pid}" in err[0] and "partial save" in err[0]
+
+
+def test_publish_leaves_nothing_when_the_write_fails(tmp_path):
+    from ftprof.engine.save import _publish
+
+    def fail(where):
+        where.mkdir()
+        (where / "half.safetensors").write_text("x")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        _publish(tmp_path / "adapter", fail)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flat, want", [
+    ({"warmup_steps": 100, "max_steps": 10}, "--warmup-steps 100 is longer than the run"),
+    ({"num_train_epochs": 1e9, "dataset": "x.jsonl"}, "--num-train-epochs 1e+09"),
+])
+def test_length_notes(flat, want):
+    from ftprof.checks import length_notes
+    from ftprof.config import RunConfig
+
+    notes = length_notes(RunConfig.from_flat({"method": "lora", **flat}))
+    assert len(notes) == 1 and want in notes[0]
+    assert length_notes(RunConfig.from_flat({"method": "lora", "warmup_steps": 5, "max_steps": 10})) == []
