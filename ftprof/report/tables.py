@@ -42,7 +42,8 @@ GPU_ONLY = ("tokens_per_s_per_gpu", "mfu", "torch_peak_allocated", "memory_break
             "torch_peak_reserved", "nvml_device_used_peak", "non_torch_overhead", "energy_per_token_j")
 CPU_NOTE = ("CPU runs: memory is the host RSS peak (in the choice below, the memory breakdown's weights, gradients, "
             "optimizer state and saved activations where recorded); GPU-only figures (MFU, per-GPU throughput, "
-            "allocator and NVML peaks, energy) do not apply and are left out; GPUs are processes.")
+            "allocator and NVML peaks, energy) do not apply and are left out; the GPUs column counts the run's "
+            "processes.")
 KEY_COLUMNS = [c for c, _, kind in HEADLINE if kind == "key"]
 NUM_COLUMNS = [c for c, _, kind in HEADLINE if kind not in ("key", "status")]
 # Two-sided 95% Student t quantiles by degrees of freedom (1..30); beyond that the normal 1.96.
