@@ -51,6 +51,7 @@ def preflight(cfg: RunConfig) -> ResolvedRun:
     dist = env_info()
     resolved = _steps_for_profiling(_steps_from_epochs(resolved, data, dist.world_size, notes), notes)
     _note_unmeasured(resolved, notes)
+    _note_warmup(resolved, notes)
     sharded = shards(resolved, dist)
     predicted = _predict(resolved, source, device, dtype, sharded, notes)
     return ResolvedRun(source, device, dtype, resolved, dist, sharded, notes, tokenizer, data, eval_data,
@@ -104,6 +105,16 @@ def _note_unmeasured(cfg: RunConfig, notes: list[str]) -> None:
     if t.measure_warmup_steps >= t.max_steps:
         notes.append(f"all {t.max_steps} steps are measurement warm-up (--measure-warmup-steps "
                      f"{t.measure_warmup_steps}): no steady-state figures; more steps measure the speed")
+
+
+def _note_warmup(cfg: RunConfig, notes: list[str]) -> None:
+    """A learning-rate warm-up longer than the run, where --num-train-epochs set the steps (known only now; a
+    --max-steps run is told before anything loads: checks.length_notes)."""
+    t = cfg.train
+    warmup = t.lr_warmup_steps()
+    if t.num_train_epochs is not None and t.lr_scheduler_type != "constant" and warmup > t.max_steps:
+        notes.append(f"the learning-rate warm-up ({warmup} steps) is longer than the run ({t.max_steps} steps): "
+                     "the rate never reaches --learning-rate; shorten --warmup-steps / --warmup-ratio")
 
 
 def _steps_for_profiling(cfg: RunConfig, notes: list[str]) -> RunConfig:
@@ -194,10 +205,7 @@ def _prepare_eval_data(cfg: RunConfig, tokenizer):
     from ftprof.data import prepare_dataset
 
     data = eval_data_config(cfg.data, e)
-    try:
-        return prepare_dataset(data, tokenizer, cfg.model.model, progress=not cfg.output.quiet)
-    except ConfigError as exc:
-        raise ConfigError(f"eval data: {exc}") from None
+    return prepare_dataset(data, tokenizer, cfg.model.model, progress=not cfg.output.quiet)  # names --eval-*
 
 
 # Files that make a directory loadable by AutoTokenizer (fast tokenizer, or the slow ones' vocabularies).

@@ -120,8 +120,8 @@ class QLoRA(LoRA):
             from ftprof.models.bnb_cpu import fix_cpu_dequantize
 
             if fix_cpu_dequantize():
-                ctx.log("note: bitsandbytes' native CPU 4-bit dequantization gives wrong values on this CPU for "
-                        "rows that are not whole blocks; its pure-torch reference dequantizes instead")
+                ctx.log("note: on this CPU, 4-bit weights are dequantized by bitsandbytes' exact pure-torch "
+                        "reference (its native CPU kernel rounds rows that are not whole blocks differently)")
         if ctx.source.kind != "preset":
             from transformers import BitsAndBytesConfig
 

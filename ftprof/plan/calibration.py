@@ -88,6 +88,10 @@ class Rate:
     source: str  # one human line: where the rate came from
     runs: int
     micro_batch_tokens: int = 0  # the micro-batch the rate was measured at (the chosen runs' median)
+    origin: str = "local"  # local | shipped | scaled (another GPU's shipped rows times the ratio of peaks)
+    distance: float = 0.0  # how far the chosen runs are: log-distance in (model FLOPs per token, micro-batch tokens)
+    knobs_matched: bool = True  # whether the chosen runs had the candidate's own options (compile mode, ...)
+    stand_in: bool = False  # another policy's rate per executed FLOP stood in (no run of this policy)
 
 
 @dataclass(frozen=True)
@@ -387,6 +391,11 @@ def _nearest(rows: list[dict], flops_per_token: float, micro_batch_tokens: int,
     return [r for r in near if len(off_default(r)) == fewest]
 
 
+def _knobs_matched(rows: list[dict], knobs: dict | None) -> bool:
+    wanted = {k: v for k, v in (knobs or {}).items() if v is not None and v != DEFAULT_KNOBS.get(k)}
+    return all((r.get("knobs") or {}).get(k) == v for r in rows for k, v in wanted.items())
+
+
 def _describe(rows: list[dict], key: ClassKey) -> str:
     """llama-8b qlora none eager compiled, 8192 tokens/micro-batch[, 2 GPUs][, off defaults: ...]."""
     models = "/".join(sorted({str(r.get("model")) for r in rows}))
@@ -402,11 +411,15 @@ def _describe(rows: list[dict], key: ClassKey) -> str:
 
 
 def _rate(rows: list[dict], key: ClassKey, flops_per_token: float, micro_batch_tokens: int,
-          source: Callable[[list[dict], str], str], scale: float = 1.0, knobs: dict | None = None) -> Rate:
+          source: Callable[[list[dict], str], str], scale: float = 1.0, knobs: dict | None = None,
+          origin: str = "local") -> Rate:
     chosen = _nearest(rows, flops_per_token, micro_batch_tokens, knobs)
     rate = statistics.median(_speed_point(r)[2] for r in chosen) * scale
     tokens = int(statistics.median(_speed_point(r)[1] for r in chosen))
-    return Rate(rate, source(chosen, _describe(chosen, key)), len(chosen), tokens)
+    # the distance to the model size asked for; the micro-batch's own distance is priced where it is scaled
+    distance = abs(math.log(_speed_point(chosen[0])[0] / flops_per_token))
+    return Rate(rate, source(chosen, _describe(chosen, key)), len(chosen), tokens, origin, distance,
+                _knobs_matched(chosen, knobs))
 
 
 def _runs(n: int) -> str:
@@ -446,7 +459,7 @@ def speed_rate(device_name: str, key: ClassKey, flops_per_token: float, micro_ba
     if same_device:
         return _rate(same_device, key, flops_per_token, micro_batch_tokens,
                      lambda rows, what: f"shipped defaults ({_shipped_origin(rows)}, {device_name}: {what})",
-                     knobs=knobs)
+                     knobs=knobs, origin="shipped")
     return _scaled_rate(defaults, device_name, key, flops_per_token, micro_batch_tokens, knobs)
 
 
@@ -469,7 +482,8 @@ def _scaled_rate(defaults: list[dict], device_name: str, key: ClassKey, flops_pe
         return (f"shipped {other} defaults scaled by peak bf16 FLOP/s to {device_name} ({target / 1e12:,.0f}/"
                 f"{peak / 1e12:,.0f} TFLOP/s; {_shipped_origin(chosen)}: {what})")
 
-    return _rate(rows, key, flops_per_token, micro_batch_tokens, source, scale=target / peak, knobs=knobs)
+    return _rate(rows, key, flops_per_token, micro_batch_tokens, source, scale=target / peak, knobs=knobs,
+                 origin="scaled")
 
 
 TRANSFER_AGREEMENT = 0.05  # local ratios at several shapes within this of their median: they transfer

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from ftprof.config import RunConfig
+from ftprof.errors import ConfigError
 from ftprof.metrics import GIB
 from ftprof.plan import budget, candidates
 from ftprof.plan.candidates import Candidate
@@ -37,6 +38,7 @@ class Row:
     fits: bool
     headroom_bytes: int  # budget less the predicted peak (negative: over)
     why_not: str = ""  # why a configuration does not make the list
+    tie: str = ""  # how it was ranked against rows whose predictions it is within the error of
 
 
 @dataclass
@@ -116,9 +118,15 @@ def _this_machine(cfg: RunConfig, gpus: int):
         import torch
 
         name = torch.cuda.get_device_name(device)
+        visible = torch.cuda.device_count()
+        if gpus > visible:
+            raise ConfigError(f"--gpus {gpus}: this machine has {visible} GPU(s); plan for another machine with "
+                              "--gpu NAME --gpus N")
         capability = tuple(torch.cuda.get_device_capability(device))
         return (Target(name, gpus, gpus > 1, capability), resolve_dtype_name(cfg.model.dtype, device),
                 available_memory(device), f"{name}: free now")
+    if gpus > 1:
+        raise ConfigError(f"--gpus {gpus}: this machine has no GPU; plan for one with --gpu NAME --gpus {gpus}")
     return (Target("cpu"), resolve_dtype_name(cfg.model.dtype, device), available_memory(device),
             "this machine's available host memory")
 
@@ -143,9 +151,35 @@ def _row(p: Planner, cand: Candidate, budget_bytes: int) -> Row:
     return row
 
 
-def _rank(rows: list[Row]) -> list[Row]:
-    def key(r: Row):
-        speed = r.prediction.tokens_per_s
-        return (not r.fits, speed is None, -(speed or 0.0) if r.fits else 0.0, r.prediction.peak_bytes)
+CONFIDENCE_ORDER = {"high": 0, "medium": 1, "low": 2, "": 3}
 
-    return sorted(rows, key=key)
+
+def _bounds(r: Row) -> tuple[float, float]:
+    """(low, high) tokens/s within the prediction's error band."""
+    speed, band = r.prediction.tokens_per_s, r.prediction.tokens_per_s_error or 0.0
+    return speed * (1 - band), speed * (1 + band)
+
+
+def _rank(rows: list[Row]) -> list[Row]:
+    """Fitting rows with a speed first, then fitting rows without one (least memory first), then the rest (least
+    memory first). Among the fitting: repeatedly, the fastest predicted row and every row whose error band reaches
+    its lower bound are a tie; the most confident of them is placed next, the larger headroom breaking a tie of
+    equal confidence. So a low-confidence row never stands above a confident one its uncertainty overlaps."""
+    pool = sorted((r for r in rows if r.fits and r.prediction.tokens_per_s),
+                  key=lambda r: (-r.prediction.tokens_per_s, r.prediction.peak_bytes))
+    ranked: list[Row] = []
+    while pool:
+        floor = _bounds(pool[0])[0]
+        tied = [r for r in pool if _bounds(r)[1] >= floor]
+        first = min(tied, key=lambda r: (CONFIDENCE_ORDER.get(r.prediction.confidence, 3), -r.headroom_bytes,
+                                         -r.prediction.tokens_per_s))
+        if len(tied) > 1:
+            first.tie = (f"tied with {len(tied) - 1} within the error (+-{first.prediction.tokens_per_s_error:.0%}):"
+                         f" {first.prediction.confidence or 'no'} confidence, {first.headroom_bytes / GIB:.1f} GiB "
+                         "headroom decide")
+        ranked.append(first)
+        pool.remove(first)
+    unpriced = sorted((r for r in rows if r.fits and not r.prediction.tokens_per_s),
+                      key=lambda r: r.prediction.peak_bytes)
+    over = sorted((r for r in rows if not r.fits), key=lambda r: r.prediction.peak_bytes)
+    return ranked + unpriced + over

@@ -63,6 +63,7 @@ class Planner:
         mem = memory.predict_memory(result, cand, self.shape(cand), factor.activation_ratio, rest.activation_ratio)
         flops = speed.flops_per_token(result, cand, self.cfg.data.seq_len, self.attn_dim)
         rate = self.rate(key, flops.model, micro_tokens, dict(cand.options))
+        band = speed.error_band(rate, micro_tokens) if rate else None
         rate = speed.at_micro_batch(rate, micro_tokens, cand.compile) if rate else None
         tps = speed.tokens_per_s(flops, rate.flops_per_s, self.target.world_size) if rate else None
         return Prediction(
@@ -71,7 +72,9 @@ class Planner:
             activation_factor=mem.activation_factor, transient_bytes=mem.transient_bytes, tokens_per_s=tps,
             memory_source=_memory_source(result, factor), speed_source=rate.source if rate else (
                 f"no calibration for {self.target.device_name}: run ftprof on it once, or plan with --gpu"),
-            device=self.target.device_name, candidate={**cand.flat(), "seq_len": self.cfg.data.seq_len})
+            device=self.target.device_name, candidate={**cand.flat(), "seq_len": self.cfg.data.seq_len},
+            tokens_per_s_error=None if band is None else round(band, 3),
+            confidence="" if band is None else speed.confidence(band))
 
     def rate(self, key, flops_per_token: float, micro_tokens: int, knobs: dict | None = None):
         """The class's calibrated rate; for none or full without one, the other's per executed FLOP: the rate
@@ -87,8 +90,8 @@ class Planner:
                                       records=self.records, knobs=knobs)
         if rate is None:
             return None
-        return dataclasses.replace(rate, source=f"{rate.source}; no {key.describe()} run: {other.policy}'s rate "
-                                                "per executed FLOP")
+        return dataclasses.replace(rate, stand_in=True, source=f"{rate.source}; no {key.describe()} run: "
+                                                               f"{other.policy}'s rate per executed FLOP")
 
     def factor(self, key, at: calibration.Shape | None = None) -> calibration.Factor:
         """measured / probed activations for runs of this class on a GPU; a CPU run saves what the probe saw."""

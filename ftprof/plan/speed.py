@@ -18,6 +18,7 @@ micro-batch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from ftprof import metrics
@@ -57,6 +58,34 @@ def flops_per_token(probe: ProbeResult, cand: Candidate, seq_len: int, attn_dim:
 def tokens_per_s(flops: FlopsPerToken, rate_flops_per_s: float, world_size: int = 1) -> float:
     """Global tokens/s (summed over GPUs)."""
     return rate_flops_per_s * world_size / flops.executed
+
+
+# How wrong a tokens/s prediction can be (a relative half-width), by where its rate came from. Measured anchors
+# (H200, BENCHMARKS.md's plan accuracy): predictions from the plan's own GPU at the calibrated shape were within
+# 0.7-1.8% (shipped) and rates scaled from another GPU's peak carry that GPU's efficiency, not this one's; the worst
+# errors came from micro-batches 2-4x smaller than any calibrated (+11%, +95% host-bound) and from another policy's
+# rate standing in. Each further unit of log-distance (a factor e) in model size or micro-batch adds BAND_PER_LOG.
+BAND_BASE = {"local": 0.03, "shipped": 0.05, "scaled": 0.15}
+BAND_PER_LOG = 0.10
+BAND_STAND_IN = 0.10  # none's rate for full or full's for none
+BAND_UNMATCHED = 0.05  # the candidate's own options (compile mode, fused projections) had no calibrated run
+CONFIDENCE = ((0.06, "high"), (0.15, "medium"))  # band at most this -> that word; wider: low
+
+
+def error_band(rate, micro_batch_tokens: int) -> float:
+    """The relative half-width of a prediction made from ``rate`` (calibration.Rate) at ``micro_batch_tokens``."""
+    band = BAND_BASE.get(rate.origin, BAND_BASE["scaled"]) + BAND_PER_LOG * rate.distance
+    if rate.micro_batch_tokens and micro_batch_tokens:
+        band += BAND_PER_LOG * abs(math.log(rate.micro_batch_tokens / micro_batch_tokens))
+    if rate.stand_in:
+        band += BAND_STAND_IN
+    if not rate.knobs_matched:
+        band += BAND_UNMATCHED
+    return band
+
+
+def confidence(band: float) -> str:
+    return next((word for limit, word in CONFIDENCE if band <= limit), "low")
 
 
 def at_micro_batch(rate, micro_batch_tokens: int, compiled: bool):

@@ -157,6 +157,8 @@ class Prediction(Record):
     speed_source: str = ""  # where the rate came from: the local calibration store, shipped defaults, or none
     device: str = ""  # the GPU the prediction is for ("cpu" on CPU)
     candidate: dict[str, Any] = field(default_factory=dict)  # the configuration predicted (ftprof.plan.candidates)
+    tokens_per_s_error: Optional[float] = None  # the speed prediction's error band: relative half-width (0.05: +-5%)
+    confidence: str = ""  # high | medium | low: the band's class (ftprof/plan/speed.py says how it is set)
 
 
 @dataclass
