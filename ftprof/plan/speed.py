@@ -85,7 +85,7 @@ def error_band(rate, micro_batch_tokens: int) -> float:
 
 
 def confidence(band: float) -> str:
-    return next((word for limit, word in CONFIDENCE if band <= limit), "low")
+    return next((word for limit, word in CONFIDENCE if band <= limit + 1e-9), "low")
 
 
 def at_micro_batch(rate, micro_batch_tokens: int, compiled: bool):

@@ -1,0 +1,60 @@
+"""How ``ftprof plan`` ranks what fits: by predicted speed, except that rows within each other's error are a tie,
+and a tie goes to the more confident prediction, then to the larger headroom; how sure each prediction is."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftprof.metrics import GIB
+from ftprof.plan import speed
+from ftprof.plan.calibration import Rate
+from ftprof.plan.candidates import Candidate
+from ftprof.plan.make import Row, _rank
+from ftprof.results.parts import Prediction
+
+
+def _row(name: int, tokens_per_s, band, headroom_gib, fits=True):
+    cand = Candidate("qlora", "none", None, "eager", False, name, 1)
+    pred = Prediction(peak_bytes=int((30 - headroom_gib) * GIB), tokens_per_s=tokens_per_s,
+                      tokens_per_s_error=band, confidence=speed.confidence(band) if band is not None else "")
+    return Row(cand, pred, fits, int(headroom_gib * GIB))
+
+
+def _order(rows):
+    return [r.candidate.batch_size for r in _rank(rows)]
+
+
+def test_a_low_confidence_lead_inside_the_error_goes_below_a_confident_row():
+    rows = [_row(1, 14_669, 0.30, 7.0), _row(2, 14_401, 0.05, 1.7), _row(3, 9_000, 0.05, 9.0)]
+    ranked = _rank(rows)
+    assert _order(rows) == [2, 1, 3]
+    assert ranked[0].tie.startswith("tied with 1 within the error") and "high confidence" in ranked[0].tie
+
+
+def test_a_tie_of_equal_confidence_goes_to_the_larger_headroom():
+    rows = [_row(1, 10_130, 0.05, 0.3), _row(2, 10_000, 0.05, 6.55)]  # a 1.3% lead with 0.3 GiB of headroom
+    assert _order(rows) == [2, 1]
+
+
+def test_rows_apart_by_more_than_their_error_keep_the_speed_order():
+    rows = [_row(1, 9_000, 0.03, 9.0), _row(2, 12_000, 0.03, 1.0)]
+    assert _order(rows) == [2, 1] and not _rank(rows)[0].tie
+
+
+def test_rows_without_a_speed_and_rows_over_the_budget_come_after():
+    rows = [_row(1, None, None, 2.0), _row(2, 5_000, 0.05, 1.0), _row(3, None, None, -1.0, fits=False),
+            _row(4, None, None, 5.0)]
+    assert _order(rows) == [2, 4, 1, 3]
+
+
+@pytest.mark.parametrize(("rate", "micro", "band", "word"), [
+    (Rate(1e15, "", 3, 8192, "shipped"), 8192, 0.05, "high"),
+    (Rate(1e15, "", 3, 8192, "local"), 8192, 0.03, "high"),
+    (Rate(1e15, "", 3, 8192, "shipped"), 2048, 0.05 + 0.10 * 1.386, "low"),  # 4x smaller micro-batch
+    (Rate(1e15, "", 3, 8192, "scaled"), 8192, 0.15, "medium"),
+    (Rate(1e15, "", 3, 8192, "shipped", stand_in=True), 8192, 0.15, "medium"),
+    (Rate(1e15, "", 3, 8192, "shipped", knobs_matched=False), 8192, 0.10, "medium"),
+])
+def test_the_error_band_grows_with_the_distance_from_what_was_calibrated(rate, micro, band, word):
+    assert speed.error_band(rate, micro) == pytest.approx(band, abs=1e-3)
+    assert speed.confidence(speed.error_band(rate, micro)) == word
