@@ -22,6 +22,9 @@ SECTION_TITLES = {"model": "model", "data": "data", "method": "method options (L
                   "profiling": "profiling (torch.profiler; any --prof-* option turns profiling on)",
                   "distributed": "several GPUs (torchrun; FSDP2 or DDP)"}
 POSITIONAL = {"method"}  # given as a subcommand argument, not an option
+# The names HF's example scripts (run_clm.py, TRL's sft.py) give these options, beside options.HF_ALIASES; read as
+# ours by trainer_spellings (left out of --help, which they would lengthen).
+SCRIPT_SPELLINGS = {"--model-name-or-path": "--model", "--dataset-name": "--dataset"}
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -58,10 +61,10 @@ class OneLineErrorParser(argparse.ArgumentParser):
         return parsed
 
     def parse_known_args(self, args=None, namespace=None):
-        words = sys.argv[1:] if args is None else list(args)
+        words = trainer_spellings(self, sys.argv[1:] if args is None else list(args))
         self._refuse_repeats(words)
         self._refuse_config(words)
-        return super().parse_known_args(args, namespace)
+        return super().parse_known_args(words, namespace)
 
     def _refuse_config(self, words: list[str]) -> None:
         """``--config`` given to a subcommand that reads no config file (only ``ftprof train`` does): say so, before
@@ -89,6 +92,67 @@ class OneLineErrorParser(argparse.ArgumentParser):
             if action.dest in given:
                 self.error(f"{word.split('=', 1)[0]} repeats {given[action.dest]} (give each option once)")
             given[action.dest] = word.split("=", 1)[0]
+
+
+BOOL_WORDS = {"true": True, "t": True, "yes": True, "y": True, "1": True,
+              "false": False, "f": False, "no": False, "n": False, "0": False}  # HF's string_to_bool
+
+
+def trainer_spellings(parser: argparse.ArgumentParser, words: list[str]) -> list[str]:
+    """The HF Trainer's spellings in ours, for the options ``parser`` knows: ``--learning_rate`` (underscores) ->
+    ``--learning-rate``; a yes/no option with a value (``--packing true``, ``--gradient_checkpointing=false``) ->
+    ``--packing`` / ``--no-gradient-checkpointing``; ``--bf16 true`` -> ``--bf16``, ``--bf16 false`` -> nothing when
+    the other precision flag is on, else ``--dtype float32`` (the Trainer trains in float32 without either).
+    Words after ``--`` and words that are no option of ``parser`` are left as they are."""
+    known = parser._option_string_actions
+    out: list[str] = []
+    dtype_off = None  # where the first `--bf16/--fp16 false` went, and whether a true one came
+    dtype_on = False
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            out += words[i:]
+            break
+        flag = word.split("=", 1)[0]
+        if word.startswith("--") and flag not in known:
+            flag = flag.replace("_", "-")
+            flag = SCRIPT_SPELLINGS.get(flag, flag)
+        if not word.startswith("--") or flag not in known:
+            out.append(word)
+            i += 1
+            continue
+        value = word.split("=", 1)[1] if "=" in word else None
+        action = known[flag]
+        takes_no_value = action.nargs == 0
+        if takes_no_value:
+            given = value
+            if given is None and i + 1 < len(words) and words[i + 1].lower() in BOOL_WORDS:
+                given, i = words[i + 1], i + 1
+            i += 1
+            on = True if given is None else BOOL_WORDS.get(given.lower())
+            if on is None:  # `--packing=maybe`: argparse's own message
+                out.append(word)
+                continue
+            if flag in HF_DTYPE_FLAGS:
+                dtype_on = dtype_on or on
+                if on:
+                    out.append(flag)
+                elif dtype_off is None:
+                    dtype_off = len(out)
+                    out.append("")  # filled in below
+                continue
+            if isinstance(action, argparse.BooleanOptionalAction) and not on:
+                flag = "--no-" + flag[2:] if not flag.startswith("--no-") else "--" + flag[5:]
+            elif not on:  # a store_true flag given `false`: not given
+                continue
+            out.append(flag)
+            continue
+        out.append(flag if value is None else f"{flag}={value}")
+        i += 1
+    if dtype_off is not None:
+        out[dtype_off:dtype_off + 1] = [] if dtype_on else ["--dtype", "float32"]
+    return out
 
 
 def _chosen(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> argparse.ArgumentParser:

@@ -11,8 +11,17 @@ from ftprof.config.options import MEMORY_LOGGING, MEMORY_LOGGING_ALIASES, TRACKE
 
 @dataclass
 class OutputConfig:
-    output_dir: str = option("runs", "parent directory of run directories")
-    run_name: Optional[str] = option(None, "run directory name (default: <method>-<model>-<timestamp>)")
+    output_dir: str = option("runs", "parent of run dirs: a run writes DIR/<run-name>/ (the HF Trainer's is the "
+                             "run dir itself)", metavar="DIR")
+    run_name: Optional[str] = option(None, "run directory name under --output-dir (default: "
+                                     "<method>-<model>-<timestamp>); a name whose directory holds a finished run "
+                                     "is refused unless --overwrite-output-dir")
+    overwrite_output_dir: bool = option(False, "let --run-name replace the finished run in its directory (its "
+                                        "result, steps and checkpoints are removed first), as the HF Trainer's "
+                                        "--overwrite_output_dir")
+    logging_steps: Optional[int] = option(None, "print a progress line (step, loss, tokens/s, lr) every N steps, "
+                                          "as the HF Trainer's --logging_steps (default: the progress bar, or "
+                                          "a line now and then when not on a terminal)", metavar="N")
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     memory_limit_gib: Optional[float] = option(
         None, "cap what PyTorch may allocate on the GPU at this many GiB (torch's per-process memory fraction): "
@@ -39,6 +48,8 @@ class OutputConfig:
         dev = self.device
         ok = dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())
         require(ok, f"--device: '{dev}' is not auto, cpu, cuda or cuda:N")
+        require(self.logging_steps is None or self.logging_steps >= 1,
+                f"--logging-steps must be at least 1, got {self.logging_steps}")
         if self.run_name is not None:
             require(bool(self.run_name) and "/" not in self.run_name and self.run_name not in (".", ".."),
                      f"--run-name: '{self.run_name}' is not a plain directory name")

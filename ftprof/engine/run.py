@@ -120,6 +120,29 @@ def _launch_and_collect(cfg: RunConfig, quiet: bool | None) -> RunResult:
     return result
 
 
+def progress_line(record, max_steps: int) -> str:
+    """The --logging-steps line for one step (the figures the HF Trainer logs, and ftprof's speed)."""
+    tps = record.tokens / record.step_time_s if record.step_time_s > 0 else 0.0
+    warm = " (warm-up)" if record.warmup else ""
+    return (f"step {record.step}/{max_steps} | loss {record.loss:.4f} | lr {record.lr:.3g} | {tps:,.0f} tok/s | "
+            f"{record.step_time_s:.3f} s{warm}")
+
+
+def logging_steps_hook(cfg: RunConfig, display):
+    """Every --logging-steps steps (and at the last) a progress line through the display's log (nothing under
+    --quiet). The display still moves its progress bar on a terminal; its own plain lines (not on a terminal) give
+    way to these."""
+    every, last = cfg.output.logging_steps, cfg.train.max_steps
+
+    def hook(record) -> None:
+        if display.progress is not None:
+            display.on_step(record)
+        if record.step % every == 0 or record.step == last:
+            display.log(progress_line(record, last))
+
+    return hook
+
+
 def train(cfg: RunConfig, *, quiet: bool | None = None, make_profiler_fn=None) -> RunResult:
     # Before torch touches CUDA: the allocator reads PYTORCH_ALLOC_CONF at its first allocation.
     pin_allocator_config(cfg.output.alloc_conf)
@@ -153,7 +176,10 @@ def train(cfg: RunConfig, *, quiet: bool | None = None, make_profiler_fn=None) -
         exporters.start(cfg.to_dict(), trainer.run_dir, Path(cfg.output.output_dir).expanduser())
         display.start(trainer)
 
-    trainer = Trainer(resolved, log=display.log, on_start=on_start, on_step=exporters.chain(display.on_step),
+    on_step = display.on_step
+    if resolved.config.output.logging_steps:
+        on_step = logging_steps_hook(resolved.config, display)
+    trainer = Trainer(resolved, log=display.log, on_start=on_start, on_step=exporters.chain(on_step),
                       make_profiler=factory)
     try:
         result = trainer.run()
