@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ftprof.cli.common import add_common_arguments, add_method_subparsers, config_from_args, path_argument
 from ftprof.config import METHODS, SECTIONS
@@ -53,6 +54,36 @@ def config_with_file(args: argparse.Namespace):
     return config_from_args(merged)
 
 
+def finished_run(cfg) -> Path | None:
+    """The directory --run-name names, when it holds a finished run (its result.json: ok or failed). A run that was
+    killed before its result (bench reruns such cells under their names) is not finished."""
+    from ftprof.results.run_dir import RESULT
+
+    if not cfg.output.run_name:
+        return None  # a default name never collides (make_run_dir)
+    path = Path(cfg.output.output_dir).expanduser() / cfg.output.run_name
+    return path if (path / RESULT).is_file() else None
+
+
+def replace_finished_run(cfg) -> None:
+    """A reused --run-name never replaces a finished run silently: refused in one line, or with
+    --overwrite-output-dir the old run's files are removed first (its checkpoints too, which would otherwise pass
+    for the new run's)."""
+    import shutil
+
+    path = finished_run(cfg)
+    if path is None:
+        return
+    if not cfg.output.overwrite_output_dir:
+        raise ConfigError(f"--run-name {cfg.output.run_name}: {path} holds a finished run; give "
+                          "--overwrite-output-dir to replace it, or another --run-name")
+    for entry in path.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
 def train_command(args: argparse.Namespace) -> int:
     import sys
 
@@ -60,6 +91,7 @@ def train_command(args: argparse.Namespace) -> int:
 
     cfg = config_with_file(args)
     check_before_run(cfg)  # bad input: one line, exit 2, before torch is imported
+    replace_finished_run(cfg)
     for note in length_notes(cfg):
         print(f"ftprof: note: {note}", file=sys.stderr, flush=True)
     if cfg.output.quiet:
