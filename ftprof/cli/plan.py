@@ -93,7 +93,7 @@ def plan_command(args: argparse.Namespace) -> int:
     from ftprof.plan.make import make_plan
     from ftprof.results.store import check_writable_dir
 
-    out_dir = Path(args.plan_dir or Path(request.cfg.output.output_dir) / f"plan-{_slug(request.cfg.model.model)}")
+    out_dir = Path(args.plan_dir or Path(request.cfg.output.output_dir) / default_dir_name(request))
     check_writable_dir(out_dir, "--plan-dir" if args.plan_dir else "--output-dir")  # before the plan is computed
     console = make_console()
     plan = make_plan(request)
@@ -106,8 +106,13 @@ def plan_command(args: argparse.Namespace) -> int:
     base = {k: v for k, v in given.items() if k not in per_experiment | SWEEP_ONLY}
     paths = output.write(plan, out_dir.expanduser(), request.top, base)
     console.print(output.table(plan, args.show))
+    note = output.ranking_note(plan)
+    if note:
+        console.print(note)
     for line in output.sources(plan):
         console.print(line)
+    for i, row in enumerate(plan.fitting[:3]):
+        console.print(f"#{i + 1}: {output.command(plan, row, base)}", soft_wrap=True)
     console.print(f"{len(plan.fitting)} of {len(plan.rows)} configurations fit; plan in {plan.seconds:.1f} s "
                   f"(probes {plan.probe_seconds:.1f} s); files: {paths['json']}, {paths['csv']}, {paths['sweep']}")
     if args.verify:
@@ -132,9 +137,12 @@ def _verify(plan, sweep_path: Path, out_dir: Path, k: int, request, base: dict, 
     top.write_text(output.sweep_yaml(plan, k, base))
     run_dirs = verify.run_top(top, out_dir / "verify")
     table, summary, rows = verify.compare(run_dirs)
-    console.print(table.to_string(index=False) if len(table) else "no run finished with a prediction")
+    if len(table):
+        console.print(frame_table(table, "predicted against measured"))
+    else:
+        console.print("no run finished with a prediction")
     if len(summary):
-        console.print(summary.to_string(index=False))
+        console.print(frame_table(summary, "error by quantity (signed: + predicted above measured)"))
     failed = [f"{r.get('run_name')}: {r.get('status')}" for r in rows if r.get("status") != "ok"]
     for line in failed:
         console.print(f"not ok: {line}")
@@ -143,3 +151,47 @@ def _verify(plan, sweep_path: Path, out_dir: Path, k: int, request, base: dict, 
 
 def _slug(model: str) -> str:
     return model.strip("/").split("/")[-1] or "model"
+
+
+def default_dir_name(request) -> str:
+    """plan-<model>-s<seq>-<batch>x<accum>-<gpu>[-<budget>g][-<N>gpus]: plans of other shapes, GPUs or budgets
+    do not overwrite each other."""
+    import re
+
+    cfg = request.cfg
+    gpu = re.sub(r"[^a-z0-9]+", "-", (request.gpu or "here").lower()).strip("-")
+    name = f"plan-{_slug(cfg.model.model)}-s{cfg.data.seq_len}-{cfg.data.batch_size}x{cfg.train.grad_accum}-{gpu}"
+    if cfg.output.memory_limit_gib is not None:
+        name += f"-{cfg.output.memory_limit_gib:g}g"
+    return name + (f"-{request.gpus}gpus" if request.gpus > 1 else "")
+
+
+def frame_table(frame, title: str):
+    """A small DataFrame as a rich table: percentages signed (columns named *_pct), other numbers for people
+    (fmt_num), "-" for none."""
+    from rich.table import Table
+
+    t = Table(title=title, header_style="bold")
+    for col in frame.columns:
+        t.add_column(str(col).replace("_pct", " %").replace("_", " "),
+                     justify="right" if frame[col].dtype.kind in "iuf" else "left")
+    for values in frame.itertuples(index=False):
+        t.add_row(*(cell(col, v) for col, v in zip(frame.columns, values, strict=True)))
+    return t
+
+
+def cell(column: str, value) -> str:
+    from ftprof.console import fmt_num
+
+    if value is None or value is getattr(__import__("pandas"), "NA", None) or \
+            (isinstance(value, float) and value != value):
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)) and str(column).endswith("_pct"):
+        return f"{value:+.1f}"
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) >= 100):
+        return f"{int(value):,}"
+    if isinstance(value, float):
+        return fmt_num(value)
+    return str(value)

@@ -155,9 +155,21 @@ CONFIDENCE_ORDER = {"high": 0, "medium": 1, "low": 2, "": 3}
 
 
 def _bounds(r: Row) -> tuple[float, float]:
-    """(low, high) tokens/s within the prediction's error band."""
-    speed, band = r.prediction.tokens_per_s, r.prediction.tokens_per_s_error or 0.0
+    """(low, high) tokens/s within the part of the prediction's error that can reorder rows (its spread)."""
+    p = r.prediction
+    speed = p.tokens_per_s
+    band = p.tokens_per_s_spread if p.tokens_per_s_spread is not None else (p.tokens_per_s_error or 0.0)
     return speed * (1 - band), speed * (1 + band)
+
+
+def _confidence(r: Row) -> int:
+    """0 (high) .. 3 (none), from the spread: the same words as the band's."""
+    from ftprof.plan.speed import confidence
+
+    p = r.prediction
+    if p.tokens_per_s_spread is None:
+        return CONFIDENCE_ORDER.get(p.confidence, 3)
+    return CONFIDENCE_ORDER[confidence(p.tokens_per_s_spread)]
 
 
 def _rank(rows: list[Row]) -> list[Row]:
@@ -171,12 +183,14 @@ def _rank(rows: list[Row]) -> list[Row]:
     while pool:
         floor = _bounds(pool[0])[0]
         tied = [r for r in pool if _bounds(r)[1] >= floor]
-        first = min(tied, key=lambda r: (CONFIDENCE_ORDER.get(r.prediction.confidence, 3), -r.headroom_bytes,
-                                         -r.prediction.tokens_per_s))
-        if len(tied) > 1:
-            first.tie = (f"tied with {len(tied) - 1} within the error (+-{first.prediction.tokens_per_s_error:.0%}):"
-                         f" {first.prediction.confidence or 'no'} confidence, {first.headroom_bytes / GIB:.1f} GiB "
-                         "headroom decide")
+        first = min(tied, key=lambda r: (_confidence(r), -r.headroom_bytes, -r.prediction.tokens_per_s))
+        passed = [r for r in tied if r.prediction.tokens_per_s > first.prediction.tokens_per_s
+                  and _confidence(r) > _confidence(first)]
+        same = [r for r in tied if r is not first and _confidence(r) == _confidence(first)]
+        if passed:
+            first.tie = f"above {len(passed)} faster but less certain prediction(s) within its error"
+        elif same:
+            first.tie = f"tie with {len(same)} as certain within the error: more headroom first"
         ranked.append(first)
         pool.remove(first)
     unpriced = sorted((r for r in rows if r.fits and not r.prediction.tokens_per_s),

@@ -69,12 +69,9 @@ def table(plan: Plan, shown: int):
     """The ranked table: every configuration that fits up to ``shown``, then the closest few that do not."""
     from rich.table import Table
 
-    t = Table(title=f"ftprof plan: {plan.request.cfg.model.model} on {plan.target.device_name}"
-                    f"{f' x{plan.target.world_size}' if plan.target.world_size > 1 else ''}, budget "
-                    f"{plan.budget_bytes / GIB:.1f} GiB per GPU ({plan.usable_from}, less a "
-                    f"{plan.margin_bytes / GIB:.1f} GiB margin)", header_style="bold")
+    t = Table(title=header(plan), header_style="bold")
     for name in ("#", "method", "checkpointing", "kernels", "compile", "options", "batch x accum", "peak GiB",
-                 "headroom GiB", "tokens/s", "why not"):
+                 "headroom GiB", "tokens/s", "+-", "note"):
         t.add_column(name, justify="right" if name in ("#", "peak GiB", "headroom GiB", "tokens/s") else "left")
     rows = plan.fitting[:shown] + [r for r in plan.rows if not r.fits][:3]
     for r in rows:
@@ -84,9 +81,46 @@ def table(plan: Plan, shown: int):
         t.add_row(str(d["rank"]), d["method"], ckpt, d["kernels"], "yes" if d["compile"] else "no",
                   d["options"] or "-", f"{d['batch_size']} x {d['grad_accum']}", gib(r.prediction.peak_bytes),
                   ("+" if r.headroom_bytes >= 0 else "-") + gib(abs(r.headroom_bytes)),
-                  "-" if d["tokens_per_s"] is None else f"{d['tokens_per_s']:,}", d["why_not"],
-                  style=None if r.fits else "dim")
+                  "-" if d["tokens_per_s"] is None else f"{d['tokens_per_s']:,}",
+                  "-" if r.prediction.tokens_per_s_error is None else f"{r.prediction.tokens_per_s_error:.0%}",
+                  d["why_not"] or r.tie, style=None if r.fits else "dim")
     return t
+
+
+def header(plan: Plan) -> str:
+    """What was planned: model, shape, GPU and budget."""
+    cfg = plan.request.cfg
+    seqs = cfg.data.batch_size * cfg.train.grad_accum
+    gpus = f" x{plan.target.world_size}" if plan.target.world_size > 1 else ""
+    return (f"ftprof plan: {cfg.model.model}, seq {cfg.data.seq_len}, {seqs} sequences ({seqs * cfg.data.seq_len:,} "
+            f"tokens) per optimizer step per GPU, on {plan.target.device_name}{gpus}; budget "
+            f"{plan.budget_bytes / GIB:.1f} GiB per GPU ({plan.usable_from}, less a {plan.margin_bytes / GIB:.1f} GiB "
+            "margin)")
+
+
+def command(plan: Plan, row: Row, base: dict) -> str:
+    """The ``ftprof train`` line that runs ``row``: the plan's own options (``base``) and the row's."""
+    import shlex
+
+    options = {**base, **{k: v for k, v in row.candidate.flat().items() if k != "method"}}
+    words = ["ftprof", "train", row.candidate.method]
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if value is None or value is False or (name == "kernels" and value == "eager") \
+                or (name == "checkpointing" and value == "none") or (name == "grad_accum" and value == 1):
+            continue
+        text = (",".join(map(str, value)) if isinstance(value, (list, tuple)) else f"{value:g}"
+                if isinstance(value, float) else str(value))
+        words += [flag] if value is True else [flag, text]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def ranking_note(plan: Plan) -> str | None:
+    """How the rows were ordered where not by predicted speed."""
+    if plan.fitting and all(r.prediction.tokens_per_s is None for r in plan.fitting):
+        return (f"no speed calibration for {plan.target.device_name}: the rows are ranked by predicted peak memory, "
+                "least first; run ftprof once on that GPU, or plan for a calibrated one with --gpu (e.g. h200)")
+    return None
 
 
 def sources(plan: Plan) -> list[str]:
@@ -95,3 +129,4 @@ def sources(plan: Plan) -> list[str]:
         return []
     p = plan.rows[0].prediction
     return [f"memory: {p.memory_source}", f"speed: {p.speed_source}"]
+

@@ -64,6 +64,7 @@ class Planner:
         flops = speed.flops_per_token(result, cand, self.cfg.data.seq_len, self.attn_dim)
         rate = self.rate(key, flops.model, micro_tokens, dict(cand.options))
         band = speed.error_band(rate, micro_tokens) if rate else None
+        spread = speed.spread(rate, micro_tokens) if rate else None
         rate = speed.at_micro_batch(rate, micro_tokens, cand.compile) if rate else None
         tps = speed.tokens_per_s(flops, rate.flops_per_s, self.target.world_size) if rate else None
         return Prediction(
@@ -74,7 +75,8 @@ class Planner:
                 f"no calibration for {self.target.device_name}: run ftprof on it once, or plan with --gpu"),
             device=self.target.device_name, candidate={**cand.flat(), "seq_len": self.cfg.data.seq_len},
             tokens_per_s_error=None if band is None else round(band, 3),
-            confidence="" if band is None else speed.confidence(band))
+            confidence="" if band is None else speed.confidence(band),
+            tokens_per_s_spread=None if spread is None else round(spread, 3))
 
     def rate(self, key, flops_per_token: float, micro_tokens: int, knobs: dict | None = None):
         """The class's calibrated rate; for none or full without one, the other's per executed FLOP: the rate

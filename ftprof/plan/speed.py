@@ -84,6 +84,12 @@ def error_band(rate, micro_batch_tokens: int) -> float:
     return band
 
 
+def spread(rate, micro_batch_tokens: int) -> float:
+    """The part of ``error_band`` that differs between rows predicted for one GPU: every row on a GPU calibrated
+    from another GPU's peak shares that scaling's error, which moves them together and so cannot reorder them."""
+    return error_band(rate, micro_batch_tokens) - BAND_BASE.get(rate.origin, BAND_BASE["scaled"]) + BAND_BASE["local"]
+
+
 def confidence(band: float) -> str:
     return next((word for limit, word in CONFIDENCE if band <= limit + 1e-9), "low")
 

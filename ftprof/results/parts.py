@@ -159,6 +159,8 @@ class Prediction(Record):
     candidate: dict[str, Any] = field(default_factory=dict)  # the configuration predicted (ftprof.plan.candidates)
     tokens_per_s_error: Optional[float] = None  # the speed prediction's error band: relative half-width (0.05: +-5%)
     confidence: str = ""  # high | medium | low: the band's class (ftprof/plan/speed.py says how it is set)
+    tokens_per_s_spread: Optional[float] = None  # the part of the band that differs between one plan's rows (the
+    # error common to every row on that GPU, such as scaling from another GPU's peak, left out): what ties read
 
 
 @dataclass

@@ -20,7 +20,9 @@ def plan(tmp_path, capsys, *argv):
 
 def test_a_plan_ranks_what_fits_and_writes_its_files(tmp_path, capsys):
     code, out, _ = plan(tmp_path, capsys, "full,lora", "--model", "tiny", "--device", "cpu", "--top", "3")
-    assert code == 0 and "ftprof plan: tiny on cpu" in out
+    assert code == 0 and "ftprof plan: tiny, seq 128, 2 sequences (256 tokens) per optimizer step per GPU, on cpu" \
+        in out.replace("\n", " ")
+    assert "#1: ftprof train " in out  # the top rows' commands
     data = json.loads((tmp_path / "plan" / "plan.json").read_text())
     rows = data["rows"]
     assert {r["method"] for r in rows} == {"full", "lora"} and data["target"] == "cpu"
@@ -81,3 +83,44 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, fragment):
         code, err = exc.code, capsys.readouterr().err
     assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "plan").exists()
+
+
+def test_plans_of_other_shapes_do_not_overwrite_each_other(tmp_path, capsys):
+    from ftprof.cli.main import main
+
+    for seq in ("64", "128"):
+        assert main(["plan", "lora", "--model", "tiny", "--device", "cpu", "--seq-len", seq,
+                     "--output-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan-tiny-s128-2x1-here", "plan-tiny-s64-2x1-here"]
+
+
+def test_a_row_s_command_runs_that_row(tmp_path, capsys):
+    """The command printed for a row parses back into the row's configuration."""
+    from ftprof.cli.common import config_from_args
+    from ftprof.cli.main import build_parser
+    from ftprof.plan.candidates import of_config
+
+    code, out, _ = plan(tmp_path, capsys, "lora", "--model", "tiny", "--device", "cpu")
+    data = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    line = next(x for x in out.splitlines() if x.startswith("#1: "))
+    args = build_parser().parse_args(line.removeprefix("#1: ftprof ").split())
+    cand = of_config(config_from_args(args))
+    top = data["rows"][0]
+    assert (cand.method, cand.checkpointing, cand.batch_size, cand.grad_accum) == \
+        (top["method"], top["checkpointing"], top["batch_size"], top["grad_accum"])
+
+
+def test_verify_tables_are_tables_not_frame_dumps():
+    import pandas as pd
+    from rich.console import Console
+
+    from ftprof.cli.plan import cell, frame_table
+
+    frame = pd.DataFrame([{"run": "qlora b4", "tokens_per_s_error_pct": 0.372324, "memory_under_predicted": None,
+                           "measured_tokens_per_s": 13843.2}])
+    console = Console(record=True, width=200)
+    console.print(frame_table(frame, "predicted against measured"))
+    text = console.export_text()
+    assert "0.372324" not in text and "None" not in text and "+0.4" in text and "13,843" in text
+    assert cell("x_pct", -12.34) == "-12.3" and cell("runs", 3) == "3" and cell("x", float("nan")) == "-"

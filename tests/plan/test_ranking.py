@@ -16,7 +16,8 @@ from ftprof.results.parts import Prediction
 def _row(name: int, tokens_per_s, band, headroom_gib, fits=True):
     cand = Candidate("qlora", "none", None, "eager", False, name, 1)
     pred = Prediction(peak_bytes=int((30 - headroom_gib) * GIB), tokens_per_s=tokens_per_s,
-                      tokens_per_s_error=band, confidence=speed.confidence(band) if band is not None else "")
+                      tokens_per_s_error=band, confidence=speed.confidence(band) if band is not None else "",
+                      tokens_per_s_spread=band)
     return Row(cand, pred, fits, int(headroom_gib * GIB))
 
 
@@ -28,12 +29,13 @@ def test_a_low_confidence_lead_inside_the_error_goes_below_a_confident_row():
     rows = [_row(1, 14_669, 0.30, 7.0), _row(2, 14_401, 0.05, 1.7), _row(3, 9_000, 0.05, 9.0)]
     ranked = _rank(rows)
     assert _order(rows) == [2, 1, 3]
-    assert ranked[0].tie.startswith("tied with 1 within the error") and "high confidence" in ranked[0].tie
+    assert ranked[0].tie == "above 1 faster but less certain prediction(s) within its error"
 
 
 def test_a_tie_of_equal_confidence_goes_to_the_larger_headroom():
     rows = [_row(1, 10_130, 0.05, 0.3), _row(2, 10_000, 0.05, 6.55)]  # a 1.3% lead with 0.3 GiB of headroom
     assert _order(rows) == [2, 1]
+    assert _rank(rows)[0].tie == "tie with 1 as certain within the error: more headroom first"
 
 
 def test_rows_apart_by_more_than_their_error_keep_the_speed_order():
@@ -58,3 +60,13 @@ def test_rows_without_a_speed_and_rows_over_the_budget_come_after():
 def test_the_error_band_grows_with_the_distance_from_what_was_calibrated(rate, micro, band, word):
     assert speed.error_band(rate, micro) == pytest.approx(band, abs=1e-3)
     assert speed.confidence(speed.error_band(rate, micro)) == word
+
+
+def test_an_error_every_row_shares_does_not_make_a_tie():
+    """Rows planned for a GPU calibrated from another's peak share that scaling's error: it moves them together,
+    so only their own spread can tie them."""
+    scaled = Rate(1e15, "", 3, 8192, "scaled")
+    assert speed.error_band(scaled, 8192) == pytest.approx(0.15) and speed.spread(scaled, 8192) == pytest.approx(0.03)
+    a, b = _row(1, 12_000, 0.15, 1.0), _row(2, 11_000, 0.15, 9.0)
+    a.prediction.tokens_per_s_spread = b.prediction.tokens_per_s_spread = 0.03
+    assert _order([a, b]) == [1, 2]  # 9% apart: no tie once the shared part is left out
