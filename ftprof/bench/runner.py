@@ -7,6 +7,11 @@ environment included, for people to read and replay) beside the run files. On a 
 experiments run side by side on disjoint GPUs, each seeing only its own through CUDA_VISIBLE_DEVICES; on CPU they
 run one at a time.
 
+A cell with ``trainer: hf|trl|unsloth`` runs a peer recipe instead of the worker:
+``<python> -m ftprof.integrations.recipes.<trainer> --config <run dir>/peer_config.json --run-dir <run dir>``, in the
+cell's ``python:`` (default: this interpreter), which writes the same run directory through FtprofCallback;
+command.sh is that command. Claims, timeouts, failure classification and resume are the same as for ftprof's cells.
+
 A child that dies without writing result.json is classified here: ``timeout`` (bench killed it at its limit),
 ``interrupted`` (Ctrl-C or SIGTERM to bench), ``oom_host`` (SIGKILL while the kernel's OOM-kill count rose:
 ``ftprof.host_memory.oom_kill_counts``, read as each child starts and ends), ``killed`` (any other signal, named:
@@ -30,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ftprof.bench.lock import Claim, claim_cell, claim_holder
-from ftprof.bench.sweep import Experiment, Sweep
+from ftprof.bench.sweep import TRAINER_NAMES, Experiment, Sweep
 from ftprof.config import RunConfig
 from ftprof.host_memory import VMSTAT, oom_kill_counts, oom_kills_between
 from ftprof.lifetime import answer_ctrl_c, preexec_die_with
@@ -41,6 +46,8 @@ from ftprof.results.schema import failure_result
 from ftprof.results.status import Status
 from ftprof.results.store import write_csv_atomic, write_json_atomic, write_text_atomic
 
+PEER_CONFIG = "peer_config.json"  # a peer cell's validated configuration, which its recipe reads (kept between
+# attempts: the recipe's config.json is rewritten by FtprofCallback with what it measured)
 INTERRUPT_GRACE_S = 30.0  # time a child gets to record 'interrupted' after Ctrl-C before it is killed
 POLL_S = 0.2
 
@@ -150,14 +157,45 @@ def run_config(exp: Experiment, run_dir: Path) -> RunConfig:
     return exp.config.replace(output_dir=str(run_dir.parent), run_name=run_dir.name, quiet=True)
 
 
+def trainer_section(exp: Experiment) -> dict:
+    """config.json's ``trainer`` section for a peer cell, as bench knows it before the recipe runs (the recipe's
+    FtprofCallback writes the full one: versions, the trainer's arguments); ftprof's own cells have none."""
+    return {"name": TRAINER_NAMES[exp.trainer], "recipe": exp.trainer, "python": exp.python or sys.executable}
+
+
+def cell_config(exp: Experiment, run_dir: Path) -> dict:
+    """What bench writes as the cell's config.json before it starts (and keeps when the cell leaves no result)."""
+    data = run_config(exp, run_dir).to_dict()
+    if exp.is_peer:
+        data["trainer"] = trainer_section(exp)
+    return data
+
+
 def child_command(run_dir: Path) -> list[str]:
     """What bench starts: a worker that loads the run directory's config.json."""
     return [sys.executable, "-m", "ftprof.engine.worker", str(run_dir / files.CONFIG)]
 
 
+def recipe_command(exp: Experiment, run_dir: Path) -> list[str]:
+    """A peer cell's process: its recipe module, in its interpreter, on the cell's validated configuration."""
+    return [exp.python or sys.executable, "-m", f"ftprof.integrations.recipes.{exp.trainer}",
+            "--config", str(run_dir / PEER_CONFIG), "--run-dir", str(run_dir)]
+
+
+def experiment_command(exp: Experiment, run_dir: Path) -> list[str]:
+    """What bench starts for ``exp``: the worker (in the cell's interpreter), or a peer cell's recipe."""
+    if exp.is_peer:
+        return recipe_command(exp, run_dir)
+    cmd = child_command(run_dir)
+    return [exp.python, *cmd[1:]] if exp.python else cmd
+
+
 def replay_command(exp: Experiment, run_dir: Path) -> list[str]:
-    """The same run as an ``ftprof train`` command line (command.sh and --dry-run show it)."""
-    return [sys.executable, "-m", "ftprof", "train", *run_config(exp, run_dir).cli_args()]
+    """The same run as an ``ftprof train`` command line (command.sh and --dry-run show it); a peer cell's is its
+    recipe command (it reads peer_config.json, which stays in the run directory)."""
+    if exp.is_peer:
+        return recipe_command(exp, run_dir)
+    return [exp.python or sys.executable, "-m", "ftprof", "train", *run_config(exp, run_dir).cli_args()]
 
 
 def steps_recorded(run_dir: Path) -> int:
@@ -263,8 +301,10 @@ class BenchRunner:
     # ------------------------------------------------------------------ one experiment
     def _launch(self, p: Planned, slot: str | None, claim: Claim) -> Running:
         clear_attempt(p.run_dir)
-        RunDirWriter(p.run_dir).write_config(run_config(p.experiment, p.run_dir).to_dict())
-        cmd = child_command(p.run_dir)
+        RunDirWriter(p.run_dir).write_config(cell_config(p.experiment, p.run_dir))
+        if p.experiment.is_peer:
+            write_json_atomic(p.run_dir / PEER_CONFIG, cell_config(p.experiment, p.run_dir))
+        cmd = experiment_command(p.experiment, p.run_dir)
         overrides = {"PYTHONUNBUFFERED": "1"}
         if slot is not None:
             overrides["CUDA_VISIBLE_DEVICES"] = slot
@@ -337,7 +377,7 @@ class BenchRunner:
                              reason if status is not Status.ERROR else last, tail,
                              f"recorded by ftprof bench: {reason}")
         if not (r.planned.run_dir / files.CONFIG).is_file():
-            RunDirWriter(r.planned.run_dir).write_config(cfg.to_dict())
+            RunDirWriter(r.planned.run_dir).write_config(cell_config(exp, r.planned.run_dir))
         res.run.steps_completed = steps_recorded(r.planned.run_dir)
         RunDirWriter(r.planned.run_dir).write_result(res)
 
@@ -347,7 +387,7 @@ class BenchRunner:
         cfg = p.experiment.config
         res = failure_result(cfg, p.run_dir, Status.ERROR.value, "unrunnable", reason,
                              note=f"recorded by ftprof bench: {reason}")
-        RunDirWriter(p.run_dir).write_config(cfg.to_dict())
+        RunDirWriter(p.run_dir).write_config(cell_config(p.experiment, p.run_dir))
         RunDirWriter(p.run_dir).write_result(res)
         outcome = Outcome(p.experiment.name, Status.ERROR.value, 0.0, res.to_dict())
         self.outcomes.append(outcome)

@@ -11,6 +11,13 @@
     launcher: {type: slurm, partition: gpu, time: 60}   # where experiments run (ftprof/bench/launcher.py)
     schema_version: 2           # without it, 1: warmup_steps is read as measure_warmup_steps, the lr is constant
 
+Two keys a cell may set (in base, matrix, experiments or exclude) that are not train options:
+
+    trainer: hf                 # what trains the cell: ftprof (its own loop, the default), or a peer recipe
+                                # through ftprof's Trainer callback: hf (Trainer + PEFT), trl (SFTTrainer), unsloth
+    python: /tmp/peers/bin/python   # the interpreter (a venv's) the cell runs in; default: the one running bench.
+                                # ~, $VAR and ${VAR:-default} expand; an unset $VAR is refused; empty: the default
+
 Every problem is reported as one line naming the file and where in it (``sweep.yaml: matrix.batch_size: ...``).
 """
 
@@ -22,6 +29,9 @@ import json
 import math
 import os
 import re
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,13 +59,42 @@ MAX_REPEATS = 1_000
 LIST_OPTIONS = ("lora_targets", "report_to")
 # Keys a sweep may set that are not train options (bench handles them itself).
 SWEEP_ONLY = {"output_dir", "run_name", "quiet"}  # set by bench per experiment; a sweep may not set them
+# Keys a cell may set that bench reads itself (not train options): what trains the cell and in which interpreter.
+CELL_KEYS = ("trainer", "python")
+# ``trainer``: ftprof's own loop, or a peer recipe (ftprof/integrations/recipes/<name>.py) measured by FtprofCallback.
+TRAINERS = ("ftprof", "hf", "trl", "unsloth")
+RECIPES = {"hf": "the HF Trainer + PEFT recipe", "trl": "TRL's SFTTrainer", "unsloth": "Unsloth"}
+# How config.json's trainer section names each (FtprofCallback's names: hf-trainer, trl-sft).
+TRAINER_NAMES = {"hf": "hf-trainer", "trl": "trl-sft", "unsloth": "unsloth"}
+# The options a peer recipe spells in its own library (everything else must stay at ftprof's default in its cells):
+# the method, model, data, shape, LoRA, optimizer and schedule a Trainer script sets.
+RECIPE_OPTIONS = frozenset({
+    "method", "model", "dtype", "checkpointing", "gradient_checkpointing", "attn_implementation", "kernels",
+    "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "quant_type", "double_quant", "compute_dtype",
+    "kbit_prepare",
+    "dataset", "dataset_config", "dataset_split", "data_format", "text_field", "prompt_template", "response_field",
+    "messages_field", "train_on", "dataset_num_proc", "seq_len", "batch_size", "packing",
+    "grad_accum", "max_steps", "measure_warmup_steps", "lr", "lr_scheduler_type", "warmup_steps", "warmup_ratio",
+    "weight_decay", "max_grad_norm", "optimizer", "seed", "device", "memory_logging",
+})
+RECIPE_VALUES = {  # option -> the values a recipe runs (others are refused in its cells)
+    "method": ("full", "lora", "qlora"), "checkpointing": ("none", "full"), "device": ("auto", "cpu", "cuda"),
+}
+UNSLOTH_VALUES = {"kernels": ("eager",)}  # Unsloth patches in its own kernels: Liger's would be a different recipe
 
 
 @dataclass
 class Experiment:
     name: str  # directory name: stable across runs of the same sweep, so resume finds it
-    values: dict[str, Any]  # the flat options of this cell (base merged), as given
+    values: dict[str, Any]  # the flat options of this cell (base merged), as given (trainer and python included)
     config: RunConfig
+    trainer: str = "ftprof"  # TRAINERS: ftprof's loop, or the peer recipe that trains the cell
+    python: str | None = None  # the interpreter the cell runs in (absolute); None: the one running bench
+
+    @property
+    def is_peer(self) -> bool:
+        """Trained by a peer recipe (HF Trainer, TRL, Unsloth) rather than ftprof's own loop."""
+        return self.trainer != "ftprof"
 
     @property
     def gpus(self) -> int:
@@ -86,7 +125,7 @@ def _check_keys(path: Path, where: str, mapping: Any, *, allow_lists: bool) -> N
     for key, value in mapping.items():
         if key in SWEEP_ONLY:
             raise _fail(path, f"{where}.{key}", "is set by bench for each experiment; use --output-dir")
-        if key not in owners:
+        if key not in owners and key not in CELL_KEYS:
             raise _fail(path, f"{where}.{key}", f"unknown option{did_you_mean(str(key), owners)}")
         if allow_lists:
             if not isinstance(value, list) or not value:
@@ -106,6 +145,10 @@ def _check_value(path: Path, where: str, key: object, value: Any) -> None:
             raise _fail(path, where, f"must be a list of names (or one comma-separated string), got {got}")
     elif isinstance(value, (list, dict)):
         raise _fail(path, where, f"must be a single value, got a {type(value).__name__}")
+    elif key == "trainer" and value not in TRAINERS:
+        raise _fail(path, where, f"'{value}' is not one of {', '.join(TRAINERS)}{did_you_mean(str(value), TRAINERS)}")
+    elif key == "python" and (not isinstance(value, str) or "\n" in value):
+        raise _fail(path, where, f"must be the path of a Python interpreter, got {value!r}")
     elif key in LIST_OPTIONS and not isinstance(value, str) and value is not None:
         raise _fail(path, where, f"must be a list of names or a comma-separated string, got {type(value).__name__} "
                     f"({value!r})")
@@ -171,7 +214,8 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
     cells = _cells(path, base, matrix, extra, exclude)
     differs = _differing_keys([values for _, values in cells])
     order = ["method"] + list(matrix) + sorted(differs)  # method first, then the matrix's own order
-    varying = list(dict.fromkeys(k for k in order if k in differs))
+    # (python: where a cell runs, not what it runs; its digest still tells cells apart)
+    varying = list(dict.fromkeys(k for k in order if k in differs and k != "python"))
     # A sweep file without schema_version is read as version 1 (warmup_steps: the measurement warm-up, constant
     # learning rate): the options a cell runs with are migrated, its name (from the values as written) is not.
     version = data.get("schema_version", 1)
@@ -253,20 +297,103 @@ def _experiments(path: Path, cells: list[tuple[str, dict[str, Any]]], varying: l
     experiments: list[Experiment] = []
     seen: dict[str, str] = {}
     data_checked: set[str] = set()  # each dataset's content is read once, however many cells use it
+    pythons: dict[str, str | None] = {}  # each interpreter checked once
     for where, values in cells:
         values.setdefault("method", "qlora")
+        options = {k: v for k, v in values.items() if k not in CELL_KEYS}
         try:
-            check_old_names(values, version)
+            check_old_names(options, version)
         except ConfigError as exc:
             raise _fail(path, where, str(exc)) from None
-        config = _cell_config(path, where, migrate_flat(values, version), memory, data_checked)
+        trainer = values.get("trainer", "ftprof")
+        if trainer != "ftprof":
+            _check_recipe_options(path, where, trainer, options)
+        config = _cell_config(path, where, migrate_flat(options, version), memory, data_checked)
+        python = _python(path, where, values["python"], pythons) if values.get("python") else None
         name = f"{_slug(values, varying or ['method'])}-{_digest(values)}"
         if name in seen:
             raise _fail(path, where, f"duplicates {seen[name]}")
         seen[name] = where
         for r in range(repeats):
-            experiments.append(Experiment(name if repeats == 1 else f"{name}-r{r + 1}", values, config))
+            experiments.append(Experiment(name if repeats == 1 else f"{name}-r{r + 1}", values, config, trainer,
+                                          python))
     return experiments
+
+
+def _check_recipe_options(path: Path, where: str, trainer: str, options: dict[str, Any]) -> None:
+    """A peer recipe's cell sets only what the recipe spells (RECIPE_OPTIONS, at values it runs); an ftprof option
+    off its default (a fast path, saving, evaluation, several processes) is refused in one line, not ignored."""
+    defaults = _default_options()
+    allowed = {**RECIPE_VALUES, **(UNSLOTH_VALUES if trainer == "unsloth" else {})}
+    recipe = RECIPES[trainer]
+    for key, value in options.items():
+        if key in allowed and value not in allowed[key]:
+            raise _fail(path, f"{where}.{key}", f"{recipe} (trainer: {trainer}) runs {key} "
+                        f"{', '.join(map(str, allowed[key]))}, not {value!r}")
+        if key in RECIPE_OPTIONS or value == defaults.get(key) or (value is None and defaults.get(key) is None):
+            continue
+        raise _fail(path, f"{where}.{key}", f"is an ftprof option {recipe} (trainer: {trainer}) does not take; "
+                    f"leave it out of this cell (or run it with trainer: ftprof)")
+
+
+def _default_options() -> dict[str, Any]:
+    return RunConfig().to_flat()
+
+
+_DEFAULTED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*):-([^}]*)\}")
+
+
+def expand_python(given: str) -> str:
+    """``python:`` with ``${VAR:-default}``, ``$VAR``/``${VAR}`` and ``~`` expanded (an unset variable stays as
+    written)."""
+    text = _DEFAULTED.sub(lambda m: os.environ.get(m.group(1)) or m.group(2), given.strip())
+    return os.path.expanduser(os.path.expandvars(text)).strip()
+
+
+def _python(path: Path, where: str, given: str, checked: dict[str, str | None]) -> str | None:
+    """``python:`` as an absolute path to an executable file that can import ftprof, checked before anything runs;
+    None (this interpreter) when it expands to nothing (``${PEERS_PYTHON:-}`` with the variable unset)."""
+    if given in checked:
+        return checked[given]
+    expanded = expand_python(given)
+    unset = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", expanded)
+    if unset:
+        raise _fail(path, f"{where}.python", f"'{given}': {unset[0]} is not set in the environment (write "
+                    f"${{{unset[0]}:-}} to fall back to the interpreter running bench)")
+    if not expanded:
+        checked[given] = None
+        return None
+    found = Path(expanded) if os.sep in expanded else Path(shutil.which(expanded) or expanded)
+    shown = f"'{given}'" + (f" ({found})" if str(found) != given else "")
+    if not found.exists():
+        raise _fail(path, f"{where}.python", f"{shown} does not exist (the interpreter of the environment the cell "
+                    "runs in, e.g. /tmp/peers/bin/python)")
+    if found.is_dir() or not os.access(found, os.X_OK):
+        raise _fail(path, f"{where}.python", f"{shown} is not an executable file")
+    interpreter = str(found.absolute())
+    if Path(interpreter) != Path(sys.executable):  # another environment: it must be able to run ftprof's side
+        problem = _cannot_run_ftprof(interpreter)
+        if problem:
+            raise _fail(path, f"{where}.python", f"'{given}': {problem}")
+    checked[given] = interpreter
+    return interpreter
+
+
+def _cannot_run_ftprof(interpreter: str) -> str | None:
+    """Why ``interpreter`` cannot start a cell (not Python, or no ftprof to import), or None. Finds the module
+    without importing it: a fraction of a second per interpreter."""
+    probe = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('ftprof') else 3)"
+    try:
+        done = subprocess.run([interpreter, "-c", probe], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"does not run: {exc}"
+    if done.returncode == 3:
+        return ("cannot import ftprof; install it in that environment (`<env>/bin/pip install -e <this repository>` "
+                "beside the versions it pins)")
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return f"does not run Python: {last}"
+    return None
 
 
 def _cell_config(path: Path, where: str, values: dict[str, Any], memory: str, data_checked: set[str]) -> RunConfig:
