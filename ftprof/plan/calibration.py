@@ -246,11 +246,18 @@ def run_record(run_dir: str | Path) -> dict | None:
         "flops_per_token": flops, "recompute_flops_per_token": recompute, "tokens_per_s": tokens_per_s,
         "flops_per_s": (flops + recompute) * tokens_per_s / world,  # per GPU, model + recomputed
         "training_peak": _training_peak(result), "prediction": result.get("prediction") or {},
+        "gpu_busy": _gpu_busy(result),  # NVML's busy fraction over the run: below ~0.85 the host set the pace
     }
     buckets = _bucket_tflops(run_dir, result)
     if buckets:
         record["buckets"] = buckets
     return record
+
+
+def _gpu_busy(result: dict) -> float | None:
+    """The first GPU's mean NVML utilization over the run, as a fraction (None without NVML samples)."""
+    util = (result.get("nvml") or {}).get("gpu0_util_mean")
+    return round(util / 100, 3) if isinstance(util, (int, float)) else None
 
 
 def _versions(env: dict) -> dict:

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ftprof.config import RunConfig
-from ftprof.plan import calibration, memory, speed
+from ftprof.plan import calibration, host, memory, speed
 from ftprof.plan.candidates import Candidate
 from ftprof.plan.probe import ProbeResult, probe
 from ftprof.results.parts import Prediction
@@ -67,6 +67,12 @@ class Planner:
         spread = speed.spread(rate, micro_tokens) if rate else None
         rate = speed.at_micro_batch(rate, micro_tokens, cand.compile) if rate else None
         tps = speed.tokens_per_s(flops, rate.flops_per_s, self.target.world_size) if rate else None
+        floor = host.host_floor(self.target.device_name, key, self.layer_count, self.records) if rate else None
+        if tps is not None and floor is not None:
+            gpu_tps, tps = tps, host.tokens_per_s(tps, floor, micro_tokens, self.target.world_size)
+            if tps < gpu_tps:  # host-bound: say so, and where the floor came from
+                rate = dataclasses.replace(rate, source=f"{rate.source}; host-bound at {micro_tokens:,} tokens per "
+                                                        f"micro-batch: {floor.source}")
         return Prediction(
             peak_bytes=mem.peak_bytes, static_bytes=mem.static_bytes, gradient_bytes=mem.gradients,
             activation_bytes=mem.activation_bytes,
