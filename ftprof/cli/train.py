@@ -91,6 +91,9 @@ def train_command(args: argparse.Namespace) -> int:
 
     cfg = config_with_file(args)
     check_before_run(cfg)  # bad input: one line, exit 2, before torch is imported
+    from ftprof.engine.run import resolve_resume
+
+    cfg = resolve_resume(cfg)  # before the run dir it names could be emptied by --overwrite-output-dir
     replace_finished_run(cfg)
     for note in length_notes(cfg):
         print(f"ftprof: note: {note}", file=sys.stderr, flush=True)

@@ -1,4 +1,5 @@
-"""The saving section: what the run trained, written where the ecosystem loads it from."""
+"""The saving section: what the run trained, written where the ecosystem loads it from; checkpoints during the
+run and resuming from one (the HF Trainer's --save_steps, --save_total_limit, --resume_from_checkpoint)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,29 @@ class SaveConfig:
     save: bool = option(False, "after the last step, save what was trained: the PEFT adapter (save_pretrained) for "
                         "lora, qlora and gptq-lora, the whole model and tokenizer for full; for a preset also its "
                         "base model, so that the adapter can be reloaded; timed apart from the steps")
-    save_dir: Optional[str] = option(None, "where --save writes (default: the run directory)", metavar="DIR")
+    save_dir: Optional[str] = option(None, "where --save and --save-merged write (default: the run directory)",
+                                     metavar="DIR")
+    save_merged: bool = option(False, "after the last step, save the model with its LoRA adapters merged into the "
+                               "base (QLoRA: into the dequantized base), in the run's dtype, as a plain "
+                               "transformers checkpoint with its tokenizer (merged/); lora and qlora")
+    save_steps: Optional[int] = option(None, "every N steps, write a checkpoint to <run dir>/checkpoint-<step>/: "
+                                       "what --save writes, and the optimizer, scheduler, RNG and data position "
+                                       "that --resume-from-checkpoint needs; one process only", metavar="N")
+    save_total_limit: Optional[int] = option(None, "keep at most K checkpoints (the newest; default: all)",
+                                             metavar="K")
+    resume_from_checkpoint: Optional[str] = option(
+        None, "continue from a checkpoint-<step>/ directory (or latest: the newest in any run directory under "
+        "--output-dir) up to --max-steps, with the same losses as a run that never stopped; "
+        "the run writes its own run directory, its steps numbered on from the checkpoint's", metavar="PATH")
 
     def __post_init__(self) -> None:
         require(self.save_dir is None or bool(self.save_dir.strip()), "--save-dir must not be empty")
-        require(self.save_dir is None or self.save, "--save-dir needs --save")
+        require(self.save_dir is None or self.save or self.save_merged, "--save-dir needs --save or --save-merged")
+        require(self.save_steps is None or self.save_steps >= 1,
+                f"--save-steps must be at least 1, got {self.save_steps}")
+        require(self.save_total_limit is None or self.save_total_limit >= 1,
+                f"--save-total-limit must be at least 1, got {self.save_total_limit}")
+        require(self.save_total_limit is None or self.save_steps is not None,
+                "--save-total-limit needs --save-steps")
+        require(self.resume_from_checkpoint is None or bool(self.resume_from_checkpoint.strip()),
+                "--resume-from-checkpoint must not be empty")

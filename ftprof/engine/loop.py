@@ -26,38 +26,47 @@ from ftprof.results.schema import StepRecord
 
 def run_steps(cfg: RunConfig, built: Built, device: torch.device, memory: MemoryTracker, log: StepLog,
               first: FirstStepMemory, profiler, on_step: Callable[[StepRecord], None],
-              check: TrainingCheck | None = None, stop_early: bool = False) -> None:
+              check: TrainingCheck | None = None, stop_early: bool = False, start: int = 0,
+              checkpoint: Callable[[int], None] | None = None) -> None:
     """The run's steps; ``check`` watches each one (engine/proof.py). ``stop_early``: leave at the first loss that
-    is not finite (one process only: ranks of several must run the same steps)."""
+    is not finite (one process only: ranks of several must run the same steps). ``start``: the steps a resumed
+    run's checkpoint had taken (this run's steps are numbered on from it; its first step is still this process's
+    first: its memory stages, measurement warm-up and profiler schedule count from there). ``checkpoint(step)``
+    after every --save-steps step, outside the step's time."""
     feed = BatchFeed(built.batches, device)
     evaluator = Evaluator(cfg, built.eval_batches, device)
+    every = cfg.save.save_steps
     with GcPolicy(cfg.train.gc_interval) as collector:
-        for index in range(1, cfg.train.max_steps + 1):
-            _run_step(cfg, built, device, memory, log, first, profiler, on_step, feed, evaluator, index, check)
+        for index in range(1, cfg.train.max_steps - start + 1):
+            _run_step(cfg, built, device, memory, log, first, profiler, on_step, feed, evaluator, index, check,
+                      start)
             collector.between_steps(index)  # after the step's figures, before the next timer: outside step time
             if stop_early and check is not None and check.failed_early:
                 break
+            if checkpoint is not None and every and (start + index) % every == 0:
+                checkpoint(start + index)
 
 
 def _run_step(cfg: RunConfig, built: Built, device: torch.device, memory: MemoryTracker, log: StepLog,
               first: FirstStepMemory, profiler, on_step: Callable[[StepRecord], None], feed: BatchFeed,
-              evaluator: Evaluator, index: int, check: TrainingCheck | None = None) -> None:
-    """One step: its timed forward, backward and optimizer step, then (untimed) its figures, an evaluation when
-    due, the step's record and the profiler's step."""
+              evaluator: Evaluator, index: int, check: TrainingCheck | None = None, start: int = 0) -> None:
+    """One step (``index``: this process's count; ``start + index`` the run's step number): its timed forward,
+    backward and optimizer step, then (untimed) its figures, an evaluation when due, the step's record and the
+    profiler's step."""
     phase = profiler.phase(index)
     lr = current_lr(built.optimizer)  # a float the scheduler set: no device work
     started = log.begin(index)
     loaded = feed.load_s
     loss, tokens, real = train_step(cfg, built, device, memory, first, index == 1, feed)
     norm = optimizer_step(cfg, built, memory, first, index == 1, check is not None and check.wants_grad_norm(index))
-    if cfg.data.prefetch and index < cfg.train.max_steps:
+    if cfg.data.prefetch and start + index < cfg.train.max_steps:
         feed.prefetch()  # host work while the step's kernels run, before the timer's sync
     seconds = log.timer.stop()
     causes = log.causes()
     mem = memory.current()
     # after the step's sync and its figures, before the next step's timer: outside every step's time
-    evaluated = evaluator.run(built) if evaluator.due(index) else None
-    record = StepRecord(step=index, loss=float(loss), step_time_s=seconds, tokens=tokens, real_tokens=real,
+    evaluated = evaluator.run(built) if evaluator.due(start + index) else None
+    record = StepRecord(step=start + index, loss=float(loss), step_time_s=seconds, tokens=tokens, real_tokens=real,
                         lr=lr, warmup=index <= cfg.train.measure_warmup_steps, profiler_phase=phase,
                         started_unix=started, mem_allocated=mem["allocated"],
                         mem_peak_allocated=mem["peak_allocated"], mem_reserved=mem["reserved"],

@@ -120,6 +120,81 @@ def _launch_and_collect(cfg: RunConfig, quiet: bool | None) -> RunResult:
     return result
 
 
+CHECKPOINT_PREFIX = "checkpoint-"  # <run dir>/checkpoint-<step>/, as the HF Trainer names them
+CHECKPOINT_STATE = "ftprof_checkpoint.json"  # in each checkpoint: its step, data position and the run's options
+# Options a resumed run must share with its checkpoint: the weights' shapes, and what the data position means.
+RESUME_SAME = ("method", "model", "lora_r", "lora_targets", "dataset", "dataset_config", "dataset_split", "packing",
+               "seq_len", "batch_size", "grad_accum", "seed")
+
+
+def checkpoint_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    """The finished checkpoints in ``run_dir`` (those with their state file), by step."""
+    found = []
+    if run_dir.is_dir():
+        for entry in run_dir.iterdir():
+            step = entry.name.removeprefix(CHECKPOINT_PREFIX)
+            if entry.name.startswith(CHECKPOINT_PREFIX) and step.isdigit() and (entry / CHECKPOINT_STATE).is_file():
+                found.append((int(step), entry))
+    return sorted(found)
+
+
+def read_checkpoint_state(path: Path) -> dict:
+    import json
+
+    from ftprof.errors import ConfigError
+
+    try:
+        return json.loads((path / CHECKPOINT_STATE).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--resume-from-checkpoint {path}: not an ftprof checkpoint (no readable "
+                          f"{CHECKPOINT_STATE}: {exc.__class__.__name__}); --save-steps writes them") from None
+
+
+def resolve_resume(cfg: RunConfig) -> RunConfig:
+    """Check --save-steps and --resume-from-checkpoint before anything loads (no torch), and pin ``latest`` to the
+    checkpoint's absolute path (config.json records where the run resumed from). Raises ConfigError."""
+    from ftprof.errors import ConfigError
+
+    several = cfg.distributed.world_size > 1 or cfg.distributed.nnodes > 1
+    spec = cfg.save.resume_from_checkpoint
+    if several and (cfg.save.save_steps or spec):
+        raise ConfigError(f"--{'save-steps' if cfg.save.save_steps else 'resume-from-checkpoint'}: checkpoints "
+                          "during a run are written and resumed by one process only (no sharded optimizer state "
+                          "yet); run without --nproc-per-node/--nnodes, or save at the end with --save")
+    if spec is None:
+        return cfg
+    parent = Path(cfg.output.output_dir).expanduser()
+    if spec == "latest":
+        roots = sorted(p for p in parent.iterdir() if p.is_dir()) if parent.is_dir() else []
+        found = [path for root in roots for _, path in checkpoint_dirs(root)]
+        if not found:
+            raise ConfigError(f"--resume-from-checkpoint latest: no <run dir>/checkpoint-<step>/ under {parent}; "
+                              "--save-steps writes them")
+        path = max(found, key=lambda p: (p / CHECKPOINT_STATE).stat().st_mtime)
+    else:
+        path = Path(spec).expanduser()
+        if not path.is_dir():
+            raise ConfigError(f"--resume-from-checkpoint {spec}: no such directory")
+    path = path.resolve()
+    state = read_checkpoint_state(path)
+    theirs, ours = state.get("options", {}), cfg.to_flat()
+    for key in RESUME_SAME:
+        mine, saved = ours.get(key), theirs.get(key)
+        saved = tuple(saved) if isinstance(saved, list) else saved
+        if key in theirs and mine is not None and saved != mine:  # None: a default the run resolves (lora_r)
+            what = "method" if key == "method" else "--" + key.replace("_", "-")
+            raise ConfigError(f"--resume-from-checkpoint {path}: it was written with {what} {saved}, this run has "
+                              f"{mine}; resume with the same options")
+    step = int(state.get("step", 0))
+    if step >= cfg.train.max_steps:
+        raise ConfigError(f"--resume-from-checkpoint {path}: the checkpoint is at step {step}; --max-steps "
+                          f"{cfg.train.max_steps} leaves no step to run (--max-steps counts from the run's start)")
+    if cfg.output.run_name and (parent / cfg.output.run_name).resolve() == path.parent:
+        raise ConfigError(f"--resume-from-checkpoint {path}: a resumed run writes a run directory of its own; give "
+                          "another --run-name (or none)")
+    return cfg.replace(resume_from_checkpoint=str(path))
+
+
 def progress_line(record, max_steps: int) -> str:
     """The --logging-steps line for one step (the figures the HF Trainer logs, and ftprof's speed)."""
     tps = record.tokens / record.step_time_s if record.step_time_s > 0 else 0.0
@@ -146,6 +221,7 @@ def logging_steps_hook(cfg: RunConfig, display):
 def train(cfg: RunConfig, *, quiet: bool | None = None, make_profiler_fn=None) -> RunResult:
     # Before torch touches CUDA: the allocator reads PYTORCH_ALLOC_CONF at its first allocation.
     pin_allocator_config(cfg.output.alloc_conf)
+    cfg = resolve_resume(cfg)  # latest -> a path (a no-op when `ftprof train` resolved it already)
     from ftprof.engine import distributed
 
     if distributed.needs_launch(cfg):

@@ -31,10 +31,12 @@ from ftprof.results.store import partial_dir
 ADAPTER, MODEL, BASE = "adapter", "model", "base"
 
 
-def save_trained(resolved, built, run_dir: Path, log: Callable[[str], None]) -> Saved:
-    """Write what ``built`` trained under --save-dir (default the run directory); every rank calls it."""
+def save_trained(resolved, built, run_dir: Path, log: Callable[[str], None], root: Path | None = None) -> Saved:
+    """Write what ``built`` trained under ``root`` (default: --save-dir, else the run directory); every rank calls
+    it."""
     cfg = resolved.config
-    root = Path(cfg.save.save_dir).expanduser() if cfg.save.save_dir else Path(run_dir)
+    if root is None:
+        root = Path(cfg.save.save_dir).expanduser() if cfg.save.save_dir else Path(run_dir)
     t0 = time.perf_counter()
     model = built.model.module if isinstance(built.model, torch.nn.parallel.DistributedDataParallel) else built.model
     lora = cfg.method.method != "full"
@@ -159,3 +161,118 @@ def _save_base(config, state: dict[str, torch.Tensor], tokenizer, where: Path) -
         model.tie_weights()
     model.save_pretrained(where, safe_serialization=True)
     _save_tokenizer(tokenizer, where)
+
+
+# --- checkpoints during the run (--save-steps) and resuming from one (--resume-from-checkpoint) -----------------
+TRAINER_STATE = "trainer_state.pt"  # optimizer, scheduler, RNG states (torch.save)
+
+
+def write_checkpoint(resolved, built, run_dir: Path, step: int, log: Callable[[str], None]) -> Path:
+    """``<run_dir>/checkpoint-<step>/``: what --save writes (adapter/, base/ for a preset, or model/), the optimizer,
+    scheduler and RNG states, and the step and data position (ftprof_checkpoint.json). Written into a hidden
+    directory beside it and renamed in whole; one process (resolve_resume refuses several)."""
+    import random
+
+    import numpy as np
+
+    from ftprof.engine.run import CHECKPOINT_PREFIX, CHECKPOINT_STATE
+    from ftprof.results.store import write_json_atomic
+
+    cfg = resolved.config
+    t0 = time.perf_counter()
+    final = Path(run_dir) / f"{CHECKPOINT_PREFIX}{step}"
+
+    def write(tmp: Path) -> None:
+        tmp.mkdir(parents=True)
+        save_trained(resolved, built, run_dir, lambda message: None, root=tmp)
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+               "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+        torch.save({"optimizer": built.optimizer.state_dict(),
+                    "scheduler": built.scheduler.state_dict() if built.scheduler is not None else None,
+                    "rng": rng}, tmp / TRAINER_STATE)
+        options = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.to_flat().items()}
+        write_json_atomic(tmp / CHECKPOINT_STATE, {
+            "step": step, "batches_taken": step * cfg.train.grad_accum, "method": cfg.method.method,
+            "saved": ADAPTER if cfg.method.method != "full" else MODEL, "options": options})
+
+    _publish(final, write)
+    log(f"--save-steps: {final.name} written in {time.perf_counter() - t0:.1f} s")
+    return final
+
+
+def prune_checkpoints(run_dir: Path, limit: int | None, log: Callable[[str], None]) -> None:
+    """Keep the newest ``limit`` checkpoints of the run (all when None)."""
+    from ftprof.engine.run import checkpoint_dirs
+
+    if limit is None:
+        return
+    found = checkpoint_dirs(Path(run_dir))
+    for _, path in found[:max(0, len(found) - limit)]:
+        shutil.rmtree(path, ignore_errors=True)
+        log(f"--save-total-limit {limit}: removed {path.name}")
+
+
+def load_checkpoint(resolved, built, path: Path, log: Callable[[str], None]) -> int:
+    """Put ``built`` where the checkpoint left its run: trained weights, optimizer, scheduler, the data stream's
+    position (the batches it took are drawn again and dropped) and the RNG states. Returns the checkpoint's step."""
+    import json
+    import random
+
+    import numpy as np
+
+    from ftprof.engine.run import CHECKPOINT_STATE
+
+    path = Path(path)
+    info = json.loads((path / CHECKPOINT_STATE).read_text())
+    model = built.model.module if isinstance(built.model, torch.nn.parallel.DistributedDataParallel) else built.model
+    if resolved.config.method.method == "full":
+        _load_full(model, path / MODEL)
+    else:
+        _load_adapter(model, path / ADAPTER)
+    state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)  # our own file
+    built.optimizer.load_state_dict(state["optimizer"])
+    if built.scheduler is not None and state["scheduler"] is not None:
+        built.scheduler.load_state_dict(state["scheduler"])
+    for _ in range(int(info["batches_taken"])):
+        next(built.batches)
+    rng = state["rng"]
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    if rng.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    log(f"--resume-from-checkpoint: resumed from {path} at step {info['step']}")
+    return int(info["step"])
+
+
+def _safetensors_state(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a save_pretrained folder (one file or shards)."""
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    if not state:
+        raise RuntimeError(f"--resume-from-checkpoint: no weights in {folder}")
+    return state
+
+
+def _load_full(model, folder: Path) -> None:
+    state = _safetensors_state(folder)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    lost = (set(missing) & trainable) - tied
+    if lost or unexpected:
+        raise RuntimeError(f"--resume-from-checkpoint: {folder}'s weights do not match the model (missing "
+                           f"{sorted(lost)[:3]}, unexpected {sorted(unexpected)[:3]})")
+
+
+def _load_adapter(peft_model, folder: Path) -> None:
+    from peft import set_peft_model_state_dict
+
+    result = set_peft_model_state_dict(peft_model, _safetensors_state(folder))
+    unexpected = getattr(result, "unexpected_keys", [])
+    if unexpected:
+        raise RuntimeError(f"--resume-from-checkpoint: {folder}'s adapter does not match the model (unexpected "
+                           f"{sorted(unexpected)[:3]})")

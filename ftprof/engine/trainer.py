@@ -15,6 +15,7 @@ import datetime as _dt
 import gc
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -25,7 +26,7 @@ from ftprof.engine.compile import eager_rounding
 from ftprof.engine.loop import run_steps
 from ftprof.engine.proof import NotTrainedError, TrainingCheck
 from ftprof.engine.result import Recorded, assemble
-from ftprof.engine.save import save_trained
+from ftprof.engine.save import load_checkpoint, prune_checkpoints, save_trained, write_checkpoint
 from ftprof.engine.trackers import FirstStepMemory, NvmlTracker, StepLog
 from ftprof.errors import ConfigError
 from ftprof.models import attention, kernels
@@ -107,6 +108,14 @@ class Trainer:
         self.saved: Saved | None = None  # what --save wrote
         self.check: TrainingCheck | None = None  # the proof that the run trained (engine/proof.py)
         self.not_trained: str | None = None  # why it did not, when it did not
+        self.start_step = 0  # the step a resumed run's checkpoint had reached (--resume-from-checkpoint)
+        self.checkpoints: list[str] = []  # what --save-steps wrote, in order
+
+    def write_checkpoint(self, step: int) -> None:
+        """--save-steps: checkpoint-<step>/ in the run directory, then the oldest beyond --save-total-limit go."""
+        path = write_checkpoint(self.resolved, self.built, self.run_dir, step, self.log)
+        self.checkpoints.append(path.name)
+        prune_checkpoints(self.run_dir, self.cfg.save.save_total_limit, self.log)
 
     def run(self) -> RunResult:
         """Train and return this rank's result (status ok or a failure class); files are written by ``teardown``."""
@@ -127,11 +136,15 @@ class Trainer:
                 self.built = build(self.resolved, self.memory, self.log)
                 self.setup_time_s = time.perf_counter() - t0
                 self.profiler = trackers.enter_context(self.make_profiler(self, self.built))
+                if self.cfg.save.resume_from_checkpoint:  # weights, optimizer, data position, RNG
+                    self.start_step = load_checkpoint(self.resolved, self.built,
+                                                      Path(self.cfg.save.resume_from_checkpoint), self.log)
                 trackers.enter_context(self.steps)
                 self.on_start(self)
-                self.check = TrainingCheck(self.built.model, self.cfg.train.max_steps)
+                self.check = TrainingCheck(self.built.model, self.cfg.train.max_steps - self.start_step)
                 run_steps(self.cfg, self.built, self.device, self.memory, self.steps, self.first, self.profiler,
-                          self.on_step, self.check, stop_early=not self.dist.enabled)
+                          self.on_step, self.check, stop_early=not self.dist.enabled, start=self.start_step,
+                          checkpoint=self.write_checkpoint if self.cfg.save.save_steps else None)
                 self.prove_trained()
                 if self.cfg.save.save:  # after the last step's time; inside the process group FSDP2 needs
                     self.saved = save_trained(self.resolved, self.built, self.run_dir, self.log)
@@ -159,6 +172,13 @@ class Trainer:
                             self.steps, self.memory, self.first, self.nvml, self.profiler, self.kernels_applied,
                             saved=self.saved, check=self.check, not_trained=self.not_trained)
         res = assemble(recorded, status, exc)
+        if self.start_step:
+            res.notes.append(f"resumed from {self.cfg.save.resume_from_checkpoint} at step {self.start_step}: "
+                             f"steps {self.start_step + 1}-{self.cfg.train.max_steps} ran here")
+        if self.checkpoints:
+            res.notes.append(f"--save-steps wrote {', '.join(self.checkpoints)} (--save-total-limit keeps the "
+                             "newest)" if self.cfg.save.save_total_limit else
+                             f"--save-steps wrote {', '.join(self.checkpoints)}")
         if self.dist.enabled and status is Status.OK:
             res = self.aggregate_ranks(res)
         elif self.dist.enabled:

@@ -1,0 +1,125 @@
+"""--save-steps and --resume-from-checkpoint: a run resumed from a checkpoint has the loss curve of a run that never
+stopped (issue 40), on the tiny preset, CPU, fp32."""
+
+import json
+
+import pytest
+
+from ftprof.config import RunConfig
+from ftprof.errors import ConfigError
+
+SHAPE = {"model": "tiny", "device": "cpu", "dtype": "float32", "seq_len": 32, "batch_size": 2, "quiet": True,
+         "measure_warmup_steps": 1}
+
+
+def _run(tmp_path, name, **options):
+    from ftprof.engine.run import train
+
+    cfg = RunConfig.from_flat({**SHAPE, "output_dir": str(tmp_path), "run_name": name, **options})
+    result = train(cfg)
+    assert result.status == "ok", result.failure
+    return result, tmp_path / name
+
+
+def _losses(run_dir):
+    import csv
+
+    with open(run_dir / "steps.csv") as fh:
+        return {int(row["step"]): float(row["loss"]) for row in csv.DictReader(fh)}
+
+
+@pytest.mark.parametrize("method, extra", [
+    ("lora", {"lora_dropout": 0.1}),  # dropout draws from the RNG: the restored state must continue it
+    ("full", {"grad_accum": 2, "max_grad_norm": 1.0, "warmup_steps": 2}),
+])
+def test_a_resumed_run_has_the_same_losses(tmp_path, method, extra):
+    whole, whole_dir = _run(tmp_path, "whole", method=method, max_steps=8, **extra)
+    _, saved_dir = _run(tmp_path, "saved", method=method, max_steps=8, save_steps=4, **extra)
+    assert sorted(p.name for p in saved_dir.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-8"]
+    resumed, resumed_dir = _run(tmp_path, "resumed", method=method, max_steps=8,
+                                resume_from_checkpoint=str(saved_dir / "checkpoint-4"), **extra)
+    a, b = _losses(whole_dir), _losses(resumed_dir)
+    assert sorted(b) == [5, 6, 7, 8]  # steps.csv continues the step numbers
+    for step in b:
+        assert abs(a[step] - b[step]) <= 1e-6, (step, a[step], b[step])
+    assert _losses(saved_dir) == pytest.approx(a, abs=1e-6)  # writing checkpoints changes nothing
+    assert any("resumed from" in n and "checkpoint-4" in n and "step 4" in n for n in resumed.notes)
+    result = json.loads((resumed_dir / "result.json").read_text())
+    assert any("resumed from" in n for n in result["notes"])
+    config = json.loads((resumed_dir / "config.json").read_text())
+    assert config["save"]["resume_from_checkpoint"] == str((saved_dir / "checkpoint-4").resolve())
+
+
+def test_a_four_step_run_resumed_for_four_more_is_an_eight_step_run(tmp_path):
+    """The literal reading: a run of 4 steps, saved, resumed for 4 more (constant learning rate: a schedule's
+    length is --max-steps, as in the Trainer)."""
+    options = {"method": "lora", "lr_scheduler_type": "constant"}
+    _, whole_dir = _run(tmp_path, "eight", max_steps=8, **options)
+    _, four_dir = _run(tmp_path, "four", max_steps=4, save_steps=4, **options)
+    _, more_dir = _run(tmp_path, "more", max_steps=8, resume_from_checkpoint="latest", **options)
+    a, b = _losses(whole_dir), {**_losses(four_dir), **_losses(more_dir)}
+    assert sorted(b) == list(range(1, 9))
+    assert max(abs(a[s] - b[s]) for s in a) <= 1e-6
+
+
+def test_save_total_limit_keeps_the_newest(tmp_path):
+    _, run_dir = _run(tmp_path, "r", method="lora", max_steps=5, save_steps=1, save_total_limit=2)
+    assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-5"]
+    assert not list(run_dir.glob(".checkpoint-*"))  # no partial left behind
+    state = json.loads((run_dir / "checkpoint-5" / "ftprof_checkpoint.json").read_text())
+    assert (state["step"], state["batches_taken"], state["saved"]) == (5, 5, "adapter")
+    for name in ("adapter/adapter_model.safetensors", "base/config.json", "trainer_state.pt"):
+        assert (run_dir / "checkpoint-5" / name).is_file(), name
+
+
+def _cfg(tmp_path, **options):
+    return RunConfig.from_flat({**SHAPE, "output_dir": str(tmp_path), "method": "lora", **options})
+
+
+def _checkpoint(tmp_path, step=4, **options):
+    path = tmp_path / "old" / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    flat = {k: list(v) if isinstance(v, tuple) else v for k, v in _cfg(tmp_path, **options).to_flat().items()}
+    (path / "ftprof_checkpoint.json").write_text(json.dumps({"step": step, "batches_taken": step, "options": flat}))
+    return path
+
+
+@pytest.mark.parametrize("options, fragment", [
+    ({"resume_from_checkpoint": "latest"}, "no <run dir>/checkpoint-<step>/ under"),
+    ({"resume_from_checkpoint": "nowhere"}, "no such directory"),
+    ({"save_total_limit": 2}, "--save-total-limit needs --save-steps"),
+    ({"save_steps": 0}, "--save-steps must be at least 1"),
+    ({"save_steps": 2, "nproc_per_node": 2}, "one process only"),
+])
+def test_bad_checkpoint_options_are_one_line(tmp_path, options, fragment):
+    from ftprof.engine.run import resolve_resume
+
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        resolve_resume(_cfg(tmp_path, **options))
+
+
+def test_resume_refusals_before_torch(tmp_path):
+    from ftprof.engine.run import resolve_resume
+
+    ckpt = _checkpoint(tmp_path, step=4, max_steps=8)
+    (tmp_path / "junk").mkdir()
+    with pytest.raises(ConfigError, match="not an ftprof checkpoint"):
+        resolve_resume(_cfg(tmp_path, resume_from_checkpoint=str(tmp_path / "junk")))
+    with pytest.raises(ConfigError, match="--max-steps 4 leaves no step to run"):
+        resolve_resume(_cfg(tmp_path, resume_from_checkpoint=str(ckpt), max_steps=4))
+    with pytest.raises(ConfigError, match="written with --batch-size 2, this run has 4"):
+        resolve_resume(_cfg(tmp_path, resume_from_checkpoint=str(ckpt), max_steps=8, batch_size=4))
+    with pytest.raises(ConfigError, match="written with method lora, this run has full"):
+        resolve_resume(_cfg(tmp_path, resume_from_checkpoint=str(ckpt), max_steps=8, method="full"))
+    with pytest.raises(ConfigError, match="writes a run directory of its own"):
+        resolve_resume(_cfg(tmp_path, resume_from_checkpoint=str(ckpt), max_steps=8, run_name="old"))
+    cfg = resolve_resume(_cfg(tmp_path, resume_from_checkpoint="latest", max_steps=8))
+    assert cfg.save.resume_from_checkpoint == str(ckpt.resolve())
+
+
+def test_resume_refusal_through_the_cli_is_one_line(tmp_path, capsys):
+    from ftprof.cli.main import main
+
+    code = main(["train", "lora", "--output_dir", str(tmp_path), "--resume_from_checkpoint", "latest"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "--resume-from-checkpoint latest" in err
