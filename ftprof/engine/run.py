@@ -156,6 +156,15 @@ def resolve_resume(cfg: RunConfig) -> RunConfig:
     from ftprof.errors import ConfigError
 
     several = cfg.distributed.world_size > 1 or cfg.distributed.nnodes > 1
+    method = cfg.method.method
+    if cfg.save.save_merged and method not in ("lora", "qlora"):
+        raise ConfigError("--save-merged: " + (
+            "full fine-tuning has no adapters to merge; --save writes the whole model" if method == "full" else
+            "a GPTQ base cannot take merged 16-bit weights (its layers are packed integers); --save writes the "
+            "adapter, which loads on the GPTQ checkpoint"))
+    if cfg.save.save_merged and cfg.distributed.parallel == "fsdp" and (several or cfg.distributed.fsdp_cpu_offload):
+        raise ConfigError("--save-merged: an FSDP run's base weights are sharded across ranks; merge from --save's "
+                          "adapter and base after the run, or run with --parallel ddp")
     spec = cfg.save.resume_from_checkpoint
     if several and (cfg.save.save_steps or spec):
         raise ConfigError(f"--{'save-steps' if cfg.save.save_steps else 'resume-from-checkpoint'}: checkpoints "

@@ -28,7 +28,7 @@ from ftprof.models.dequant import dequantize, is_4bit_linear
 from ftprof.results.parts import Saved
 from ftprof.results.store import partial_dir
 
-ADAPTER, MODEL, BASE = "adapter", "model", "base"
+ADAPTER, MODEL, BASE, MERGED = "adapter", "model", "base", "merged"
 
 
 def save_trained(resolved, built, run_dir: Path, log: Callable[[str], None], root: Path | None = None) -> Saved:
@@ -276,3 +276,47 @@ def _load_adapter(peft_model, folder: Path) -> None:
     if unexpected:
         raise RuntimeError(f"--resume-from-checkpoint: {folder}'s adapter does not match the model (unexpected "
                            f"{sorted(unexpected)[:3]})")
+
+
+# --- --save-merged: the adapters merged into the base, a plain transformers checkpoint ------------------------------
+def save_merged(resolved, built, run_dir: Path, log: Callable[[str], None]) -> Path:
+    """``merged/`` under --save-dir (default the run directory): the base's weights (QLoRA's dequantized, as its
+    forward computed with them) plus each LoRA layer's delta (``get_delta_weight``: B @ A x scaling), in the base's
+    dtype, with the model's config and tokenizer: ``AutoModelForCausalLM.from_pretrained(merged/)`` computes what
+    the adapted model computes. The trained model is left as it is."""
+    cfg = resolved.config
+    root = Path(cfg.save.save_dir).expanduser() if cfg.save.save_dir else Path(run_dir)
+    t0 = time.perf_counter()
+    model = built.model.module if isinstance(built.model, torch.nn.parallel.DistributedDataParallel) else built.model
+    final = root / MERGED
+    if resolved.dist.is_main:
+        state = merged_state(model)
+        _publish(final, lambda tmp: _save_base(resolved.source.config, state, built.tokenizer, tmp))
+    if resolved.dist.enabled:
+        import torch.distributed as dist
+
+        dist.barrier()
+    log(f"--save-merged: merged model written to {final} in {time.perf_counter() - t0:.1f} s")
+    return final
+
+
+@torch.no_grad()
+def merged_state(peft_model) -> dict[str, torch.Tensor]:
+    """The base's weights under plain transformers names with every LoRA delta added (in float32, then back to
+    the weight's dtype)."""
+    state = base_state(peft_model, None)
+    merged = 0
+    for name, module in peft_model.get_base_model().named_modules():
+        adapters = getattr(module, "lora_A", None)
+        if not isinstance(adapters, torch.nn.ModuleDict) or "default" not in adapters:
+            continue
+        if not hasattr(module, "get_delta_weight"):
+            raise RuntimeError(f"--save-merged: {name} is a LoRA layer this PEFT version cannot merge")
+        key = _clean(name) + ".weight"
+        delta = module.get_delta_weight("default").detach().to("cpu", torch.float32)
+        weight = state[key]
+        state[key] = (weight.to(torch.float32) + delta.reshape(weight.shape)).to(weight.dtype)
+        merged += 1
+    if not merged:
+        raise RuntimeError("--save-merged: the model has no LoRA layer to merge")
+    return state

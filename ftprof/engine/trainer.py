@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import gc
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +27,7 @@ from ftprof.engine.compile import eager_rounding
 from ftprof.engine.loop import run_steps
 from ftprof.engine.proof import NotTrainedError, TrainingCheck
 from ftprof.engine.result import Recorded, assemble
-from ftprof.engine.save import load_checkpoint, prune_checkpoints, save_trained, write_checkpoint
+from ftprof.engine.save import load_checkpoint, prune_checkpoints, save_merged, save_trained, write_checkpoint
 from ftprof.engine.trackers import FirstStepMemory, NvmlTracker, StepLog
 from ftprof.errors import ConfigError
 from ftprof.models import attention, kernels
@@ -110,6 +111,7 @@ class Trainer:
         self.not_trained: str | None = None  # why it did not, when it did not
         self.start_step = 0  # the step a resumed run's checkpoint had reached (--resume-from-checkpoint)
         self.checkpoints: list[str] = []  # what --save-steps wrote, in order
+        self.merged_dir: Path | None = None  # what --save-merged wrote
 
     def write_checkpoint(self, step: int) -> None:
         """--save-steps: checkpoint-<step>/ in the run directory, then the oldest beyond --save-total-limit go."""
@@ -148,6 +150,8 @@ class Trainer:
                 self.prove_trained()
                 if self.cfg.save.save:  # after the last step's time; inside the process group FSDP2 needs
                     self.saved = save_trained(self.resolved, self.built, self.run_dir, self.log)
+                if self.cfg.save.save_merged:
+                    self.merged_dir = save_merged(self.resolved, self.built, self.run_dir, self.log)
         except ConfigError as exc:
             self.teardown(self.result(Status.ERROR, exc))
             self.release()
@@ -175,6 +179,10 @@ class Trainer:
         if self.start_step:
             res.notes.append(f"resumed from {self.cfg.save.resume_from_checkpoint} at step {self.start_step}: "
                              f"steps {self.start_step + 1}-{self.cfg.train.max_steps} ran here")
+        if self.merged_dir is not None:  # result.json's artifacts: in the run directory, else where it is
+            inside = self.merged_dir.resolve().is_relative_to(Path(self.run_dir).resolve())
+            res.artifacts["merged_model"] = os.path.relpath(self.merged_dir, self.run_dir) if inside \
+                else str(self.merged_dir)
         if self.checkpoints:
             res.notes.append(f"--save-steps wrote {', '.join(self.checkpoints)} (--save-total-limit keeps the "
                              "newest)" if self.cfg.save.save_total_limit else
