@@ -25,7 +25,14 @@ NOT_CONFIG = frozenset({
     "gradient_checkpointing", "slurm_job_id", "slurm_nodes",  # slurm_*: where bench ran it
     "node_rank", "rdzv_endpoint", "rdzv_backend", "report_to", "dataset_num_proc",  # where, trackers, tokenizing
     "save_dir",  # where --save wrote
+    # how the run was kept and shown, not what it ran (checkpoints are written outside the steps' time)
+    "logging_steps", "overwrite_output_dir", "resume_from_checkpoint", "save_total_limit",
 })
+# Not an option but part of a configuration: which training loop ran (load.trainer_name: "ftprof" for ftprof's own,
+# the HF Trainer, TRL, ... through ftprof.integrations), so a Trainer run is labelled and paired apart from ftprof's
+# loop at the same settings.
+TRAINER = "trainer"
+OWN_TRAINER = "ftprof"
 # Options that change the step time a little (what measuring costs): a configuration of their own when they vary
 # across the runs shown (an overhead sweep), ignored otherwise and when matching baselines.
 MEASUREMENT_OPTIONS = ("memory_logging",)
@@ -177,6 +184,8 @@ def effective_frame(df):
         if name in df and mask.any():
             df[name] = df[name].where(~mask, None)
     df["world_size"] = _normalize_column(_world_size(df), "int")
+    if TRAINER in df:  # a row without one (an older reader's, a planted row) is ftprof's own loop
+        df[TRAINER] = df[TRAINER].map(lambda v: OWN_TRAINER if _missing(v) or not str(v).strip() else str(v))
     df.attrs[EFFECTIVE_MARK] = True
     return df
 
@@ -200,6 +209,8 @@ def effective(row: dict[str, Any]) -> dict[str, Any]:
 def config_columns(df, measurement_if_varying: bool = False) -> list[str]:
     """Columns that identify an experiment's configuration (from config.json), for repeats and baselines."""
     cols = [c for c in flat_field_owners() if c in df.columns and c not in NOT_CONFIG]
+    if TRAINER in df.columns:
+        cols.append(TRAINER)
     if measurement_if_varying:
         cols += [c for c in MEASUREMENT_OPTIONS if c in df.columns and df[c].map(str).nunique() > 1]
     return cols

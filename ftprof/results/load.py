@@ -128,6 +128,7 @@ def run_row(run_dir: Path) -> dict[str, Any]:
     row: dict[str, Any] = {"run_dir": str(run_dir), "run_name": run_dir.name}
     row.update(config_options(config))
     row["run_name"] = run_dir.name  # the directory, even if copied or renamed since the run
+    row["trainer"] = trainer_name(config)
     row.update(slurm_columns(run_dir))
     result = read_result(run_dir)
     if result is None:
@@ -135,6 +136,19 @@ def run_row(run_dir: Path) -> dict[str, Any]:
         return row
     row.update(result_fields(result))
     return row
+
+
+OWN_TRAINER = "ftprof"  # the trainer column of ftprof's own loop (config.json without a trainer section)
+
+
+def trainer_name(config: dict[str, Any] | None) -> str:
+    """Which training loop a run measured: config.json's top-level ``trainer`` section's name (written by
+    ftprof.integrations' callback: hf-trainer, trl-sft, loop, ...), or ftprof's own."""
+    section = (config or {}).get("trainer")
+    if not isinstance(section, dict):
+        return OWN_TRAINER
+    name = section.get("name")
+    return str(name) if isinstance(name, str) and name.strip() else "unknown"
 
 
 def config_options(config: dict[str, Any]) -> dict[str, Any]:
@@ -164,7 +178,7 @@ def result_fields(result: dict[str, Any]) -> dict[str, Any]:
 
 def flat_row(result: dict[str, Any], config: dict[str, Any] | None = None) -> dict[str, Any]:
     """A run's row from its result.json and config.json as dicts (``run_row`` without the files)."""
-    return {**(config_options(config) if config else {}), **result_fields(result)}
+    return {**(config_options(config) if config else {}), "trainer": trainer_name(config), **result_fields(result)}
 
 
 def slurm_columns(run_dir: Path) -> dict[str, str]:
