@@ -328,10 +328,21 @@ def run(recipe: str, argv: list[str] | None, body: Callable[[Cell], Any]) -> int
     """A recipe's process: read the cell, train it through ``body`` (which returns the FtprofCallback), and exit
     with the run's status code (0 ok, 1 error, 3 out of memory, 5 not trained, 130 interrupted); bad input is one
     line and exit 2, as for ftprof's commands."""
+    from ftprof.lifetime import answer_ctrl_c
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    answer_ctrl_c()  # bench stops a cell with SIGINT, whatever our parent left ignored or blocked
+    signal.signal(signal.SIGTERM, _stop)  # and SIGTERM (bench dying: its parent-death signal) stops it the same way
+    try:
+        return _run(recipe, argv, body)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run(recipe: str, argv: list[str] | None, body: Callable[[Cell], Any]) -> int:
     from ftprof.results.status import exit_code
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a recipe never downloads: presets are built, checkpoints local
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
