@@ -12,7 +12,7 @@ from ftprof.config import METHODS
 from ftprof.config.declarations import DECLARED
 from ftprof.errors import ConfigError
 
-PLAN_OPTIONS = {"gpu", "gpus", "top", "show", "verify", "plan_dir", "methods"}
+PLAN_OPTIONS = {"gpu", "gpus", "top", "show", "verify", "plan_dir", "methods", "train", "trial_steps"}
 
 
 def _positive(text: str) -> int:
@@ -43,8 +43,15 @@ def plan_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--show", type=_positive, default=15, help="rows of the table (default 15)")
     parser.add_argument("--verify", type=_positive, metavar="K", help="run the top K with ftprof bench and print "
                         "predicted against measured")
+    parser.add_argument("--train", action="store_true",
+                        help="from the plan to a training run: time the top K (--verify K, default 3) for "
+                        "--trial-steps steps each, then train the full run (--max-steps) with the fastest measured; "
+                        "its result.json records the plan, the trials and the choice")
+    parser.add_argument("--trial-steps", type=_positive, default=8,
+                        help="steps each trial of --train runs (default 8: 3 warm-up, 5 timed)")
     parser.add_argument("--plan-dir", type=path_argument,
-                        help="where the plan's files go (default: <output-dir>/plan-<model>)")
+                        help="where the plan's files go (default: <output-dir>/plan-<model>-s<seq>-<batch>x<accum>-"
+                        "<gpu>[-<budget>g])")
     add_common_arguments(parser)
     parser.set_defaults(func=plan_command)
     return parser
@@ -115,9 +122,38 @@ def plan_command(args: argparse.Namespace) -> int:
         console.print(f"#{i + 1}: {output.command(plan, row, base)}", soft_wrap=True)
     console.print(f"{len(plan.fitting)} of {len(plan.rows)} configurations fit; plan in {plan.seconds:.1f} s "
                   f"(probes {plan.probe_seconds:.1f} s); files: {paths['json']}, {paths['csv']}, {paths['sweep']}")
+    if args.train:
+        return _train(plan, out_dir, args.verify or 3, args.trial_steps, base, paths["json"], console)
     if args.verify:
         return _verify(plan, paths["sweep"], out_dir, args.verify, request, base, console)
     return 0
+
+
+def _train(plan, out_dir: Path, k: int, trial_steps: int, base: dict, plan_json: Path, console) -> int:
+    """--train: the trials, the choice and the full run (ftprof/bench/autotune.py)."""
+    from rich.table import Table
+
+    from ftprof.bench import autotune
+
+    if plan.request.gpu is not None:
+        raise ConfigError("--train trains on this machine: plan for it (leave out --gpu)")
+    trials = autotune.run_trials(plan, k, base, trial_steps, out_dir)
+    table = Table(title=f"trials: the plan's top {len(trials)}, {trial_steps} steps each", header_style="bold")
+    for name in ("#", "configuration", "predicted tokens/s", "measured tokens/s", "status"):
+        table.add_column(name, justify="right" if "tokens" in name or name == "#" else "left")
+    for i, t in enumerate(trials):
+        table.add_row(str(i + 1), t.label, f"{t.predicted_tokens_per_s:,.0f}" if t.predicted_tokens_per_s else "-",
+                      f"{t.tokens_per_s:,.0f}" if t.tokens_per_s else "-", t.status)
+    console.print(table)
+    try:
+        chosen, why = autotune.choose(trials)
+    except autotune.NoTrialFinished as exc:
+        console.print(f"ftprof plan --train: {exc}")
+        return 1
+    console.print(f"training {chosen.label}: {why}")
+    result, _ = autotune.train_chosen(chosen, trials, why, base, plan_json, str(plan.request.cfg.output.output_dir))
+    console.print(f"{result.status}: {result.run_dir} (result.json's selection says how it was chosen)")
+    return 0 if result.status == "ok" else 1
 
 
 def nothing_fits(plan) -> str:
