@@ -25,6 +25,8 @@ from ftprof.plan import calibration  # noqa: E402
 MEASUREMENTS = ROOT / "docs" / "measurements"
 SOURCES = ("*-fast-paths*-raw_summary.csv", "*-h200x2-targets-raw_summary.csv", "*-h200-methods-1b-raw_summary.csv",
            "*-h200x2-mistral-7b-classic-raw_summary.csv", "*-h200-plan-accuracy-*-raw_summary.csv")
+# Runs of a few tokens per micro-batch (benchmarks/sweeps/host-floor.yaml): the host floor, not speed rows.
+HOST_SOURCES = ("*-h200-host-floor-raw_summary.csv",)
 MEMORY_MODELS = ("llama-8b",)  # probed here on the CPU (a 2-layer copy): about a minute per method
 DEVICE = "H200"  # only this GPU's measurements are shipped
 OUT = calibration.SHIPPED
@@ -95,8 +97,8 @@ def speed_row(row: dict[str, str], csv_name: str) -> dict | None:
     }
 
 
-def read_rows() -> list[tuple[dict[str, str], str]]:
-    paths = sorted({p for pattern in SOURCES for p in MEASUREMENTS.glob(pattern)})
+def read_rows(sources: tuple[str, ...] = SOURCES) -> list[tuple[dict[str, str], str]]:
+    paths = sorted({p for pattern in sources for p in MEASUREMENTS.glob(pattern)})
     out = []
     for path in paths:
         with path.open(newline="") as fh:
@@ -169,11 +171,28 @@ def _ratio(entry: dict, planners: dict) -> float | None:
                                          "prediction": pred.to_dict()})
 
 
+def host_rows(rows: list[tuple[dict[str, str], str]]) -> list[dict]:
+    """Host floors (ftprof/plan/host.py): each ok run of a few tokens per micro-batch, its seconds per micro-batch,
+    the model's layers and how busy NVML saw the GPU."""
+    from ftprof.plan import host
+
+    out = []
+    for row, name in rows:
+        entry = speed_row(row, name)
+        if entry is None:
+            continue
+        busy = _value(row.get("nvml_gpu0_util_mean"))
+        out.append({**entry, "layers": calibration.model_layers(entry["model"]),
+                    "host_floor_s": round(host.micro_batch_seconds(entry), 5),
+                    "gpu_busy": None if busy is None else round(busy / 100, 3)})
+    return sorted(out, key=lambda e: (e["method"], e["policy"], e["kernels"], e["compile"], e["finished_at"]))
+
+
 def main() -> int:
     rows = read_rows()
     data = {"about": "ftprof plan's shipped calibration, derived by benchmarks/shipped_calibration.py from "
                      "docs/measurements (do not edit by hand)",
-            "speed": speed_rows(rows), "memory": memory_factors(rows)}
+            "speed": speed_rows(rows), "memory": memory_factors(rows), "host": host_rows(read_rows(HOST_SOURCES))}
     OUT.write_text(json.dumps(data, indent=1) + "\n")
     for e in data["speed"]:
         key = calibration.class_key(e)

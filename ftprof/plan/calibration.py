@@ -357,13 +357,14 @@ def activation_ratio(record: dict) -> float | None:
 # ---------------------------------------------------------------------------------------------------- shipped
 @functools.lru_cache(maxsize=1)
 def shipped() -> dict[str, list[dict]]:
-    """The shipped defaults: {"speed": [...], "memory": [...]}, rows shaped like local records."""
+    """The shipped defaults: {"speed": [...], "memory": [...], "host": [...]}, rows shaped like local records
+    ("host": runs of a few tokens per micro-batch, ftprof/plan/host.py)."""
     try:
         data = json.loads(SHIPPED.read_text())
-        return {"speed": list(data.get("speed") or []), "memory": list(data.get("memory") or [])}
+        return {kind: list(data.get(kind) or []) for kind in ("speed", "memory", "host")}
     except (OSError, ValueError, AttributeError) as exc:
         _warn(f"ftprof: shipped calibration {SHIPPED} unreadable ({exc}); not used", once="shipped")
-        return {"speed": [], "memory": []}
+        return {"speed": [], "memory": [], "host": []}
 
 
 # ---------------------------------------------------------------------------------------------------- look-ups
