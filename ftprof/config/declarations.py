@@ -146,6 +146,15 @@ DECLARED: tuple[Declared, ...] = (
              void_when=(When("checkpointing", ("none", "selective", "auto", None)),)),
     Declared("dequant_kernel", "method", frozenset({"speed"}), "triton", methods=("qlora",), family="bitsandbytes",
              refuse=frozenset({"methods"})),
+    # full checkpointing's saved layer inputs held in pinned host memory (models/offload.py)
+    Declared("offload_checkpoints", "model", frozenset({"speed", "activations"}), False,
+             needs=(When("checkpointing", ("full",)),), refuse=frozenset({"needs"}), word="offload",
+             planner_values=(False, True),
+             excludes=(Excludes(When(SHARDED, (True,)), "{flag} is not tried under FSDP, whose hooks gather and free "
+                                "each layer's weights around it: use --parallel ddp or leave it off"),
+                       Excludes(When("compile_mode", ("reduce-overhead", "max-autotune")),
+                                "{flag} copies on a side stream, outside the CUDA graphs of {other} reduce-overhead "
+                                "and max-autotune: use --compile-mode default or max-autotune-no-cudagraphs"))),
 )
 BY_NAME: dict[str, Declared] = {d.name: d for d in DECLARED}
 

@@ -16,7 +16,7 @@ from ftprof.engine import checkpointing, distributed
 from ftprof.engine.compile import CompileOutcome, warm_up
 from ftprof.engine.evaluate import eval_batches_for
 from ftprof.engine.schedule import make_scheduler
-from ftprof.models import attention, dequant, fp8_base, fused_projections, kernels
+from ftprof.models import attention, dequant, fp8_base, fused_projections, kernels, offload
 from ftprof.models.checkpointing import SelectivePolicy
 from ftprof.models.materialize import materialize_sharded
 from ftprof.models.methods import LoadContext, get_strategy
@@ -84,6 +84,9 @@ def build(resolved: ResolvedRun, memory: MemoryTracker, log: Callable[[str], Non
         policy, layers, auto, selective = checkpointing.resolve_policy(model, resolved)
         if auto is not None:
             log(f"--checkpointing auto: {auto.reason}")
+        if cfg.model.offload_checkpoints:
+            log(f"--offload-checkpoints: {len(offload.offloaded_layers(model))} layer inputs kept in pinned host "
+                "memory")
         joined = (fused_projections.fuse(model, metrics.decoder_layers(model))
                   if cfg.method.lora_fused_projections else [])
         if cfg.method.fp8_base:

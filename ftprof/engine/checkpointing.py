@@ -20,5 +20,5 @@ def resolve_policy(model, run: ResolvedRun) -> tuple[str, int | None, AutoChoice
     counter sizes what selective checkpointing caches, or None)."""
     policy, layers = run.policy, run.checkpointed_layers
     selective = SelectivePolicy(run.config.method.lora_r or 0) if policy == "selective" else None
-    apply_policy(model, policy, selective, layers)
+    apply_policy(model, policy, selective, layers, offload=run.config.model.offload_checkpoints)
     return policy, layers, run.auto_choice, selective

@@ -8,6 +8,8 @@ policy saves, measured on a probe forward. The run (ftprof/engine/checkpointing.
   activations, rotary, residual adds) are recomputed.
 - ``layers`` (``--checkpoint-layers N``, with full or selective): only the first N decoder layers are checkpointed;
   the others keep their activations. Recomputation, and its cost, scale with N.
+- ``offload`` (``--offload-checkpoints``, with full): the checkpointed layers' inputs wait for backward in pinned
+  host memory (ftprof/models/offload.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import inspect
 import torch
 
 from ftprof import metrics
+from ftprof.models import offload as offloading
 from ftprof.profiling.memory import SavedActivations
 
 SPEED_ORDER = ("none", "selective", "full")  # fastest first: less recomputation
@@ -94,9 +97,13 @@ def _output_bytes(op, args) -> int:
     return rows * b.shape[-1] * a.element_size()
 
 
-def apply_policy(model, policy: str, selective: SelectivePolicy | None = None, layers: int | None = None) -> None:
+def apply_policy(model, policy: str, selective: SelectivePolicy | None = None, layers: int | None = None,
+                 offload: bool = False) -> None:
     """Set ``model``'s checkpointing to ``policy`` (none, full or selective), on HF models and PEFT wrappers; with
-    ``layers``, on the first ``layers`` decoder layers only."""
+    ``layers``, on the first ``layers`` decoder layers only; with ``offload`` (full only), the checkpointed layers'
+    inputs are kept in host memory."""
+    if offload and policy != "full":
+        raise ValueError(f"offloading checkpointed layer inputs needs full checkpointing, not {policy}")
     enabled = getattr(model, "is_activation_checkpointing", None) or getattr(model, "is_gradient_checkpointing",
                                                                             False)
     if policy == "none":
@@ -119,6 +126,8 @@ def apply_policy(model, policy: str, selective: SelectivePolicy | None = None, l
     if layers is not None:
         for block in metrics.decoder_layers(model)[layers:]:
             block.gradient_checkpointing = False  # the flag transformers' layer wrapper reads at each call
+    if offload:
+        offloading.attach(model, layers)  # after the layers' checkpoint function is set (enabling sets it anew)
 
 
 def measure_activations(model, autocast, vocab: int, device: torch.device, tokens: int,
