@@ -73,6 +73,7 @@ class Declared:
     min_capability: tuple | None = None  # CUDA compute capability it needs when on
     word: str = ""  # its label word (report labels, the plan's rows); default: the name
     planner_values: tuple = ()  # the values the planner tries where it applies (empty: not a candidate option)
+    planner_devices: tuple = ("cuda", "cpu")  # where the planner tries it (an option that only moves GPU memory: cuda)
     speed_class: bool = False  # runs with it on are calibrated apart (their rate differs by more than knobs' do)
     family: str = ""  # how a refusal names the methods it belongs to ("a lora option"); default: the methods
 
@@ -149,7 +150,7 @@ DECLARED: tuple[Declared, ...] = (
     # full checkpointing's saved layer inputs held in pinned host memory (models/offload.py)
     Declared("offload_checkpoints", "model", frozenset({"speed", "activations"}), False,
              needs=(When("checkpointing", ("full",)),), refuse=frozenset({"needs"}), word="offload",
-             planner_values=(False, True),
+             planner_values=(False, True), planner_devices=("cuda",),  # on the CPU the offload is a plain copy
              excludes=(Excludes(When(SHARDED, (True,)), "{flag} is not tried under FSDP, whose hooks gather and free "
                                 "each layer's weights around it: use --parallel ddp or leave it off"),
                        Excludes(When("compile_mode", ("reduce-overhead", "max-autotune")),

@@ -68,12 +68,16 @@ def of_config(cfg: RunConfig) -> Candidate:
                      cfg.train.grad_accum, options)
 
 
-def option_sets(method: str, kernels: str, compiled: bool, cuda: bool, capability: tuple | None) -> list[tuple]:
-    """Every combination of the declared candidate options for a (method, kernels, compile) on this target: the
-    values each option applies with, combinations the declarations refuse left out."""
-    values = {"method": method, "kernels": kernels, "compile": compiled, declarations.SHARDED: False}
+def option_sets(method: str, kernels: str, compiled: bool, cuda: bool, capability: tuple | None,
+                policy: str = "none") -> list[tuple]:
+    """Every combination of the declared candidate options for a (method, kernels, compile, checkpointing policy) on
+    this target: the values each option applies with, combinations the declarations refuse left out."""
+    values = {"method": method, "kernels": kernels, "compile": compiled, "checkpointing": policy,
+              declarations.SHARDED: False}
     choices = []
     for d in declarations.planner_options(values, capability if cuda else None):
+        if ("cuda" if cuda else "cpu") not in d.planner_devices:
+            continue
         tried = [v for v in d.planner_values if cuda or not d.needs_cuda(v)]
         choices.append([(d.name, v) for v in tried])
     out = []
@@ -101,14 +105,12 @@ def enumerate_candidates(methods: list[str], layer_count: int, batch_size: int, 
     for method in methods:
         for kernels in kernel_sets:
             for compiled in compile_options:
-                for options in option_sets(method, kernels, compiled, cuda, capability):
-                    for micro, accum in micro_batches(batch_size, grad_accum):
-                        for policy in policies:
-                            out.append(Candidate(method, policy, None, kernels, compiled, micro, accum, options))
-                        if "full" in policies:
-                            for layers in partial_layers(layer_count):
-                                out.append(Candidate(method, "full", layers, kernels, compiled, micro, accum,
-                                                     options))
+                for policy in policies:
+                    layer_counts = [None] + (partial_layers(layer_count) if policy == "full" else [])
+                    for options in option_sets(method, kernels, compiled, cuda, capability, policy):
+                        for micro, accum in micro_batches(batch_size, grad_accum):
+                            out += [Candidate(method, policy, layers, kernels, compiled, micro, accum, options)
+                                    for layers in layer_counts]
     return out
 
 

@@ -57,6 +57,7 @@ class Shape:
     compile_loss: bool = True  # --compile-loss: with --compile (and an unfused loss) the loss is compiled too
     dtype_bytes: int = 2  # the run dtype's width (the logits' when the compiled loss keeps them)
     fp8_base: bool = False  # --fp8-base: LoRA keeps each base weight's e4m3 rows and their transpose
+    layer_input_bytes_per_token: int = 0  # a decoder layer's input (hidden size x the run dtype's width)
 
 
 def static_parts(probe: ProbeResult, cand: Candidate, shape: Shape) -> tuple[int, int, int]:
@@ -154,6 +155,13 @@ def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: fl
     rest = min(rest, probed)
     activations = int((probed - rest) * factor + rest * (factor if rest_factor is None else rest_factor))
     transients = transient_bytes(probe, cand, shape)
+    if cand.checkpointing == "full" and cand.option("offload_checkpoints"):
+        # --offload-checkpoints: the checkpointed layers' inputs wait in host memory; two of them are back on the
+        # device during backward (double buffering). Measured on an H200, llama-8b QLoRA 4 x 2048: 10.30 -> 8.57
+        # GiB peak allocated, against 1.88 GiB this accounting removes.
+        layer_input = tokens * shape.layer_input_bytes_per_token
+        activations = max(0, activations - _checkpointed_layers(probe, cand) * layer_input)
+        transients += 2 * layer_input
     if cand.grad_accum > 1:
         dynamic = grads + activations + transients
     else:

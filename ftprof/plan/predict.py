@@ -118,7 +118,8 @@ class Planner:
                             self.target.shards, m.gptq_bits or 4, m.gptq_group_size or 128,
                             m.keep_dequantized is not False and not fp8, m.double_quant is not False,
                             config.hidden_size * torch_dtype(self.dtype).itemsize, bool(self.cfg.model.compile_loss),
-                            torch_dtype(self.dtype).itemsize, fp8)
+                            torch_dtype(self.dtype).itemsize, fp8,
+                            config.hidden_size * torch_dtype(self.dtype).itemsize)
 
     @property
     def attn_dim(self) -> int:

@@ -90,7 +90,7 @@ def test_the_planner_tries_every_declared_candidate_option_where_it_applies():
     assert (("lora_fused_projections", True),) in qlora and () in qlora
     assert not any(dict(o).get("fp8_base") and dict(o).get("lora_fused_projections") for o in qlora)  # excluded
     assert not any("compile_mode" in dict(o) for o in _options(hopper, "qlora", False))  # needs --compile
-    assert _options(hopper, "full", False) == {()}  # full: neither LoRA option applies
+    assert _options(hopper, "full", False) == {(), (("offload_checkpoints", True),)}  # no LoRA option for full
     ampere = enumerate_candidates(["qlora"], 4, 4, 1, cuda=True, capability=(8, 0))
     assert not any("fp8_base" in dict(c.options) for c in ampere)  # no FP8 tensor cores
     cpu = enumerate_candidates(["qlora"], 4, 4, 1, compile_options=(False, True))

@@ -1,0 +1,35 @@
+"""The planner prices --offload-checkpoints (a declared option) like every other: tried with full checkpointing
+on a GPU target, its checkpointed layers' inputs out of the device's peak, two of them back for the backward."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ftprof.config import RunConfig
+from ftprof.models.source import resolve_model_source
+from ftprof.plan.candidates import enumerate_candidates, of_config
+from ftprof.plan.predict import Planner, Target
+
+
+def test_offloading_takes_the_layer_inputs_out_of_the_peak():
+    cfg = RunConfig.from_flat({"model": "tiny", "method": "qlora", "seq_len": 64, "batch_size": 4,
+                               "checkpointing": "full", "kernels": "liger", "compile": True})
+    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("bfloat16", preset=True))
+    source = resolve_model_source("tiny")
+    p = Planner(cfg, source, "bfloat16", Target("NVIDIA H200", capability=(9, 0)), [])
+    plain = of_config(cfg)
+    offloaded = dataclasses.replace(plain, options=(("offload_checkpoints", True),))
+    a, b = p.predict(plain), p.predict(offloaded)
+    layer_input = 4 * 64 * source.config.hidden_size * 2  # tokens x hidden x bf16
+    layers = source.config.num_hidden_layers
+    assert a.activation_bytes - b.activation_bytes == layers * layer_input
+    assert b.transient_bytes - a.transient_bytes == 2 * layer_input
+    assert b.candidate["offload_checkpoints"] is True
+
+
+def test_the_planner_tries_it_only_with_full_checkpointing_on_a_gpu():
+    gpu = enumerate_candidates(["lora"], 4, 4, 1, cuda=True, capability=(9, 0))
+    offloaded = [c for c in gpu if dict(c.options).get("offload_checkpoints")]
+    assert offloaded and {c.checkpointing for c in offloaded} == {"full"}
+    cpu = enumerate_candidates(["lora"], 4, 4, 1)
+    assert not any(dict(c.options).get("offload_checkpoints") for c in cpu)  # a plain copy on the CPU
