@@ -8,6 +8,9 @@ from typing import Optional
 
 from ftprof.config.options import option, require
 
+CHECKPOINT_PREFIX = "checkpoint-"  # <run dir>/checkpoint-<step>/, as the HF Trainer names them
+CHECKPOINT_STATE = "ftprof_checkpoint.json"  # in each checkpoint: its step, data position and the run's options
+
 
 @dataclass
 class SaveConfig:

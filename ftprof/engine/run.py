@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ftprof import ranks
 from ftprof.config import RunConfig
+from ftprof.config.saving import CHECKPOINT_PREFIX, CHECKPOINT_STATE
 from ftprof.results import run_dir as files
 from ftprof.results.schema import RunResult, failure_result
 from ftprof.results.status import Status
@@ -120,8 +121,6 @@ def _launch_and_collect(cfg: RunConfig, quiet: bool | None) -> RunResult:
     return result
 
 
-CHECKPOINT_PREFIX = "checkpoint-"  # <run dir>/checkpoint-<step>/, as the HF Trainer names them
-CHECKPOINT_STATE = "ftprof_checkpoint.json"  # in each checkpoint: its step, data position and the run's options
 # Options a resumed run must share with its checkpoint: the weights' shapes, and what the data position means.
 RESUME_SAME = ("method", "model", "lora_r", "lora_targets", "dataset", "dataset_config", "dataset_split", "packing",
                "seq_len", "batch_size", "grad_accum", "seed")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from ftprof.config.saving import CHECKPOINT_PREFIX, CHECKPOINT_STATE
 from ftprof.models.dequant import dequantize, is_4bit_linear
 from ftprof.results.parts import Saved
 from ftprof.results.store import partial_dir
@@ -175,7 +176,6 @@ def write_checkpoint(resolved, built, run_dir: Path, step: int, log: Callable[[s
 
     import numpy as np
 
-    from ftprof.engine.run import CHECKPOINT_PREFIX, CHECKPOINT_STATE
     from ftprof.results.store import write_json_atomic
 
     cfg = resolved.config
@@ -202,11 +202,10 @@ def write_checkpoint(resolved, built, run_dir: Path, step: int, log: Callable[[s
 
 def prune_checkpoints(run_dir: Path, limit: int | None, log: Callable[[str], None]) -> None:
     """Keep the newest ``limit`` checkpoints of the run (all when None)."""
-    from ftprof.engine.run import checkpoint_dirs
-
     if limit is None:
         return
-    found = checkpoint_dirs(Path(run_dir))
+    found = sorted((int(p.name.removeprefix(CHECKPOINT_PREFIX)), p) for p in Path(run_dir).glob(CHECKPOINT_PREFIX + "*")
+                   if p.name.removeprefix(CHECKPOINT_PREFIX).isdigit() and (p / CHECKPOINT_STATE).is_file())
     for _, path in found[:max(0, len(found) - limit)]:
         shutil.rmtree(path, ignore_errors=True)
         log(f"--save-total-limit {limit}: removed {path.name}")
@@ -219,8 +218,6 @@ def load_checkpoint(resolved, built, path: Path, log: Callable[[str], None]) -> 
     import random
 
     import numpy as np
-
-    from ftprof.engine.run import CHECKPOINT_STATE
 
     path = Path(path)
     info = json.loads((path / CHECKPOINT_STATE).read_text())
