@@ -127,8 +127,13 @@ def _warn(message: str, once: str | None = None) -> None:
 
 
 def load_records(path: str | Path | None = None) -> list[dict]:
-    """The local store's records, oldest first. A damaged line is skipped (one warning per store per process);
-    no store, or FTPROF_CALIBRATION=off without an explicit path: []."""
+    """The local store's records the planner may use, oldest first: those with the schema it reads and believable
+    figures (``store.problem``), the newest ``store.KEEP`` of each configuration. Lines that are not (not JSON, a
+    field of the wrong type, a rate beyond the GPU's peak, an absurd size) are skipped and counted in one warning
+    line per store per process. A store with many superseded records is compacted by the read that finds them
+    (``store.compact``). No store, or FTPROF_CALIBRATION=off without an explicit path: []."""
+    from ftprof.plan import store
+
     if path is None:
         if not enabled():
             return []
@@ -140,21 +145,15 @@ def load_records(path: str | Path | None = None) -> list[dict]:
     except OSError as exc:
         _warn(f"ftprof: calibration store {path} unreadable ({exc.strerror or exc}); not used", once=f"read {path}")
         return []
-    records, damaged = [], 0
-    for line in data.splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)  # UnicodeDecodeError is a ValueError too
-        except ValueError:
-            record = None
-        if isinstance(record, dict):
-            records.append(record)
-        else:
-            damaged += 1
-    if damaged:
-        _warn(f"ftprof: calibration store {path}: skipped {damaged} damaged line(s)", once=f"damaged {path}")
-    return records
+    good, bad = store.parse(data)
+    if bad:
+        number, why = bad[0]
+        _warn(f"ftprof: calibration store {path}: skipped {len(bad)} record(s) that are damaged or not believable "
+              f"(first: line {number}: {why})", once=f"damaged {path}")
+    kept = store.newest(good)
+    if len(good) - len(kept) >= store.COMPACT_AT:
+        store.compact(Path(path), _read_all)
+    return [record for number, record in good if number in kept]
 
 
 def _run_marker(run_key: str) -> bytes:
@@ -169,12 +168,8 @@ def append_record(record: dict, path: str | Path | None = None) -> bool:
     path = Path(path) if path is not None else store_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+    fd = _open_locked(path)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass
         existing = _read_all(fd)
         if record.get("run_key") and _run_marker(record["run_key"]) in existing:
             return False
@@ -186,6 +181,25 @@ def append_record(record: dict, path: str | Path | None = None) -> bool:
         return True
     finally:
         os.close(fd)  # releases the lock
+
+
+def _open_locked(path: Path) -> int:
+    """The store opened for appending, under its exclusive lock (where the file system has locks). A compaction
+    renames a new file over the store while holding the old file's lock: an appender that was waiting for that lock
+    opens the new file and locks it instead (its line would land in the replaced file otherwise)."""
+    for _ in range(100):
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            return fd  # no locks here: one O_APPEND write still lands whole on local disks
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
 
 
 def _read_all(fd: int) -> bytes:
