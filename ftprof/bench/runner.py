@@ -7,10 +7,8 @@ environment included, for people to read and replay) beside the run files. On a 
 experiments run side by side on disjoint GPUs, each seeing only its own through CUDA_VISIBLE_DEVICES; on CPU they
 run one at a time.
 
-A cell with ``trainer: hf|trl|unsloth`` runs a peer recipe instead of the worker:
-``<python> -m ftprof.integrations.recipes.<trainer> --config <run dir>/peer_config.json --run-dir <run dir>``, in the
-cell's ``python:`` (default: this interpreter), which writes the same run directory through FtprofCallback;
-command.sh is that command. Claims, timeouts, failure classification and resume are the same as for ftprof's cells.
+A ``trainer: hf|trl|unsloth`` cell runs its recipe (``recipe_command``, also its command.sh) in its ``python:``
+instead of the worker; claims, timeouts, failure classification and resume are the same.
 
 A child that dies without writing result.json is classified here: ``timeout`` (bench killed it at its limit),
 ``interrupted`` (Ctrl-C or SIGTERM to bench), ``oom_host`` (SIGKILL while the kernel's OOM-kill count rose:
@@ -46,8 +44,8 @@ from ftprof.results.schema import failure_result
 from ftprof.results.status import Status
 from ftprof.results.store import write_csv_atomic, write_json_atomic, write_text_atomic
 
-PEER_CONFIG = "peer_config.json"  # a peer cell's validated configuration, which its recipe reads (kept between
-# attempts: the recipe's config.json is rewritten by FtprofCallback with what it measured)
+PEER_CONFIG = "peer_config.json"  # a peer cell's validated configuration for its recipe (FtprofCallback rewrites
+# config.json with what it measured)
 INTERRUPT_GRACE_S = 30.0  # time a child gets to record 'interrupted' after Ctrl-C before it is killed
 POLL_S = 0.2
 
@@ -158,13 +156,12 @@ def run_config(exp: Experiment, run_dir: Path) -> RunConfig:
 
 
 def trainer_section(exp: Experiment) -> dict:
-    """config.json's ``trainer`` section for a peer cell, as bench knows it before the recipe runs (the recipe's
-    FtprofCallback writes the full one: versions, the trainer's arguments); ftprof's own cells have none."""
+    """config.json's ``trainer`` section as bench knows it (FtprofCallback writes the full one)."""
     return {"name": TRAINER_NAMES[exp.trainer], "recipe": exp.trainer, "python": exp.python or sys.executable}
 
 
 def cell_config(exp: Experiment, run_dir: Path) -> dict:
-    """What bench writes as the cell's config.json before it starts (and keeps when the cell leaves no result)."""
+    """The cell's config.json as bench writes it before the cell starts."""
     data = run_config(exp, run_dir).to_dict()
     if exp.is_peer:
         data["trainer"] = trainer_section(exp)
@@ -184,23 +181,19 @@ def recipe_command(exp: Experiment, run_dir: Path) -> list[str]:
 
 def experiment_command(exp: Experiment, run_dir: Path) -> list[str]:
     """What bench starts for ``exp``: the worker (in the cell's interpreter), or a peer cell's recipe."""
-    if exp.is_peer:
-        return recipe_command(exp, run_dir)
-    cmd = child_command(run_dir)
-    return [exp.python, *cmd[1:]] if exp.python else cmd
+    cmd = recipe_command(exp, run_dir) if exp.is_peer else child_command(run_dir)
+    return [exp.python, *cmd[1:]] if exp.python and not exp.is_peer else cmd
 
 
 def replay_command(exp: Experiment, run_dir: Path) -> list[str]:
-    """The same run as an ``ftprof train`` command line (command.sh and --dry-run show it); a peer cell's is its
-    recipe command (it reads peer_config.json, which stays in the run directory)."""
+    """The same run as an ``ftprof train`` command line (command.sh and --dry-run show it); a peer cell's recipe."""
     if exp.is_peer:
         return recipe_command(exp, run_dir)
     return [exp.python or sys.executable, "-m", "ftprof", "train", *run_config(exp, run_dir).cli_args()]
 
 
 def steps_recorded(run_dir: Path) -> int:
-    """Rows of steps.csv (a distributed run that was killed has only rank 0's steps_rank0.csv): the steps a killed
-    run completed before it died."""
+    """Rows of steps.csv (a killed distributed run has only rank 0's steps_rank0.csv): steps done before it died."""
     for name in (files.STEPS, files.rank_file(files.STEPS, 0)):
         try:
             with open(run_dir / name, encoding="utf-8", errors="replace") as fh:

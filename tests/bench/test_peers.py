@@ -158,7 +158,7 @@ def test_a_crashing_recipe_is_a_failed_row_with_its_stderr_tail(tmp_path):
     import ftprof
 
     frame = ftprof.load_results(out)
-    assert list(frame["status"]) == ["error"]
+    assert list(frame["status"]) == ["error"] and list(frame["trainer"]) == ["hf-trainer"]
     assert [p.action for p in plan(sweep, out)] == ["skip"]  # kept like every failure, unless --retry-failed
     assert [p.action for p in plan(sweep, out, retry_failed=True)] == ["run"]
 

@@ -65,5 +65,8 @@ def test_ftprof_hf_and_trl_cells_run_side_by_side(tmp_path, capsys):
     frame = ftprof.load_results(out)
     assert len(frame) == 3 and set(frame["status"]) == {"ok"}
     assert sorted(n.split("-")[0] for n in frame["run_name"]) == ["trainer=ftprof", "trainer=hf", "trainer=trl"]
+    assert sorted(frame["trainer"]) == ["ftprof", "hf-trainer", "trl-sft"]  # three configurations, not repeats
     report = ftprof.build_report([out], tmp_path / "report")
     assert report is not None and (tmp_path / "report" / "summary.md").is_file()
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert all(name in summary for name in ("hf-trainer", "trl-sft")) and "±" not in summary.split("##")[0]

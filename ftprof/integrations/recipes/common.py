@@ -245,18 +245,25 @@ def optimizer_name(cfg: RunConfig, s: Setup) -> str:
 def training_kwargs(cfg: RunConfig, s: Setup, output_dir: str) -> dict[str, Any]:
     """The cell's steps, shape, learning rate and schedule, optimizer, precision and checkpointing as
     TrainingArguments (and SFTConfig) keywords; logging, saving and evaluation off."""
+    import dataclasses
+
     import torch
+    from transformers import TrainingArguments
 
     t, cuda = cfg.train, s.device.type == "cuda"
+    # transformers 5.24 renamed gradient_checkpointing_kwargs (the old name warns, and goes in v6)
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    ckpt_kwargs = "activation_checkpointing_kwargs" if "activation_checkpointing_kwargs" in names else \
+        "gradient_checkpointing_kwargs"
     return dict(output_dir=output_dir, max_steps=t.max_steps, per_device_train_batch_size=cfg.data.batch_size,
                 gradient_accumulation_steps=t.grad_accum, learning_rate=t.lr, lr_scheduler_type=t.lr_scheduler_type,
                 warmup_steps=t.lr_warmup_steps(t.max_steps), weight_decay=t.weight_decay,
                 max_grad_norm=t.max_grad_norm, optim=optimizer_name(cfg, s), seed=t.seed, data_seed=t.seed,
                 bf16=cuda and s.dtype == torch.bfloat16, fp16=cuda and s.dtype == torch.float16,
                 gradient_checkpointing=cfg.model.checkpointing == "full",
-                gradient_checkpointing_kwargs={"use_reentrant": False}, logging_strategy="no", save_strategy="no",
-                eval_strategy="no", report_to=[], disable_tqdm=True, dataloader_num_workers=0, use_cpu=not cuda,
-                use_liger_kernel=cfg.model.kernels == "liger")
+                logging_strategy="no", save_strategy="no", eval_strategy="no", report_to=[], disable_tqdm=True,
+                dataloader_num_workers=0, use_cpu=not cuda, use_liger_kernel=cfg.model.kernels == "liger",
+                **{ckpt_kwargs: {"use_reentrant": False}})
 
 
 def _version(name: str) -> str | None:
