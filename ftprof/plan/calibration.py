@@ -152,7 +152,7 @@ def load_records(path: str | Path | None = None) -> list[dict]:
               f"(first: line {number}: {why})", once=f"damaged {path}")
     kept = store.newest(good)
     if len(good) - len(kept) >= store.COMPACT_AT:
-        store.compact(Path(path), _read_all)
+        store.compact(Path(path), _read_all, read=(data, good))
     return [record for number, record in good if number in kept]
 
 

@@ -164,10 +164,11 @@ def newest(records: Iterable[tuple[int, dict]], keep: int = KEEP) -> set[int]:
     return {i for ids in by_config.values() for i in ids[-keep:]}
 
 
-def parse(data: bytes) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
-    """(line number, record) of the believable records, and (line number, why) of the others, blank lines aside."""
+def parse(data: bytes, first: int = 1) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
+    """(line number, record) of the believable records, and (line number, why) of the others, blank lines aside;
+    ``first``: the number of data's first line."""
     good, bad = [], []
-    for number, line in enumerate(data.splitlines(), 1):
+    for number, line in enumerate(data.splitlines(), first):
         if not line.strip():
             continue
         try:
@@ -183,11 +184,12 @@ def parse(data: bytes) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
     return good, bad
 
 
-def compact(path: Path, read_all, keep: int = KEEP) -> int | None:
+def compact(path: Path, read_all, keep: int = KEEP, read: tuple[bytes, list] | None = None) -> int | None:
     """Rewrite the store at ``path`` without the records superseded (beyond the newest ``keep`` per configuration),
     under the exclusive lock ``append_record`` takes; lines not believed and blank-free order kept. The new file is
     written beside the store and renamed over it, so a reader sees the old store or the new one, never a part.
-    Records dropped, or None when the store could not be rewritten (read-only, no lock: it stays as it was)."""
+    Records dropped, or None when the store could not be rewritten (read-only, no lock: it stays as it was).
+    ``read``: (the bytes a reader parsed, their believable records), reused where the store only grew since."""
     import fcntl
 
     try:
@@ -204,7 +206,10 @@ def compact(path: Path, read_all, keep: int = KEEP) -> int | None:
             return None  # rewritten meanwhile by another process
         data = read_all(fd)
         lines = data.splitlines()
-        good, _ = parse(data)
+        if read is not None and read[0].endswith(b"\n") and data.startswith(read[0]):  # grown since: parse the rest
+            good = read[1] + parse(data[len(read[0]):], len(read[0].splitlines()) + 1)[0]
+        else:
+            good, _ = parse(data)
         kept = newest(good, keep)
         dropped = {n for n, _ in good} - kept
         if not dropped:
