@@ -16,7 +16,13 @@ from ftprof.config.evaluation import eval_data_config
 from ftprof.data.source import check_dataset, locate
 from ftprof.errors import ConfigError
 from ftprof.models.modules import lora_target_problem, max_positions
-from ftprof.models.source import classify_model_name, unknown_model_message
+from ftprof.models.source import (
+    classify_model_name,
+    default_targets_problem,
+    local_config_problem,
+    read_local_config,
+    unknown_model_message,
+)
 from ftprof.results.store import check_writable_dir, remove_partial_dirs
 
 CACHE_ENV = "FTPROF_CACHE_DIR"
@@ -29,8 +35,15 @@ def check_model(name: str) -> None:
     kind = classify_model_name(name)
     if kind is None:
         raise ConfigError(f"--model: {unknown_model_message(name)}")
-    if kind == "local" and not Path(name).expanduser().is_dir():
-        raise ConfigError(f"--model: '{name}' is not a directory")
+    if kind == "local":
+        path = Path(name).expanduser()
+        if not path.is_dir():
+            raise ConfigError(f"--model: '{name}' is not a directory")
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"--model: '{name}' has no config.json (not a transformers checkpoint)")
+        problem = local_config_problem(name, read_local_config(path))
+        if problem:
+            raise ConfigError(problem)
 
 
 def check_config(cfg: RunConfig) -> None:
@@ -41,8 +54,11 @@ def check_config(cfg: RunConfig) -> None:
         raise ConfigError(f"--lora-targets: module names (strings), got {type(bad).__name__} {bad!r} among them")
     if m.method in ("lora", "qlora", "gptq-lora"):
         problem = lora_target_problem(cfg.model.model, m.lora_targets)
+        if problem is None and m.lora_targets is None and classify_model_name(cfg.model.model) == "local":
+            problem = default_targets_problem(cfg.model.model, read_local_config(Path(cfg.model.model).expanduser()))
         if problem:
             raise ConfigError(problem)
+    check_memory_limit(cfg.output.memory_limit_gib)
     limit = max_positions(cfg.model.model)
     if limit is not None and cfg.data.seq_len > limit:
         raise ConfigError(f"--seq-len {cfg.data.seq_len} exceeds the {limit} positions of model '{cfg.model.model}'")
@@ -59,6 +75,22 @@ def check_config(cfg: RunConfig) -> None:
         if beyond:
             raise ConfigError(f"--prof-ranks: rank {beyond[0]} does not exist in a run of {world} process(es) "
                               f"(ranks 0..{world - 1})")
+
+
+MEMORY_LIMIT_MARGIN = 2  # --memory-limit-gib above this many times the largest GPU ftprof knows: a typo
+
+
+def check_memory_limit(limit: float | None) -> None:
+    """--memory-limit-gib caps one GPU's memory: more than any GPU has (with a margin for cards newer than the
+    catalogue) is refused, not planned as a budget nothing can have."""
+    if limit is None:
+        return
+    from ftprof.plan.gpus import CATALOGUE
+
+    gpu = max(CATALOGUE.values(), key=lambda g: g.memory_gib)
+    if limit > MEMORY_LIMIT_MARGIN * gpu.memory_gib:
+        raise ConfigError(f"--memory-limit-gib {limit:g}: no GPU has that much memory (the largest ftprof knows, "
+                          f"{gpu.name}, has {gpu.memory_gib:g} GiB); give the GiB one GPU may use")
 
 
 def host_has_cuda() -> bool:

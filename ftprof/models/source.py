@@ -6,6 +6,7 @@ Resolving a source reads only the model's config (no weights), so bad input is c
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,3 +79,108 @@ def resolve_model_source(name: str) -> ModelSource:
             raise ConfigError(f"--model: cannot load hub id '{name}': {first}") from None
         return ModelSource("hub", name, config)
     raise ConfigError(f"--model: {unknown_model_message(name)}")
+
+
+# ---------------------------------------------------------------------------------------------------- local configs
+# What ftprof builds, probes and trains is a decoder-only causal LM; the sizes the probe and the planner read, each by
+# the names configs spell it (GPT-2's n_embd is hidden_size to transformers).
+SIZES = {
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
+    "intermediate_size": ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size"),
+    "vocab_size": ("vocab_size",),
+}
+DERIVED_INTERMEDIATE = {"gpt2", "gpt_neo", "gptj", "gpt_bigcode", "bloom", "falcon", "codegen"}  # 4 x hidden if null
+ENCODERS = {"bert", "roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2", "xlm-roberta",
+            "camembert", "mpnet", "t5", "mt5", "umt5", "bart", "mbart", "pegasus", "marian", "longformer",
+            "modernbert", "vit", "clip", "whisper", "wav2vec2"}
+# Decoders whose modules are not named as Llama's (q_proj, ..., down_proj: the default --lora-targets), and theirs.
+OTHER_MODULE_NAMES = {
+    "gpt2": "c_attn, c_proj, c_fc", "gpt_bigcode": "c_attn, c_proj, c_fc",
+    "codegen": "qkv_proj, out_proj, fc_in, fc_out",
+    "gpt_neox": "query_key_value, dense, dense_h_to_4h, dense_4h_to_h",
+    "bloom": "query_key_value, dense, dense_h_to_4h, dense_4h_to_h",
+    "falcon": "query_key_value, dense, dense_h_to_4h, dense_4h_to_h",
+    "phi3": "qkv_proj, o_proj, gate_up_proj, down_proj",
+}
+WEIGHT_MARGIN = 10  # a model whose bf16 weights exceed this many times the largest memory anywhere: a typo
+
+
+def read_local_config(path: Path) -> dict:
+    """A local model directory's config.json as a dict (ConfigError, one line, when it is not one)."""
+    file = path / "config.json"
+    try:
+        data = json.loads(file.read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"--model: cannot read {file}: {exc.strerror or exc}") from None
+    except (ValueError, RecursionError):
+        raise ConfigError(f"--model: {file} is not JSON") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--model: {file} holds a JSON {type(data).__name__}, not a model configuration")
+    return data
+
+
+def _size(data: dict, name: str):
+    return next((data[k] for k in SIZES[name] if data.get(k) is not None), None)
+
+
+def _largest_memory() -> tuple[float, str]:
+    """(bytes, what) of the largest memory a model could be put in: the largest GPU ftprof plans for, or this
+    machine's RAM."""
+    from ftprof.plan.gpus import CATALOGUE
+
+    gpu = max(CATALOGUE.values(), key=lambda g: g.memory_gib)
+    best = (gpu.memory_gib * 2**30, f"the largest GPU's {gpu.memory_gib:.0f} GiB ({gpu.name})")
+    try:
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        host = 0
+    return max(best, (float(host), f"this machine's {host / 2**30:.0f} GiB"))
+
+
+def local_config_problem(name: str, data: dict) -> str | None:
+    """Why the model directory ``name`` with config.json ``data`` cannot be probed or trained (one line naming the
+    fields and their values), or None. Read before transformers: a config it would complete with another model's
+    defaults (LlamaConfig's are a 7B model), sizes no model has, or an architecture ftprof cannot build."""
+    where = f"--model '{name}': config.json"
+    model_type = data.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        return f"{where} has no model_type (e.g. \"llama\"): transformers cannot tell what architecture it is"
+    archs = data.get("architectures") if isinstance(data.get("architectures"), list) else []
+    causal = any(isinstance(a, str) and a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+    if model_type.lower() in ENCODERS or (data.get("is_encoder_decoder") is True and not causal):
+        return (f"{where}: a {model_type} model ({', '.join(map(str, archs)) or 'no architectures'}) is not a "
+                "decoder-only causal LM: ftprof probes and fine-tunes causal LMs (Llama, Mistral, Qwen, ...)")
+    missing = [n for n in SIZES if _size(data, n) is None
+               and not (n == "intermediate_size" and model_type in DERIVED_INTERMEDIATE)]
+    if missing:
+        return (f"{where} lacks {', '.join(missing)}: transformers would fill them with {model_type}'s defaults "
+                "(another model's sizes); give the model's own")
+    sizes = {n: _size(data, n) for n in SIZES if _size(data, n) is not None}
+    for n, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return f"{where}: {n} is {value!r}; it must be a whole number of at least 1"
+    hidden, heads = sizes["hidden_size"], sizes["num_attention_heads"]
+    if hidden % heads and not isinstance(data.get("head_dim"), int):
+        return f"{where}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
+    inter = sizes.get("intermediate_size", 4 * hidden)
+    params = 2 * sizes["vocab_size"] * hidden + sizes["num_hidden_layers"] * (4 * hidden * hidden + 3 * hidden * inter)
+    largest, what = _largest_memory()
+    if params * 2 > WEIGHT_MARGIN * largest:
+        return (f"{where}: hidden_size {hidden:,}, num_hidden_layers {sizes['num_hidden_layers']:,}, intermediate_size "
+                f"{inter:,}, vocab_size {sizes['vocab_size']:,} make about {params:.2g} parameters, "
+                f"{params * 2 / 2**40:,.0f} TiB of bf16 weights: over {WEIGHT_MARGIN}x {what}; check the sizes")
+    return None
+
+
+def default_targets_problem(name: str, data: dict) -> str | None:
+    """For a LoRA run without --lora-targets: a decoder whose modules are not named as the default targets
+    (Llama's q_proj ... down_proj) is told to pass --lora-targets, with its own module names."""
+    model_type = data.get("model_type")
+    names = OTHER_MODULE_NAMES.get(str(model_type))
+    if names is None:
+        return None
+    return (f"--model '{name}': {model_type} names its layers {names}, not q_proj ... down_proj (the default LoRA "
+            f"targets): pass --lora-targets with its own names (e.g. --lora-targets {names.split(', ')[0]}) or "
+            "--lora-targets all-linear")
