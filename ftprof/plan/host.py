@@ -7,9 +7,11 @@ micro-batches shrink the GPU time and leave the floor: measured on an H200, llam
 of 32 layers, Liger, compiled) ran 1 x 2048 tokens per micro-batch at 0.272 s, 2 x 2048 at 0.296 s: the host, not
 the GPU, set both (issue 38's 1 x 4 plan row, predicted +95% without this model).
 
-    seconds per micro-batch = max(micro-batch tokens / GPU tokens/s, floor per layer x layers)
+    seconds per micro-batch = max(micro-batch tokens / GPU tokens/s,
+                                  layers x host cost of a layer + recomputed layers x host cost of recomputing one)
 
-The floor per layer is calibrated per GPU and class (method, policy, kernels, compile, speed-class options) from:
+The costs are calibrated per GPU and family of run (method, kernels, compile and its mode, speed-class options),
+the cost of a layer from runs without checkpointing, of recomputing one from runs with full checkpointing, from:
 - the local store's runs whose GPU was mostly idle (NVML busy below ``HOST_BOUND_BUSY``): their micro-batch time is
   the floor;
 - the shipped host rows: runs of a few tokens per micro-batch on the GPU ftprof ships defaults for (H200), where
@@ -45,12 +47,15 @@ def micro_batch_seconds(record: dict) -> float | None:
         return None
 
 
-def _per_layer(record: dict) -> float | None:
-    seconds, layers = record.get("host_floor_s") or micro_batch_seconds(record), record.get("layers")
-    try:
-        return float(seconds) / int(layers) if seconds and layers and int(layers) > 0 else None
-    except (TypeError, ValueError):
-        return None
+def _seconds(record: dict) -> float | None:
+    return record.get("host_floor_s") or micro_batch_seconds(record)
+
+
+def _checkpointed(record: dict) -> int:
+    """Layers a record's policy recomputed (0 for none)."""
+    if record.get("policy") != "full":
+        return 0
+    return int(record.get("checkpointed_layers") or record.get("layers") or 0)
 
 
 def _host_bound(record: dict) -> bool:
@@ -58,21 +63,54 @@ def _host_bound(record: dict) -> bool:
     return isinstance(busy, (int, float)) and busy < HOST_BOUND_BUSY
 
 
-def host_floor(device_name: str, key: calibration.ClassKey, layers: int, records: list[dict]) -> Floor | None:
-    """The host floor per micro-batch of a run of class ``key`` with ``layers`` decoder layers on ``device_name``:
-    from the local store's host-bound runs, else the shipped host rows; None where neither has the class."""
-    local = [r for r in records if r.get("device_name") == device_name and _host_bound(r)
-             and calibration.class_key(r) == key and _per_layer(r)]
-    if local:
-        per = statistics.median(_per_layer(r) for r in local)
-        return Floor(per * layers, per, f"host floor {per * 1e3:.2f} ms/layer from {len(local)} host-bound local "
-                                        f"run(s)", len(local))
-    shipped = [r for r in calibration.shipped().get("host", []) if r.get("device_name") == device_name
-               and calibration.class_key(r) == key and _per_layer(r)]
-    if shipped:
-        per = statistics.median(_per_layer(r) for r in shipped)
-        return Floor(per * layers, per, f"host floor {per * 1e3:.2f} ms/layer (shipped, {len(shipped)} run(s) of a "
-                                        "few tokens per micro-batch)", len(shipped))
+def _family(record: dict) -> tuple:
+    """What the host cost depends on besides the policy: method, kernels, compile and its mode, speed classes."""
+    key = calibration.class_key(record)
+    mode = (record.get("knobs") or {}).get("compile_mode") or "default"
+    return key.method, key.kernels, key.compile, mode if key.compile else None, key.options
+
+
+def _usable(record: dict) -> bool:
+    try:
+        return bool(_seconds(record)) and int(record.get("layers") or 0) > 0
+    except (TypeError, ValueError):
+        return False
+
+
+def _costs(rows: list[dict]) -> tuple[float | None, float | None, float | None]:
+    """(host seconds per layer without recomputation, extra per recomputed layer, per layer with every layer
+    recomputed) from a family's host-bound rows."""
+    plain = [_seconds(r) / int(r["layers"]) for r in rows if _checkpointed(r) == 0 and r.get("policy") == "none"]
+    every = [r for r in rows if _checkpointed(r) and _checkpointed(r) == int(r["layers"])]
+    per_layer = statistics.median(plain) if plain else None
+    full = statistics.median(_seconds(r) / int(r["layers"]) for r in every) if every else None
+    recomputed = [(_seconds(r) - int(r["layers"]) * per_layer) / _checkpointed(r)
+                  for r in rows if per_layer is not None and _checkpointed(r)]
+    return per_layer, (statistics.median(recomputed) if recomputed else None), full
+
+
+def host_floor(device_name: str, key: calibration.ClassKey, layers: int, records: list[dict],
+               checkpointed: int | None = None, compile_mode: str = "default") -> Floor | None:
+    """The host floor per micro-batch of a run of class ``key`` with ``layers`` decoder layers, ``checkpointed`` of
+    them recomputed (default: all under full, none otherwise), on ``device_name``: layers x the cost of a layer plus
+    the recomputed layers x the cost of recomputing one, from the local store's host-bound runs of its family, else
+    the shipped host rows; None where neither has what it needs."""
+    checkpointed = (layers if key.policy == "full" else 0) if checkpointed is None else checkpointed
+    family = (key.method, key.kernels, key.compile, compile_mode if key.compile else None, key.options)
+    for origin, rows in (("local host-bound run(s)", [r for r in records if _host_bound(r)]),
+                         ("shipped runs of a few tokens per micro-batch", calibration.shipped().get("host", []))):
+        rows = [r for r in rows if r.get("device_name") == device_name and _usable(r) and _family(r) == family]
+        if key.policy not in ("none", "full") or not rows:
+            continue
+        per_layer, recompute, full = _costs(rows)
+        if per_layer is not None and (checkpointed == 0 or recompute is not None):
+            seconds = layers * per_layer + checkpointed * (recompute or 0.0)
+        elif full is not None and checkpointed == layers:
+            seconds = layers * full
+        else:
+            continue
+        return Floor(seconds, seconds / layers, f"host floor {seconds * 1e3:.0f} ms per micro-batch ({len(rows)} "
+                                                f"{origin})", len(rows))
     return None
 
 

@@ -67,7 +67,8 @@ class Planner:
         spread = speed.spread(rate, micro_tokens) if rate else None
         rate = speed.at_micro_batch(rate, micro_tokens, cand.compile) if rate else None
         tps = speed.tokens_per_s(flops, rate.flops_per_s, self.target.world_size) if rate else None
-        floor = host.host_floor(self.target.device_name, key, self.layer_count, self.records) if rate else None
+        floor = host.host_floor(self.target.device_name, key, self.layer_count, self.records,
+                                cand.checkpoint_layers, cand.option("compile_mode")) if rate else None
         if tps is not None and floor is not None:
             gpu_tps, tps = tps, host.tokens_per_s(tps, floor, micro_tokens, self.target.world_size)
             if tps < gpu_tps:  # host-bound: say so, and where the floor came from

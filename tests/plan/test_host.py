@@ -8,24 +8,33 @@ import pytest
 from ftprof.plan import calibration, host
 from ftprof.plan.calibration import ClassKey
 
-H200 = "NVIDIA H200"
+H200 = "A Test GPU"  # no shipped host row names it: the local records alone answer
 QLORA = ClassKey("qlora", "full", "liger", True)
 
 
-def _run(micro_tokens, tokens_per_s, busy, key=QLORA, layers=32, device=H200):
+def _run(micro_tokens, tokens_per_s, busy, key=QLORA, layers=32, device=H200, checkpointed=None, mode="default"):
     return {"device_name": device, "method": key.method, "policy": key.policy, "kernels": key.kernels,
-            "compile": key.compile, "knobs": {}, "layers": layers, "micro_batch_tokens": micro_tokens,
-            "tokens_per_s": tokens_per_s, "world_size": 1, "gpu_busy": busy}
+            "compile": key.compile, "knobs": {"compile_mode": mode}, "layers": layers,
+            "micro_batch_tokens": micro_tokens, "tokens_per_s": tokens_per_s, "world_size": 1, "gpu_busy": busy,
+            "checkpointed_layers": checkpointed}
 
 
-def test_a_host_bound_run_sets_the_floor_and_a_busy_gpu_does_not():
-    """Issue 38's cell: 1 x 2048 tokens per micro-batch at 7,531 tokens/s with the GPU mostly idle."""
-    records = [_run(2048, 7_531, 0.55), _run(8192, 16_500, 0.97)]
-    floor = host.host_floor(H200, QLORA, 32, records)
-    assert floor.seconds == pytest.approx(2048 / 7_531) and floor.runs == 1
-    assert host.host_floor(H200, QLORA, 16, records).seconds == pytest.approx(floor.seconds / 2)  # per layer
-    assert host.host_floor(H200, ClassKey("qlora", "none", "liger", True), 32, records) is None  # another class
+NONE = ClassKey("qlora", "none", "liger", True)
+
+
+def test_the_floor_is_a_layer_s_cost_times_layers_plus_the_recomputed_layers_cost():
+    """H200, llama-1b (16 layers), 128 tokens per micro-batch, GPU 13-17% busy: 0.115 s without checkpointing,
+    0.178 s with every layer recomputed; a 4 x 1 run with the GPU 98% busy says nothing of the host."""
+    records = [_run(128, 128 / 0.115, 0.17, key=NONE, layers=16), _run(128, 128 / 0.178, 0.13, layers=16),
+               _run(8192, 16_000, 0.98)]
+    per_layer, recompute = 0.115 / 16, (0.178 - 0.115) / 16
+    assert host.host_floor(H200, NONE, 32, records).seconds == pytest.approx(32 * per_layer)
+    assert host.host_floor(H200, QLORA, 32, records).seconds == pytest.approx(32 * (per_layer + recompute))
+    one = host.host_floor(H200, QLORA, 32, records, checkpointed=1)  # full on 1 of 32 layers
+    assert one.seconds == pytest.approx(32 * per_layer + recompute)
+    assert host.host_floor(H200, NONE, 32, records, compile_mode="reduce-overhead") is None  # CUDA graphs: another
     assert host.host_floor("NVIDIA A100-SXM4-80GB", QLORA, 32, records) is None  # another GPU
+    assert host.host_floor(H200, ClassKey("qlora", "selective", "liger", True), 32, records) is None
 
 
 def test_a_micro_batch_takes_the_longer_of_gpu_time_and_floor():
@@ -47,3 +56,11 @@ def test_runs_record_how_busy_their_gpu_was(tmp_path):
     (run / "result.json").write_text(json.dumps(result))
     (run / "config.json").write_text(json.dumps({"method": {"method": "qlora"}}))
     assert calibration.run_record(run)["gpu_busy"] == pytest.approx(0.55)
+
+
+def test_the_shipped_host_rows_answer_for_the_h200():
+    """The H200's shipped floors (docs/measurements/2026-12-03-h200-host-floor-raw_summary.csv): CUDA graphs cut the
+    host's cost of a QLoRA layer about fourfold."""
+    graphs = host.host_floor("NVIDIA H200", NONE, 32, [], compile_mode="reduce-overhead")
+    plain = host.host_floor("NVIDIA H200", NONE, 32, [])
+    assert graphs and plain and 0 < graphs.seconds < plain.seconds / 3 and "shipped" in plain.source
