@@ -85,7 +85,7 @@ def check_memory_limit(limit: float | None) -> None:
     catalogue) is refused, not planned as a budget nothing can have."""
     if limit is None:
         return
-    from ftprof.plan.gpus import CATALOGUE
+    from ftprof.gpus import CATALOGUE
 
     gpu = max(CATALOGUE.values(), key=lambda g: g.memory_gib)
     if limit > MEMORY_LIMIT_MARGIN * gpu.memory_gib:

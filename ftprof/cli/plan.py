@@ -76,7 +76,7 @@ def parse_methods(text: str) -> tuple[str, ...]:
 def plan_request(args: argparse.Namespace):
     """The request from the command line: every check that needs no torch, done (one line, exit 2 on a problem)."""
     from ftprof.checks import check_before_load, check_cache_dir, host_has_cuda
-    from ftprof.plan.gpus import gpu_named
+    from ftprof.gpus import gpu_named
     from ftprof.plan.make import PlanRequest
 
     methods = parse_methods(args.methods)

@@ -128,7 +128,7 @@ def _size(data: dict, name: str):
 def _largest_memory() -> tuple[float, str]:
     """(bytes, what) of the largest memory a model could be put in: the largest GPU ftprof plans for, or this
     machine's RAM."""
-    from ftprof.plan.gpus import CATALOGUE
+    from ftprof.gpus import CATALOGUE
 
     gpu = max(CATALOGUE.values(), key=lambda g: g.memory_gib)
     best = (gpu.memory_gib * 2**30, f"the largest GPU's {gpu.memory_gib:.0f} GiB ({gpu.name})")

@@ -7,7 +7,6 @@ the predictor's error.
 The planner sits below the engine, bench and report: it imports none of them (``--verify`` runs through
 ftprof/bench/verify.py).
 
-- gpus.py         the GPUs a plan can target by name: memory and dense bf16 peak
 - probe.py        activations per token and static bytes, measured on a two-layer copy of the model (host CPU)
 - memory.py       peak memory per GPU: static bytes + activations + transients, by policy and micro-batch
 - calibration.py  the local calibration store (every run and profile feeds it) and the shipped defaults

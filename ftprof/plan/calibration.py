@@ -16,13 +16,10 @@ FTPROF_CALIBRATION: the store's path; ``off`` stops recording and local look-ups
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import functools
 import json
 import math
-import os
 import statistics
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,13 +27,20 @@ from typing import Any
 
 from ftprof.config import declarations
 from ftprof.metrics import peak_flops
+from ftprof.plan.store import (  # noqa: F401 - the store's I/O, read and written under these names too
+    OFF,
+    STORE_ENV,
+    STORE_NAME,
+    _warn,
+    append_record,
+    enabled,
+    load_records,
+    store_path,
+)
 from ftprof.results import run_dir as files
 from ftprof.results.load import config_options
 from ftprof.results.status import Status
 
-STORE_ENV = "FTPROF_CALIBRATION"
-OFF = "off"
-STORE_NAME = "calibration.jsonl"
 SHIPPED = Path(__file__).with_name("shipped_calibration.json")
 VERSION_PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "gptqmodel")  # and any liger package
 
@@ -46,7 +50,6 @@ VERSION_PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "gptqmodel"
 # apply to a run is None and never counts).
 DEFAULT_KNOBS: dict[str, Any] = declarations.calibration_defaults()
 MEMORY_KNOBS = declarations.activation_options()  # change what is saved
-_warned: set[str] = set()  # one warning per problem per process
 
 
 @dataclass(frozen=True)
@@ -102,115 +105,6 @@ class Factor:
 
 
 # ---------------------------------------------------------------------------------------------------- the store
-def enabled() -> bool:
-    return os.environ.get(STORE_ENV, "").strip().lower() != OFF
-
-
-def store_path() -> Path:
-    """$FTPROF_CALIBRATION if set (and not ``off``), else calibration.jsonl in ftprof's cache directory."""
-    value = os.environ.get(STORE_ENV, "").strip()
-    if value and value.lower() != OFF:
-        return Path(value).expanduser()
-    # The one resolver of FTPROF_CACHE_DIR (it lives beside the GPTQ cache, whose module imports torch: imported
-    # only when a path is needed, never at this module's import).
-    from ftprof.models.gptq import cache_root
-
-    return cache_root().parent / STORE_NAME
-
-
-def _warn(message: str, once: str | None = None) -> None:
-    if once is not None:
-        if once in _warned:
-            return
-        _warned.add(once)
-    print(message, file=sys.stderr, flush=True)
-
-
-def load_records(path: str | Path | None = None) -> list[dict]:
-    """The local store's records the planner may use, oldest first: those with the schema it reads and believable
-    figures (``store.problem``), the newest ``store.KEEP`` of each configuration. Lines that are not (not JSON, a
-    field of the wrong type, a rate beyond the GPU's peak, an absurd size) are skipped and counted in one warning
-    line per store per process. A store with many superseded records is compacted by the read that finds them
-    (``store.compact``). No store, or FTPROF_CALIBRATION=off without an explicit path: []."""
-    from ftprof.plan import store
-
-    if path is None:
-        if not enabled():
-            return []
-        path = store_path()
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        _warn(f"ftprof: calibration store {path} unreadable ({exc.strerror or exc}); not used", once=f"read {path}")
-        return []
-    good, bad = store.parse(data)
-    if bad:
-        number, why = bad[0]
-        _warn(f"ftprof: calibration store {path}: skipped {len(bad)} record(s) that are damaged or not believable "
-              f"(first: line {number}: {why})", once=f"damaged {path}")
-    kept = store.newest(good)
-    if len(good) - len(kept) >= store.COMPACT_AT:
-        store.compact(Path(path), _read_all, read=(data, good))
-    return [record for number, record in good if number in kept]
-
-
-def _run_marker(run_key: str) -> bytes:
-    """How a record's key reads in the store (records are written with separators (",", ":"))."""
-    return b'"run_key":' + json.dumps(run_key).encode()
-
-
-def append_record(record: dict, path: str | Path | None = None) -> bool:
-    """Append ``record`` as one line, unless a record with its run_key is there already. Safe across processes and
-    hosts sharing the file: O_APPEND, one os.write of the whole line, under an exclusive flock (where the file
-    system refuses locks, the write goes on unlocked: one O_APPEND write still lands whole on local disks)."""
-    path = Path(path) if path is not None else store_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-    fd = _open_locked(path)
-    try:
-        existing = _read_all(fd)
-        if record.get("run_key") and _run_marker(record["run_key"]) in existing:
-            return False
-        if existing and not existing.endswith(b"\n"):  # a writer died mid-line: keep that damage to its own line
-            line = b"\n" + line
-        written = os.write(fd, line)
-        while written < len(line):  # a regular file takes the whole line at once; this is belt and braces
-            written += os.write(fd, line[written:])
-        return True
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def _open_locked(path: Path) -> int:
-    """The store opened for appending, under its exclusive lock (where the file system has locks). A compaction
-    renames a new file over the store while holding the old file's lock: an appender that was waiting for that lock
-    opens the new file and locks it instead (its line would land in the replaced file otherwise)."""
-    for _ in range(100):
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            return fd  # no locks here: one O_APPEND write still lands whole on local disks
-        try:
-            if os.fstat(fd).st_ino == os.stat(path).st_ino:
-                return fd
-        except FileNotFoundError:
-            pass
-        os.close(fd)
-    return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
-
-
-def _read_all(fd: int) -> bytes:
-    os.lseek(fd, 0, os.SEEK_SET)  # O_APPEND: writes still go to the end whatever the offset
-    chunks = []
-    while chunk := os.read(fd, 1 << 20):
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-# ---------------------------------------------------------------------------------------------------- records
 def record_run(run_dir: str | Path) -> bool:
     """Append the record of a finished run (status ok, with steady-state figures) to the local store. False, with
     nothing written, for any other run, a run already recorded, or FTPROF_CALIBRATION=off. Never raises: a broken

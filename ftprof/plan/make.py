@@ -102,7 +102,7 @@ def _named_card(cfg: RunConfig, name: str, gpus: int):
     (torch.device only names the device type: no GPU is needed here)."""
     import torch
 
-    from ftprof.plan.gpus import gpu_named
+    from ftprof.gpus import gpu_named
     from ftprof.runtime import resolve_dtype_name
 
     gpu = gpu_named(name)

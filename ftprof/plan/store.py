@@ -21,9 +21,11 @@ Lines that are not believed are kept (the warning names them until they are remo
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
+import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -109,6 +111,11 @@ def problem(record) -> str | None:  # noqa: C901 - one check a field, in the ord
         if rate > bound:
             return (f"{what} {rate:.3g} FLOP/s per GPU is beyond {record['device_name']}'s peak "
                     f"({bound:.3g} FLOP/s)")
+    return _size_problem(record)
+
+
+def _size_problem(record: dict) -> str | None:
+    """The record's sizes, prediction and host figures (``problem``'s second half)."""
     model = record.get("model")
     if model is not None and not isinstance(model, str):
         return f"model is {_kind(model)}, not a name"
@@ -236,3 +243,120 @@ def compact(path: Path, read_all, keep: int = KEEP, read: tuple[bytes, list] | N
             except OSError:
                 pass
         os.close(fd)
+
+
+# ---------------------------------------------------------------------------- reading and appending the store
+STORE_ENV = "FTPROF_CALIBRATION"
+OFF = "off"
+STORE_NAME = "calibration.jsonl"
+_warned: set[str] = set()  # one warning per problem per process
+
+
+def enabled() -> bool:
+    return os.environ.get(STORE_ENV, "").strip().lower() != OFF
+
+
+def store_path() -> Path:
+    """$FTPROF_CALIBRATION if set (and not ``off``), else calibration.jsonl in ftprof's cache directory."""
+    value = os.environ.get(STORE_ENV, "").strip()
+    if value and value.lower() != OFF:
+        return Path(value).expanduser()
+    # The one resolver of FTPROF_CACHE_DIR (it lives beside the GPTQ cache, whose module imports torch: imported
+    # only when a path is needed, never at this module's import).
+    from ftprof.models.gptq import cache_root
+
+    return cache_root().parent / STORE_NAME
+
+
+def _warn(message: str, once: str | None = None) -> None:
+    if once is not None:
+        if once in _warned:
+            return
+        _warned.add(once)
+    print(message, file=sys.stderr, flush=True)
+
+
+def load_records(path: str | Path | None = None) -> list[dict]:
+    """The local store's records the planner may use, oldest first: those with the schema it reads and believable
+    figures (``store.problem``), the newest ``store.KEEP`` of each configuration. Lines that are not (not JSON, a
+    field of the wrong type, a rate beyond the GPU's peak, an absurd size) are skipped and counted in one warning
+    line per store per process. A store with many superseded records is compacted by the read that finds them
+    (``compact``). No store, or FTPROF_CALIBRATION=off without an explicit path: []."""
+
+    if path is None:
+        if not enabled():
+            return []
+        path = store_path()
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        _warn(f"ftprof: calibration store {path} unreadable ({exc.strerror or exc}); not used", once=f"read {path}")
+        return []
+    good, bad = parse(data)
+    if bad:
+        number, why = bad[0]
+        _warn(f"ftprof: calibration store {path}: skipped {len(bad)} record(s) that are damaged or not believable "
+              f"(first: line {number}: {why})", once=f"damaged {path}")
+    kept = newest(good)
+    if len(good) - len(kept) >= COMPACT_AT:
+        compact(Path(path), _read_all, read=(data, good))
+    return [record for number, record in good if number in kept]
+
+
+def _run_marker(run_key: str) -> bytes:
+    """How a record's key reads in the store (records are written with separators (",", ":"))."""
+    return b'"run_key":' + json.dumps(run_key).encode()
+
+
+def append_record(record: dict, path: str | Path | None = None) -> bool:
+    """Append ``record`` as one line, unless a record with its run_key is there already. Safe across processes and
+    hosts sharing the file: O_APPEND, one os.write of the whole line, under an exclusive flock (where the file
+    system refuses locks, the write goes on unlocked: one O_APPEND write still lands whole on local disks)."""
+    path = Path(path) if path is not None else store_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+    fd = _open_locked(path)
+    try:
+        existing = _read_all(fd)
+        if record.get("run_key") and _run_marker(record["run_key"]) in existing:
+            return False
+        if existing and not existing.endswith(b"\n"):  # a writer died mid-line: keep that damage to its own line
+            line = b"\n" + line
+        written = os.write(fd, line)
+        while written < len(line):  # a regular file takes the whole line at once; this is belt and braces
+            written += os.write(fd, line[written:])
+        return True
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _open_locked(path: Path) -> int:
+    """The store opened for appending, under its exclusive lock (where the file system has locks). A compaction
+    renames a new file over the store while holding the old file's lock: an appender that was waiting for that lock
+    opens the new file and locks it instead (its line would land in the replaced file otherwise)."""
+    for _ in range(100):
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            return fd  # no locks here: one O_APPEND write still lands whole on local disks
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+
+
+def _read_all(fd: int) -> bytes:
+    os.lseek(fd, 0, os.SEEK_SET)  # O_APPEND: writes still go to the end whatever the offset
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# ---------------------------------------------------------------------------------------------------- records
