@@ -21,6 +21,7 @@ unless ``--retry-failed`` (``Status.resumed``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shlex
 import signal
@@ -189,18 +190,10 @@ def replay_command(exp: Experiment, run_dir: Path) -> list[str]:
     """The same run as an ``ftprof train`` command line (command.sh and --dry-run show it); a peer cell's recipe."""
     if exp.is_peer:
         return recipe_command(exp, run_dir)
-    return [exp.python or sys.executable, "-m", "ftprof", "train", *run_config(exp, run_dir).cli_args()]
-
-
-def steps_recorded(run_dir: Path) -> int:
-    """Rows of steps.csv (a killed distributed run has only rank 0's steps_rank0.csv): steps done before it died."""
-    for name in (files.STEPS, files.rank_file(files.STEPS, 0)):
-        try:
-            with open(run_dir / name, encoding="utf-8", errors="replace") as fh:
-                return max(0, sum(1 for line in fh if line.strip()) - 1)
-        except OSError:
-            continue
-    return 0
+    cfg = run_config(exp, run_dir)
+    # replayed by hand over a finished cell: ftprof train refuses a reused run name unless told to replace it
+    cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, overwrite_output_dir=True))
+    return [exp.python or sys.executable, "-m", "ftprof", "train", *cfg.cli_args()]
 
 
 def clear_attempt(run_dir: Path) -> None:
@@ -371,7 +364,7 @@ class BenchRunner:
                              f"recorded by ftprof bench: {reason}")
         if not (r.planned.run_dir / files.CONFIG).is_file():
             RunDirWriter(r.planned.run_dir).write_config(cell_config(exp, r.planned.run_dir))
-        res.run.steps_completed = steps_recorded(r.planned.run_dir)
+        res.run.steps_completed = files.steps_recorded(r.planned.run_dir)
         RunDirWriter(r.planned.run_dir).write_result(res)
 
     def _unrunnable(self, p: Planned, reason: str) -> None:

@@ -42,7 +42,6 @@ from ftprof.bench.runner import (
     previous_status,
     replay_command,
     run_config,
-    steps_recorded,
 )
 from ftprof.bench.sweep import Experiment, Sweep
 from ftprof.config import RunConfig
@@ -195,7 +194,7 @@ def _write_failure(run_dir: Path, status: Status, why: str) -> None:
     tail = _tail(run_dir / files.STDERR)
     res = failure_result(cfg, run_dir, status.value, f"slurm_{status.value}", why, tail,
                          f"recorded by ftprof bench: {why}")
-    res.run.steps_completed = steps_recorded(run_dir)
+    res.run.steps_completed = files.steps_recorded(run_dir)
     RunDirWriter(run_dir).write_result(res)
 
 

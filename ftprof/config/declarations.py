@@ -182,6 +182,12 @@ def _other_flag(name: str) -> str:
     return "FSDP" if name == SHARDED else "--" + name.replace("_", "-")
 
 
+def _needed(when: When) -> str:
+    """--compile; --checkpointing full."""
+    values = [str(v) for v in when.values if v not in (ON, True, None)]
+    return _other_flag(when.option) + (f" {' or '.join(values)}" if values else "")
+
+
 def problems(values: Mapping[str, Any], sections: tuple[str, ...] | None = None) -> list[str]:
     """One line per refused combination among ``values`` (flat option values; the checks whose options are all
     present). ``sections``: check only the declarations of these sections (a section validating itself)."""
@@ -200,7 +206,7 @@ def problems(values: Mapping[str, Any], sections: tuple[str, ...] | None = None)
             continue
         missing = [w for w in d.needs if w.option in values and not w.holds(values)]
         if "needs" in d.refuse and missing:
-            out.append(f"{_flag_with_value(d, value)} needs {_other_flag(missing[0].option)}")
+            out.append(f"{_flag_with_value(d, value)} needs {_needed(missing[0])}")
             continue
         if not is_on(value):  # an option that is off excludes nothing
             continue

@@ -62,8 +62,6 @@ class ModelConfig:
         one_of("--kernels", self.kernels, KERNELS)
         one_of("--sdpa-backend", self.sdpa_backend, SDPA_BACKENDS)
         one_of("--compile-mode", self.compile_mode, COMPILE_MODES)
-        for problem in declarations.problems(dataclasses.asdict(self), sections=("model",)):
-            raise ConfigError(problem)
         if self.checkpointing is not None:
             one_of("--checkpointing", self.checkpointing, CHECKPOINTING)
         # One policy, two spellings: gradient_checkpointing is kept as the derived yes/no (None while auto decides).
@@ -76,6 +74,9 @@ class ModelConfig:
             self.checkpointing = given or implied
         self.checkpointing = self.checkpointing or "none"
         self.gradient_checkpointing = None if self.checkpointing == "auto" else self.checkpointing != "none"
+        # after the policy's two spellings are one: --gradient-checkpointing is --checkpointing full to them
+        for problem in declarations.problems(dataclasses.asdict(self), sections=("model",)):
+            raise ConfigError(problem)
         if self.checkpoint_layers is not None:
             require(self.checkpoint_layers >= 1, f"--checkpoint-layers must be at least 1, got "
                      f"{self.checkpoint_layers} (--checkpointing none checkpoints no layer)")

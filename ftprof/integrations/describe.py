@@ -144,7 +144,8 @@ def method_options(model, run_dtype: str) -> Described:
     if method == "qlora":
         out.flat.update(_bnb_options(quant, run_dtype))
     if method in ("qlora", "gptq-lora"):
-        out.flat["kbit_prepare"] = _kbit_prepared(inner, run_dtype)
+        # the 4-bit matmuls' dtype, not the run's: the textbook recipe upcasts everything else to float32
+        out.flat["kbit_prepare"] = _kbit_prepared(inner, out.flat.get("compute_dtype") or run_dtype)
     if method == "gptq-lora":
         out.flat.update(gptq_bits=quant.get("bits") or 4, gptq_group_size=quant.get("group_size") or 128)
     return out
@@ -174,10 +175,10 @@ def _bnb_options(quant: dict[str, Any], run_dtype: str) -> dict[str, Any]:
             "quant_storage": storage, "keep_dequantized": False, "dequant_kernel": "bitsandbytes"}
 
 
-def _kbit_prepared(model, run_dtype: str) -> bool:
+def _kbit_prepared(model, compute_dtype: str) -> bool:
     """PEFT's prepare_model_for_kbit_training upcasts the norms to float32: seen when a norm is float32 while the
-    run computes in 16 bits."""
-    if run_dtype == "float32":
+    4-bit matmuls compute in 16 bits."""
+    if compute_dtype == "float32":
         return False
     import torch
 

@@ -178,6 +178,9 @@ def effective_frame(df):
     kinds = option_kinds()
     for name in [c for c in df.columns if c in kinds]:
         df[name] = _normalize_column(df[name], kinds[name])
+    if "lora_targets" in df:  # a set of module names: PEFT records it in no particular order
+        df["lora_targets"] = df["lora_targets"].map(
+            lambda v: ",".join(sorted(v.split(","))) if isinstance(v, str) else v).astype(object)
     if "checkpointing" in df or "gradient_checkpointing" in df:
         df["checkpointing"] = _checkpointing_policy(df)
     for name, mask in inapplicable_masks(df).items():

@@ -14,8 +14,8 @@ from ftprof.results.effective import config_columns, config_key, effective_frame
 # Options that identify a run's size but whose label is spelled specially (GPUs come from world_size).
 GPU_OPTIONS = {"nproc_per_node", "nnodes"}
 # Labels read method first, then the options people sweep most; any other varying option follows.
-LABEL_ORDER = ("method", "model", "batch_size", "seq_len", "grad_accum", "checkpointing", "kernels", "compile",
-               "compile_mode", "sdpa_backend", "world_size")
+LABEL_ORDER = ("method", "trainer", "model", "batch_size", "seq_len", "grad_accum", "checkpointing", "kernels",
+               "compile", "compile_mode", "sdpa_backend", "world_size")
 _PREFIX = {"batch_size": "b", "seq_len": "s", "grad_accum": "ga"}
 
 

@@ -85,3 +85,14 @@ class RunDirWriter:
 
     def write_result(self, result: RunResult, rank_file: bool = False) -> None:
         write_json_atomic(self.path / (self._name(RESULT) if rank_file else RESULT), result.to_dict())
+
+
+def steps_recorded(run_dir: Path) -> int:
+    """Rows of steps.csv (a killed distributed run has only rank 0's steps_rank0.csv): steps done before it died."""
+    for name in (STEPS, rank_file(STEPS, 0)):
+        try:
+            with open(run_dir / name, encoding="utf-8", errors="replace") as fh:
+                return max(0, sum(1 for line in fh if line.strip()) - 1)
+        except OSError:
+            continue
+    return 0
