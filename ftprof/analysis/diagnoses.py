@@ -50,10 +50,12 @@ def _dequantization(s: TraceSummary, total: float, of_time: str) -> list[Diagnos
     if not deq > 0:
         return []
     share = deq / total
+    # advice a CPU run can act on: the Triton kernel is CUDA's only
+    fix = ("for QLoRA, --dequant-kernel triton (the default on CUDA) dequantizes each weight in one pass, 1.8x "
+           "faster than bitsandbytes' kernels on an H200" if s.device_kind == "gpu" else
+           "on the CPU bitsandbytes' reference dequantizes every weight at each use; a GPU run uses a one-pass kernel")
     return [Diagnosis("dequantization", "warning" if share > 0.15 else "info",
-                      f"quantize/dequantize work takes {100 * share:.1f}% {of_time}; for QLoRA, "
-                      "--dequant-kernel triton (the default on CUDA) dequantizes each weight in one pass, "
-                      "1.8x faster than bitsandbytes' kernels on an H200",
+                      f"quantize/dequantize work takes {100 * share:.1f}% {of_time}; {fix}",
                       {"us": deq, "share": share})]
 
 

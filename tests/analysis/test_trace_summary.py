@@ -273,3 +273,15 @@ def test_recomputation_is_the_measured_bucket_when_there_is_one(tmp_path):
     measured = {d.code: d for d in diagnose(s, checkpointing=True)}["recomputation"]
     assert "16% of step time (the recomputed forward, measured)" in measured.message
     assert measured.evidence["measured_share"] == 0.156
+
+
+@pytest.mark.parametrize(("kind", "said", "not_said"), [("gpu", "--dequant-kernel triton", "on the CPU"),
+                                                          ("cpu", "a GPU run uses a one-pass kernel", "--dequant")])
+def test_dequantization_advice_is_for_the_device_the_run_was_on(kind, said, not_said):
+    """A CPU run is not told to use a CUDA-only kernel."""
+    from ftprof.analysis.diagnoses import _dequantization
+    from ftprof.analysis.summary import TraceSummary
+
+    s = TraceSummary("t", kind, 1e6, 1e6, 0.0, {"quantize/dequantize": 3e5}, {}, "", [], [], {}, 0.0, 0.0, "", [], {})
+    (d,) = _dequantization(s, 1e6, "of the time")
+    assert said in d.message and not_said not in d.message
