@@ -54,20 +54,33 @@ def bench_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
+def _percent(value) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+# The headline figures: (column, how a row's value reads). A column no row has a value for is left out (a CPU sweep
+# has no MFU, allocator or NVML peak: its host RSS peak stands in).
+FIGURES = (("tokens/s", lambda r: fmt_num(_num(r, "tokens_per_s")), "tokens_per_s"),
+           ("step p50 (s)", lambda r: fmt_num(_num(r, "step_time_p50_s"), ".3f"), "step_time_p50_s"),
+           ("MFU", lambda r: _percent(_num(r, "mfu")), "mfu"),
+           ("torch peak GiB", lambda r: fmt_gib(_num(r, "torch_peak_allocated")), "torch_peak_allocated"),
+           ("NVML peak GiB", lambda r: fmt_gib(_num(r, "nvml_device_used_peak")), "nvml_device_used_peak"),
+           ("host peak RSS GiB", lambda r: fmt_gib(_num(r, "host_peak_rss")), "host_peak_rss"))
+
+
 def results_table(rows: list[dict], title: str, keys: list[str]) -> Table:
-    """The short end-of-sweep table: the options that vary, then the headline figures."""
+    """The short end-of-sweep table: the options that vary, then the headline figures any row has."""
     table = Table(title=title, header_style="bold")
     keys = keys or ["experiment"]
-    for col in (*keys, "status", "tokens/s", "step p50 (s)", "MFU", "torch peak GiB", "NVML peak GiB"):
+    on_gpu = any(_num(r, "torch_peak_allocated") is not None for r in rows)
+    figures = [(name, show) for name, show, key in FIGURES
+               if any(_num(r, key) is not None for r in rows) and not (key == "host_peak_rss" and on_gpu)]
+    for col in (*keys, "status", *(name for name, _ in figures)):
         table.add_column(col, justify="left" if col in (*keys, "status") else "right")
     for r in rows:
         style = status_style(r.get("status"))
-        mfu = r.get("mfu")
         table.add_row(*(str(r.get(k, "")) for k in keys), f"[{style}]{r.get('status')}[/{style}]",
-                      fmt_num(_num(r, "tokens_per_s")),
-                      fmt_num(_num(r, "step_time_p50_s"), ".3f"), "-" if _num(r, "mfu") is None else
-                      f"{100 * float(mfu):.1f}%", fmt_gib(_num(r, "torch_peak_allocated")),
-                      fmt_gib(_num(r, "nvml_device_used_peak")))
+                      *(show(r) for _, show in figures))
     return table
 
 

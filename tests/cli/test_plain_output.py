@@ -97,3 +97,21 @@ print(prepare_dataset(DataConfig(dataset={str(rows)!r}, seq_len=16), build_token
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "50"
     assert "\r" not in done.stderr and "tokenizing" not in done.stderr, done.stderr
+
+
+def test_the_bench_table_leaves_out_figures_no_row_has():
+    """A CPU sweep has no MFU, allocator or NVML peak: no column of '-' for them; its host RSS peak stands in."""
+    from rich.console import Console
+
+    from ftprof.cli.bench import results_table
+
+    cpu = [{"experiment": "a", "status": "ok", "tokens_per_s": "1200", "step_time_p50_s": "0.1",
+            "host_peak_rss": str(2 * 2**30)}]
+    console = Console(record=True, width=200)
+    console.print(results_table(cpu, "cpu", []))
+    text = console.export_text()
+    assert "MFU" not in text and "NVML" not in text and "torch peak" not in text and "host peak RSS GiB" in text
+    gpu = [{**cpu[0], "mfu": "0.5", "torch_peak_allocated": str(2**30)}]
+    console.print(results_table(gpu, "gpu", []))
+    text = console.export_text()
+    assert "MFU" in text and "50.0%" in text and "host peak RSS" not in text
