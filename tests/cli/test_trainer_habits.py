@@ -90,6 +90,7 @@ def test_words_after_a_double_dash_are_left_alone():
     assert trainer_spellings(parser, ["--", "--max_steps", "true"]) == ["--", "--max_steps", "true"]
 
 
+@pytest.mark.slow
 def test_a_tiny_run_in_trainer_spellings_logs_every_n_steps(tmp_path, capfd):
     from ftprof.cli.main import main
 

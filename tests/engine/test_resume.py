@@ -28,6 +28,7 @@ def _losses(run_dir):
         return {int(row["step"]): float(row["loss"]) for row in csv.DictReader(fh)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, extra", [
     ("lora", {"lora_dropout": 0.1}),  # dropout draws from the RNG: the restored state must continue it
     ("full", {"grad_accum": 2, "max_grad_norm": 1.0, "warmup_steps": 2}),
@@ -50,6 +51,7 @@ def test_a_resumed_run_has_the_same_losses(tmp_path, method, extra):
     assert config["save"]["resume_from_checkpoint"] == str((saved_dir / "checkpoint-4").resolve())
 
 
+@pytest.mark.slow
 def test_a_four_step_run_resumed_for_four_more_is_an_eight_step_run(tmp_path):
     """The literal reading: a run of 4 steps, saved, resumed for 4 more (constant learning rate: a schedule's
     length is --max-steps, as in the Trainer)."""

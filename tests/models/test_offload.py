@@ -25,6 +25,7 @@ def _losses(result) -> list[float]:
         return [float(r["loss"]) for r in csv.DictReader(fh)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_offloaded_runs_train_the_same_losses_as_full_checkpointing(tmp_path, method):
     runs = {off: ftprof.train(tiny_config(tmp_path / str(off), method, checkpointing="full", max_steps=4,

@@ -57,6 +57,7 @@ def predictions(records: list[dict]) -> list:
     return out
 
 
+@pytest.mark.slow
 def test_a_grown_store_is_compacted_and_read_again_cheaply_with_the_same_predictions(tmp_path, monkeypatch):
     path = tmp_path / "calibration.jsonl"
     rows = write_store(path, 500)  # 20,000 records, 40 configurations
@@ -111,6 +112,7 @@ def test_compaction_keeps_lines_it_does_not_believe_and_the_file_mode(tmp_path, 
     assert not list(tmp_path.glob(".calibration.jsonl.compact-*"))
 
 
+@pytest.mark.slow
 def test_appends_during_compactions_are_not_lost(tmp_path):
     """A writer that opened the store before a compaction renamed a new file over it appends to the new file."""
     path, go = tmp_path / "calibration.jsonl", tmp_path / "go"
