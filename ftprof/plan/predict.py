@@ -88,12 +88,15 @@ class Planner:
     def rate(self, key, flops_per_token: float, micro_tokens: int, knobs: dict | None = None):
         """The class's calibrated rate; for none or full without one, the other's per executed FLOP: the rate
         counts recomputation, and the two differ by 3.5% on an H200 (llama-8b LoRA compiled: 605 against 584
-        TFLOP/s). Selective has no stand-in: its elementwise recomputation is no counted FLOP (8,320 tokens/s
-        against none's 16,794 for compiled QLoRA)."""
+        TFLOP/s). Selective's elementwise recomputation is no counted FLOP (8,320 tokens/s against none's 16,794
+        for compiled QLoRA): without a run of its class, selective stands in as a class that has both runs has it,
+        relative to none (``_selective_stand_in``)."""
         rate = calibration.speed_rate(self.target.device_name, key, flops_per_token, micro_tokens,
                                       records=self.records, knobs=knobs)
-        if rate is not None or key.policy == "selective":
+        if rate is not None:
             return rate
+        if key.policy == "selective":
+            return self._selective_stand_in(key, flops_per_token, micro_tokens, knobs)
         other = dataclasses.replace(key, policy="full" if key.policy == "none" else "none")
         rate = calibration.speed_rate(self.target.device_name, other, flops_per_token, micro_tokens,
                                       records=self.records, knobs=knobs)
@@ -101,6 +104,27 @@ class Planner:
             return None
         return dataclasses.replace(rate, stand_in=True, source=f"{rate.source}; no {key.describe()} run: "
                                                                f"{other.policy}'s rate per executed FLOP")
+
+    def _selective_stand_in(self, key, flops_per_token: float, micro_tokens: int, knobs: dict | None):
+        """This class's none rate times selective / none of the nearest class (same method) that has both."""
+        def rate_of(k):
+            return calibration.speed_rate(self.target.device_name, k, flops_per_token, micro_tokens,
+                                          records=self.records, knobs=knobs)
+
+        none = self.rate(dataclasses.replace(key, policy="none"), flops_per_token, micro_tokens, knobs)
+        if none is None:
+            return None
+        for kernels, compiled in ((key.kernels, not key.compile), ("eager" if key.kernels == "liger" else "liger",
+                                                                    key.compile), ("eager", False), ("liger", True)):
+            other = dataclasses.replace(key, kernels=kernels, compile=compiled, options=())
+            selective, base = rate_of(other), rate_of(dataclasses.replace(other, policy="none"))
+            if selective is not None and base is not None and other != key:
+                share = selective.flops_per_s / base.flops_per_s
+                return dataclasses.replace(
+                    none, flops_per_s=none.flops_per_s * share, stand_in=True,
+                    source=f"{none.source}; no {key.describe()} run: x{share:.2f}, selective against none for "
+                           f"{other.describe()}")
+        return None
 
     def factor(self, key, at: calibration.Shape | None = None) -> calibration.Factor:
         """measured / probed activations for runs of this class on a GPU; a CPU run saves what the probe saw."""

@@ -1,0 +1,32 @@
+"""Every run gets a speed prediction where any related class is calibrated: selective checkpointing without a run
+of its own class stands in as selective compares with none in a class that has both, with a wider error band."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ftprof.config import RunConfig
+from ftprof.models.source import resolve_model_source
+from ftprof.plan.candidates import of_config
+from ftprof.plan.predict import Planner, Target
+
+
+def _predict(**flat):
+    cfg = RunConfig.from_flat({"model": "tiny", "method": "qlora", "seq_len": 64, "batch_size": 4, **flat})
+    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("bfloat16", preset=True))
+    planner = Planner(cfg, resolve_model_source("tiny"), "bfloat16", Target("NVIDIA H200", capability=(9, 0)), [])
+    return planner.predict(of_config(cfg))
+
+
+def test_selective_without_a_run_of_its_class_gets_a_stand_in_prediction():
+    stand_in = _predict(checkpointing="selective")  # qlora selective eager uncompiled: no shipped run of it
+    none = _predict(checkpointing="none")
+    assert stand_in.tokens_per_s and "selective against none for" in stand_in.speed_source
+    assert stand_in.tokens_per_s < none.tokens_per_s  # selective recomputes what FLOPs do not count
+    assert stand_in.tokens_per_s_error >= none.tokens_per_s_error + 0.10  # and says it is less sure
+
+
+def test_a_cuda_graph_fp8_run_is_predicted():
+    pred = _predict(checkpointing="none", kernels="liger", compile=True, compile_mode="reduce-overhead",
+                    fp8_base=True)
+    assert pred.tokens_per_s and pred.candidate["compile_mode"] == "reduce-overhead"
