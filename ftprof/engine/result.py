@@ -161,7 +161,17 @@ def _compile(built: Built, kernels_applied: list[str], notes: list[str], wanted_
 
 def _memory(rec: Recorded, steps: list[dict]) -> Memory:
     cfg = rec.resolved.config
-    memory = rec.memory
+    vocab = getattr(rec.resolved.source.config, "vocab_size", None)
+    fused = FUSED_LOSS in rec.kernels_applied  # Liger's fused loss never holds the logits' gradients
+    logits = metrics.logits_gradient_bytes(cfg.data.batch_size * cfg.data.seq_len, vocab) \
+        if vocab and not fused else None
+    return memory_record(rec.memory, steps, rec.first.static, rec.first.saved_activations, logits)
+
+
+def memory_record(memory: MemoryTracker, steps: list[dict], static: dict | None, saved_activations: int | None,
+                  logits_bytes: int | None) -> Memory:
+    """result.json's memory figures from the run's memory stages and steps (ftprof's loop and the integrations'
+    callback alike): the allocator's peaks, fragmentation, the training peak and its breakdown."""
     out = Memory(host_peak_rss=host_peak_rss(), memory_stages=memory.stage_fields())
     training_peak = None
     if memory.cuda:
@@ -175,11 +185,7 @@ def _memory(rec: Recorded, steps: list[dict]) -> Memory:
         out.fragmentation = metrics.gap(out.torch_peak_reserved, out.torch_peak_allocated)
         training_peak = metrics.training_peak({s.stage: s.peak_allocated for s in memory.stages},
                                               (s["mem_peak_allocated"] for s in steps))
-    vocab = getattr(rec.resolved.source.config, "vocab_size", None)
-    fused = FUSED_LOSS in rec.kernels_applied  # Liger's fused loss never holds the logits' gradients
-    logits = metrics.logits_gradient_bytes(cfg.data.batch_size * cfg.data.seq_len, vocab) \
-        if vocab and not fused else None
-    breakdown = metrics.memory_breakdown(rec.first.static, rec.first.saved_activations, training_peak, logits)
+    breakdown = metrics.memory_breakdown(static, saved_activations, training_peak, logits_bytes)
     out.memory_breakdown = MemoryBreakdown.from_dict(breakdown) if breakdown else None
     return out
 

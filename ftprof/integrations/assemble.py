@@ -10,13 +10,12 @@ from typing import Any
 import torch
 
 from ftprof import metrics
-from ftprof.engine.result import record_steady_state
+from ftprof.engine.result import memory_record, record_steady_state
 from ftprof.integrations.describe import Described, attention_config
 from ftprof.integrations.recorder import Recorder, _now
-from ftprof.profiling.memory import host_peak_rss
 from ftprof.results import run_dir as files
 from ftprof.results.env import collect_env
-from ftprof.results.parts import Failure, Flops, Memory, MemoryBreakdown, NvmlSummary, RunIdentity
+from ftprof.results.parts import Failure, Flops, Memory, NvmlSummary, RunIdentity
 from ftprof.results.schema import RunResult
 from ftprof.results.status import Status
 
@@ -46,23 +45,8 @@ def flops(model, rec: Recorder, checkpointing: str, peak: float | None) -> Flops
 
 
 def _memory(rec: Recorder, steps: list[dict], vocab: int | None) -> Memory:
-    memory = rec.memory
-    out = Memory(host_peak_rss=host_peak_rss(), memory_stages=memory.stage_fields())
-    training_peak = None
-    if memory.cuda:
-        out.torch_peak_allocated = metrics.run_peak([s.peak_allocated for s in memory.stages]
-                                                    + [memory.open_peak.get("allocated")],
-                                                    (s["mem_peak_allocated"] for s in steps))
-        out.torch_peak_reserved = metrics.run_peak([s.peak_reserved for s in memory.stages]
-                                                   + [memory.open_peak.get("reserved")],
-                                                   (s["mem_peak_reserved"] for s in steps))
-        out.fragmentation = metrics.gap(out.torch_peak_reserved, out.torch_peak_allocated)
-        training_peak = metrics.training_peak({s.stage: s.peak_allocated for s in memory.stages},
-                                              (s["mem_peak_allocated"] for s in steps))
     logits = metrics.logits_gradient_bytes(rec.micro_tokens, vocab) if vocab and rec.micro_tokens else None
-    breakdown = metrics.memory_breakdown(rec.first.static, rec.first.saved_activations, training_peak, logits)
-    out.memory_breakdown = MemoryBreakdown.from_dict(breakdown) if breakdown else None
-    return out
+    return memory_record(rec.memory, steps, rec.first.static, rec.first.saved_activations, logits)
 
 
 def _nvml(res: RunResult, rec: Recorder, steps: list[dict]) -> None:
