@@ -40,6 +40,7 @@ class LoadContext:
     log: Callable[[str], None] = print
     defer_init: bool = False  # presets only: leave parameters on meta (FSDP shards them, then each rank fills its own)
     policy: str = "none"  # the checkpointing policy that runs (ResolvedRun.policy: auto's choice under auto)
+    init_weights: bool = True  # a preset's random values (False: allocated only, for the planner's probe)
 
 
 def _from_pretrained(ctx: LoadContext, **kwargs) -> nn.Module:
@@ -57,7 +58,8 @@ def _build(ctx: LoadContext, **kwargs) -> nn.Module:
         return empty_model(ctx.source.config, ctx.dtype, ctx.cfg.model.attn_implementation)
     if ctx.source.kind == "preset":
         return build_random_model(ctx.source.config, ctx.device, ctx.dtype, seed=ctx.cfg.train.seed,
-                                  attn_implementation=ctx.cfg.model.attn_implementation, **kwargs)
+                                  attn_implementation=ctx.cfg.model.attn_implementation, init=ctx.init_weights,
+                                  **kwargs)
     return _from_pretrained(ctx)
 
 

@@ -211,7 +211,9 @@ def _build_probe_model(cfg: RunConfig, source, dtype: str):
     device, tdtype = torch.device("cpu"), torch_dtype(dtype)
     strategy = get_strategy(pcfg.method.method)
     torch.manual_seed(pcfg.train.seed)
-    model = strategy.load(LoadContext(pcfg, small, device, tdtype, None, list, log=lambda _: None))
+    # sizes only: the weights' values change nothing the probe measures, so they are not drawn
+    model = strategy.load(LoadContext(pcfg, small, device, tdtype, None, list, log=lambda _: None,
+                                      init_weights=False))
     model = strategy.apply(model, pcfg)
     autocast = precision(model, device.type, tdtype, strategy.uses_lora and not pcfg.method.kbit_prepare)
     if hasattr(model, "config"):

@@ -123,3 +123,22 @@ def test_other_families_are_probed_as_exactly(tmp_path, family):
     weights, grads, state, saved = measured(result)
     assert result.status == "ok" and result.prediction.static_bytes == weights + grads + state
     assert result.prediction.activation_bytes == pytest.approx(saved, rel=ACTIVATIONS)
+
+
+def test_the_probe_measures_the_same_sizes_without_drawing_random_weights():
+    """The probe leaves a preset's weights undrawn (half its time on llama-8b): what a forward saves does not
+    depend on the values."""
+    import torch
+
+    from ftprof.models.materialize import build_random_model
+    from ftprof.models.presets import preset_config
+    from ftprof.profiling.memory import SavedActivations
+
+    saved = []
+    for init in (True, False):
+        model = build_random_model(preset_config("tiny"), torch.device("cpu"), torch.bfloat16, init=init)
+        ids = torch.randint(0, model.config.vocab_size, (1, 64))
+        with SavedActivations(model) as meter:
+            model(input_ids=ids, labels=ids)
+        saved.append(meter.bytes)
+    assert saved[0] == saved[1] > 0
