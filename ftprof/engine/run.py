@@ -181,7 +181,11 @@ def resolve_resume(cfg: RunConfig) -> RunConfig:
         path = max(found, key=lambda p: (p / CHECKPOINT_STATE).stat().st_mtime)
     else:
         path = Path(spec).expanduser()
-        if not path.is_dir():
+        try:
+            found_dir = path.is_dir()
+        except OSError as exc:  # a name the file system refuses (too long, ...): a bad path, said as one
+            raise ConfigError(f"--resume-from-checkpoint: {exc.strerror or exc} ({str(spec)[:60]}...)") from None
+        if not found_dir:
             raise ConfigError(f"--resume-from-checkpoint {spec}: no such directory")
     path = path.resolve()
     state = read_checkpoint_state(path)

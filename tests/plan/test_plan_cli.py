@@ -51,7 +51,7 @@ def test_verify_runs_the_top_and_each_run_recorded_the_plans_prediction(tmp_path
     assert len(run_dirs) == 2
     recorded = sorted(json.loads(p.read_text())["prediction"]["peak_bytes"] for p in run_dirs)
     assert recorded == sorted(r["prediction"]["peak_bytes"] for r in rows)  # one predictor, the same figure
-    assert "memory_error_pct" in out and "memory parts (CPU)" in out
+    assert "memory error %" in out and "memory parts (CPU)" in out  # --verify prints tables
     # the runs fed the calibration store: the next plan predicts CPU tokens/s from them
     assert any(r["device_name"] == "cpu" and r["method"] == "lora" for r in calibration.load_records())
     code, out, _ = plan(tmp_path, capsys, "lora", "--model", "tiny", "--device", "cpu")
