@@ -214,7 +214,7 @@ SLOW_STEPS_MIN = 3  # fewer steady steps than this have no meaningful median
 # The host causes a step records (StepRecord), in the words people read them in.
 HOST_CAUSES = {"compile_s": "torch.compile", "gc_s": "Python garbage collection", "data_s": "making the batch"}
 CAUSE_SHARE = 0.5  # a host cause explains a slow step when it took at least this share of the extra time
-UNEXPLAINED = "no host-side cause (data, GC, compile): ftprof profile shows the GPU side"
+UNEXPLAINED = "not data, GC or compile (ftprof profile shows where the time went)"
 ALLOC_RETRIES = "allocator retries"
 
 
