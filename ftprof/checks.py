@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from ftprof.config import RunConfig
+from ftprof.config.declarations import BY_NAME
 from ftprof.config.evaluation import eval_data_config
 from ftprof.data.source import check_dataset, locate
 from ftprof.errors import ConfigError
@@ -108,7 +109,7 @@ def cuda_only_problem(cfg: RunConfig) -> str | None:
         return "--attn-implementation flash_attention_2 needs a CUDA device"
     if cfg.output.memory_limit_gib is not None:
         return "--memory-limit-gib caps GPU memory: it needs a CUDA device"
-    if m.compile_mode in ("reduce-overhead", "max-autotune"):
+    if BY_NAME["compile_mode"].needs_cuda(m.compile_mode):  # its CUDA-only values: the declaration's
         return (f"--compile-mode {m.compile_mode} replays blocks as CUDA graphs: it needs a CUDA device "
                 "(max-autotune-no-cudagraphs works on CPU)")
     if m.kernels == "liger":

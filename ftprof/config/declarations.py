@@ -217,15 +217,6 @@ def problems(values: Mapping[str, Any], sections: tuple[str, ...] | None = None)
     return out
 
 
-def cuda_only(values: Mapping[str, Any]) -> str | None:
-    """The first declared option value that needs a CUDA device, as the refusal line for a run elsewhere."""
-    for d in DECLARED:
-        value = values.get(d.name)
-        if d.needs_cuda(value) and d.applies(values):
-            return f"{_flag_with_value(d, value)} needs a CUDA device"
-    return None
-
-
 def calibration_defaults() -> dict[str, Any]:
     """The options a calibration record keeps beside its class (the knobs), at today's defaults."""
     return {d.name: d.default for d in DECLARED if d.name != "compile"}  # compile is part of the class itself
