@@ -22,9 +22,15 @@ from ftprof.results.status import Status
 from ftprof.runtime import pin_allocator_config
 
 
+def profile_dir(profiling, run_dir: Path) -> Path:
+    """Where a run's profiler artifacts go: --prof-output-dir, else <run dir>/profile (``profiling``: a
+    ProfilingConfig)."""
+    out = profiling.prof_output_dir
+    return Path(out).expanduser() if out else Path(run_dir) / files.PROFILE
+
+
 def _profile_dir(trainer) -> Path:
-    out = trainer.cfg.profiling.prof_output_dir
-    return Path(out).expanduser() if out else trainer.run_dir / files.PROFILE
+    return profile_dir(trainer.cfg.profiling, trainer.run_dir)
 
 
 def make_profiler(trainer, built, log):
@@ -47,25 +53,36 @@ def make_profiler(trainer, built, log):
                          metadata=meta)
 
 
-def _summarize(trainer, result: RunResult, display) -> None:
-    """Summarize every trace this run wrote; show the last one."""
+def summarize_profile(out_dir: Path, run_dir: Path, run_config: dict, result: RunResult, main: bool = True):
+    """Summarize every trace under ``out_dir`` (summary_rank{r}_cycle{c}.json|.md beside the cycle folders; with
+    ``main``, the last one again as summary.json|.md, the name people and ``ftprof report`` look for), the paths into
+    ``result.artifacts``. Returns the last summary, None without a trace. ftprof's profiled runs and the
+    integrations' profiler window (ftprof.integrations) both summarize through it."""
     from ftprof.analysis import summary_output
     from ftprof.analysis.pipeline import summarize
     from ftprof.profiling import layout
 
-    profile_dir = _profile_dir(trainer)
-    traces = layout.trace_files(profile_dir)
     summary = None
-    for trace in traces:
-        summary = summarize(trace, run_config=trainer.cfg.to_dict())
+    for trace in layout.trace_files(out_dir):
+        summary = summarize(trace, run_config=run_config)
         summary.profiler_overhead = result.profiling.get("profiler_overhead")
         stem = layout.summary_stem(trace)
-        paths = summary_output.write(summary, profile_dir, stem)
-        result.artifacts.update({f"{stem}_json": os.path.relpath(paths["summary_json"], trainer.run_dir),
-                                 f"{stem}_md": os.path.relpath(paths["summary_md"], trainer.run_dir)})
+        paths = summary_output.write(summary, out_dir, stem)
+        result.artifacts.update({f"{stem}_json": os.path.relpath(paths["summary_json"], run_dir),
+                                 f"{stem}_md": os.path.relpath(paths["summary_md"], run_dir)})
+    if summary is not None and main:
+        summary_output.write(summary, out_dir, "summary")  # the last cycle, under a name people look for
+        result.artifacts["summary"] = os.path.relpath(Path(out_dir) / "summary.md", run_dir)
+    return summary
+
+
+def _summarize(trainer, result: RunResult, display) -> None:
+    """Summarize every trace this run wrote; show the last one."""
+    from ftprof.analysis import summary_output
+
+    summary = summarize_profile(_profile_dir(trainer), trainer.run_dir, trainer.cfg.to_dict(), result,
+                                trainer.dist.is_main)
     if summary is not None and trainer.dist.is_main:
-        summary_output.write(summary, profile_dir, "summary")  # the last cycle, under a name people look for
-        result.artifacts["summary"] = os.path.relpath(profile_dir / "summary.md", trainer.run_dir)
         display.show(summary_output.rich_view(summary))
 
 

@@ -4,7 +4,9 @@ result.json, env.json) that ``ftprof report`` and ``--baseline`` read:
 - ``FtprofCallback``: a ``transformers.TrainerCallback`` for the HF Trainer, TRL's SFTTrainer and subclasses;
 - ``measure``: a context manager for a plain PyTorch or accelerate loop.
 
-docs/integrations.md describes both, what they record and what measuring costs.
+Either takes ``profile=`` (True, a ProfilingConfig, or its ``prof_*`` fields) for ``ftprof profile``'s profiler
+window: traces, the summary's buckets, TFLOP/s and diagnoses under <run dir>/profile. docs/integrations.md
+describes both, what they record and what measuring costs.
 """
 
 from __future__ import annotations

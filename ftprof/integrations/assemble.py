@@ -1,5 +1,6 @@
 """A measured run's files: config.json, steps.csv, memory_stages.csv, result.json and env.json, the same as
-ftprof's own runs write, every figure through ``ftprof.metrics`` (one FLOP count, one steady window)."""
+ftprof's own runs write, every figure through ``ftprof.metrics`` (one FLOP count, one steady window); with a
+profiler window, profile/ as ``ftprof profile`` writes it (integrations/window.py)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,12 @@ from ftprof.results.schema import RunResult
 from ftprof.results.status import Status
 
 
-def write_config(rec: Recorder, described: Described, trainer: dict[str, Any]) -> None:
-    """config.json: the RunConfig as ftprof's runs write it, and the trainer's own settings beside it."""
+def write_config(rec: Recorder, described: Described, trainer: dict[str, Any]) -> dict[str, Any]:
+    """config.json: the RunConfig as ftprof's runs write it, and the trainer's own settings beside it. Returns it."""
     data = described.config().to_dict()
     data["trainer"] = trainer
     rec.writer.write_config(data)
+    return data
 
 
 def flops(model, rec: Recorder, checkpointing: str, peak: float | None) -> Flops:
@@ -102,7 +104,10 @@ def result(rec: Recorder, run: RunIdentity, model, checkpointing: str, world_siz
         res.throughput.loss_first, res.throughput.loss_last = steps[0]["loss"], steps[-1]["loss"]
         res.throughput.tokens_per_step = own[-1]["tokens"]
     res.throughput.warmup_step_times_s = [s["step_time_s"] for s in steps if s["warmup"]]
-    steady, _ = metrics.steady_window(steps)
+    steady, left_out = metrics.steady_window(steps)
+    if left_out:  # the profiler window's steps (ftprof.engine.result says the same of ftprof's profiled runs)
+        res.notes.append(f"steady-state figures from {len(steady)} unprofiled steps ({left_out} profiled steps "
+                         "left out)")
     if not record_steady_state(res, steps, steady, world_size) and steps:
         res.notes.append("every step was a warm-up step: no steady-state figures")
     config = attention_config(model)
@@ -116,6 +121,7 @@ def result(rec: Recorder, run: RunIdentity, model, checkpointing: str, world_siz
         res.failure = Failure(type(exc).__name__, (message.splitlines()[0] if message else type(exc).__name__)[:500],
                               "".join(traceback.format_exception(exc)[-8:])[-4000:])
     res.profiling = overhead(rec, own)
+    rec.window.record(res, own, rec.index)
     res.notes.extend(rec.notes)
     return res
 
@@ -152,6 +158,7 @@ def finish(rec: Recorder, model, described: Described, trainer: dict[str, Any], 
         res.notes.append(f"time outside the measured steps (data loading, logging, evaluation, saving): "
                          f"{max(0.0, wall - secs):.3f} s of {wall:.3f} s from the first step's start to the last's end")
     if write:
-        write_config(rec, described, trainer)
+        config = write_config(rec, described, trainer)
+        rec.window.summarize(res, rec.run_dir, config)  # before result.json: the summaries are its artifacts
         write_run(rec, res)
     return res

@@ -7,6 +7,8 @@ subclasses) written as a standard ftprof run directory that ``ftprof report`` an
 A step is one optimizer step (gradient accumulation included), timed from ``on_step_begin`` to ``on_step_end``
 with device synchronisation (CUDA events); the Trainer fetches a step's batches before ``on_step_begin``, so data
 loading, logging, evaluation and saving are outside the step times (result.json's notes say how long they took).
+``profile=True`` (or a ProfilingConfig) adds ``ftprof profile``'s profiler window: traces and their summary under
+<run dir>/profile.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ftprof.integrations.describe import (
     weights_dtype,
 )
 from ftprof.integrations.recorder import Recorder
+from ftprof.integrations.window import ProfileWindow, profiling_config, window_notes
 
 logger = logging.get_logger(__name__)
 
@@ -52,11 +55,14 @@ class FtprofCallback(TrainerCallback):
     """Measures a Trainer's run into ``run_dir`` (default: ``<output_dir>/ftprof``). ``measure_warmup_steps``: the
     first steps, left out of the steady-state figures. ``model_name``: the name recorded (default: the model's
     name or path, else its class). ``trainer_name``: how the trainer is recorded (default: from the arguments'
-    class: ``hf-trainer`` for TrainingArguments, ``trl-sft`` for TRL's SFTConfig)."""
+    class: ``hf-trainer`` for TrainingArguments, ``trl-sft`` for TRL's SFTConfig). ``profile``: a profiler window
+    as ``ftprof profile`` runs it: True for its defaults (wait 1, warm-up 1, active 2 steps), a ProfilingConfig, or
+    a mapping of its ``prof_*`` fields; off by default."""
 
     def __init__(self, run_dir: str | Path | None = None, *, measure_warmup_steps: int = 2,
-                 model_name: str | None = None, trainer_name: str | None = None):
+                 model_name: str | None = None, trainer_name: str | None = None, profile=None):
         self.run_dir = run_dir
+        self.profile = profiling_config(profile)  # a bad window is refused here, before training
         self.measure_warmup_steps = measure_warmup_steps
         self.model_name = model_name
         self.trainer_name = trainer_name
@@ -67,8 +73,11 @@ class FtprofCallback(TrainerCallback):
         self._dataset = "trainer-dataset"
 
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
+        window = ProfileWindow(self.profile, args.process_index, self.model_name) if self.profile else None
+        if self.profile is not None and 0 < state.max_steps < self.profile.total_steps:
+            logger.warning("ftprof: %s", window_notes(self.profile, state.max_steps)[0])
         self.recorder = Recorder(self.run_dir or Path(args.output_dir) / "ftprof",
-                                 measure_warmup_steps=self.measure_warmup_steps)
+                                 measure_warmup_steps=self.measure_warmup_steps, window=window)
         self._model, self._args = model, args
         self._dataset = _dataset_name(train_dataloader)
         self.recorder.start(model, state.max_steps)
@@ -121,6 +130,7 @@ class FtprofCallback(TrainerCallback):
                 "attn_implementation": _attention(model)}
         if getattr(model, "is_gradient_checkpointing", False):
             flat["checkpointing"] = "full"
+        flat.update(rec.window.options())
         notes = method.notes + train.notes + notes
         if args.bf16 or args.fp16:
             notes.append(f"{'bf16' if args.bf16 else 'fp16'} mixed precision (autocast) over {dtype} weights")

@@ -12,7 +12,8 @@ A step starts at the first training-mode forward after the previous ``m.step()``
 making the batch stays outside it, and ends at ``m.step()``, which synchronises the device. Tokens are counted
 where the model is called (``input_ids`` and ``labels`` of its forward); the loss is the model output's own unless
 ``m.step(loss)`` passes one. With ``optimizer``, its step hooks size the first step's memory (weights, gradients,
-optimizer state) and read the gradient norm the proof of training checks.
+optimizer state) and read the gradient norm the proof of training checks. ``profile=True`` (or a
+ProfilingConfig) adds ``ftprof profile``'s profiler window: traces and their summary under <run dir>/profile.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from ftprof.integrations.assemble import finish
 from ftprof.integrations.describe import Described, method_options, model_name, unwrap, weights_dtype
 from ftprof.integrations.recorder import Recorder
+from ftprof.integrations.window import ProfileWindow, profiling_config
 
 UNKNOWN_STEPS = 10 ** 9  # no planned step count: the proof reads the norm on step 1 and every 25th
 
@@ -61,11 +63,15 @@ class Measurement:
 @contextlib.contextmanager
 def measure(model: torch.nn.Module, run_dir: str | Path, *, optimizer: torch.optim.Optimizer | None = None,
             max_steps: int | None = None, measure_warmup_steps: int = 2, name: str | None = None,
-            seq_len: int | None = None, **options):
+            seq_len: int | None = None, profile=None, **options):
     """Measure the steps run inside the block into ``run_dir``. ``max_steps``: the planned steps (the proof reads
     the last one's gradient norm); ``name``: the model name recorded; ``seq_len``: recorded when no step ran (the
-    steps' own width otherwise); ``options``: other ftprof options to record (``lr``, ``packing``, ``dataset``...)."""
-    rec = Recorder(run_dir, measure_warmup_steps=measure_warmup_steps)
+    steps' own width otherwise); ``profile``: a profiler window as ``ftprof profile`` runs it (True for its
+    defaults, a ProfilingConfig, or a mapping of its ``prof_*`` fields); ``options``: other ftprof options to
+    record (``lr``, ``packing``, ``dataset``...)."""
+    cfg = profiling_config(profile)
+    window = ProfileWindow(cfg, _rank(), name) if cfg is not None else None
+    rec = Recorder(run_dir, measure_warmup_steps=measure_warmup_steps, window=window)
     m = Measurement(rec, optimizer)
     hooks = [unwrap(model).register_forward_pre_hook(m._auto_begin, with_kwargs=True, prepend=True)]
     rec.start(unwrap(model), max_steps or UNKNOWN_STEPS)
@@ -107,7 +113,14 @@ def _describe(rec: Recorder, m: Measurement, model, optimizer, max_steps, warmup
     else:
         notes.append("no optimizer given: the first step's weights, gradients and optimizer state were not sized "
                      "and the gradient norm was not checked")
+    flat.update(rec.window.options())
     flat.update(options)
     if not rec.loss_seen:
         notes.append("no loss seen (the model's output carried none and m.step() was given none)")
     return Described(flat, notes)
+
+
+def _rank() -> int:
+    """This process's rank under torch.distributed (0 without it): the window runs on the ranks it names."""
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

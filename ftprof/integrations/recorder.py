@@ -4,8 +4,10 @@ synchronisation, tokens counted where the model is called, memory by stage, the 
 The trainer's own loop drives it through five calls: ``begin_step``, the model's forward (seen through a forward
 pre-hook and hook on the outermost module, so it counts whatever batch a Trainer, TRL's SFTTrainer with or without
 packing, or a subclass feeds), ``before_optimizer_step``, ``after_optimizer_step`` and ``end_step``; ``finish``
-writes the run directory. Everything read from the device inside a step (real-token counts, the loss, a gradient
-norm) stays a device tensor until ``end_step``'s synchronisation, so measuring adds no synchronisation of its own.
+writes the run directory. An optional profiler window (integrations/window.py) follows the same calls.
+
+Everything read from the device inside a step (real-token counts, the loss, a gradient norm) stays a device tensor
+until ``end_step``'s synchronisation, so measuring adds no synchronisation of its own.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from ftprof.engine.trackers import FirstStepMemory, NvmlTracker, StepLog
 from ftprof.profiling.memory import MemoryTracker, SavedActivations
 from ftprof.results.run_dir import RunDirWriter
 from ftprof.results.schema import StepRecord
+
+FORWARD, BACKWARD, OPTIMIZER = "ftprof/forward", "ftprof/backward", "ftprof/optimizer_step"  # ftprof's loop's labels
 
 # steps.csv is rewritten (atomically, fsync'd) every this many steps and at the end: outside step time, but the
 # trainer's wall time all the same.
@@ -62,10 +66,42 @@ def _loss_of(output) -> torch.Tensor | None:
     return _tensor(loss)
 
 
-class Recorder:
-    """One measured run. ``start`` before the first step, the step calls during it, ``finish`` after the last."""
+class NoWindow:
+    """No profiler window (the default): each call does nothing."""
 
-    def __init__(self, run_dir: str | Path, *, measure_warmup_steps: int = 2):
+    enabled = False
+
+    def start(self, model, device, run_dir) -> None:
+        return None
+
+    def stage(self, name: str | None) -> None:
+        return None
+
+    def phase(self, index: int) -> str:
+        return ""
+
+    def step(self, rec) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def options(self) -> dict:
+        return {}
+
+    def record(self, res, steps: list[dict], taken: int) -> None:
+        return None
+
+    def summarize(self, res, run_dir: Path, run_config: dict) -> None:
+        return None
+
+
+class Recorder:
+    """One measured run. ``start`` before the first step, the step calls during it, ``finish`` after the last.
+    ``window``: a profiler window (integrations/window.py), none by default."""
+
+    def __init__(self, run_dir: str | Path, *, measure_warmup_steps: int = 2, window=None):
+        self.window = window or NoWindow()
         self.run_dir = Path(run_dir).expanduser()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.writer = RunDirWriter(self.run_dir)
@@ -96,11 +132,14 @@ class Recorder:
         self._stack.enter_context(self.memory)
         self._stack.enter_context(self.steps)
         self._stack.enter_context(self.nvml)
+        self.window.start(model, self.device, self.run_dir)  # last in, first out: stopped before the trackers
+        self._stack.callback(self.window.close)
         self._hooks = [model.register_forward_pre_hook(self._pre_forward, with_kwargs=True),
                        model.register_forward_hook(self._post_forward, with_kwargs=True)]
         self.started_at = _now()
         self.widths: dict[int, int] = {}  # sequence width -> tokens fed at that width
         self.micro_tokens: int | None = None  # positions of the first micro-batch (the logits' size)
+        self.micro_rows = 0  # rows of the first micro-batch
         self.padding_free = False  # documents concatenated into one row, told apart by position_ids
         self.seq_len_override: int | None = None  # the packed length, for padding-free batches (the trainer's)
 
@@ -137,6 +176,7 @@ class Recorder:
         if not self.in_step or not module.training:
             return
         t0 = time.perf_counter()
+        self.window.stage(FORWARD)
         ids = _tensor(kwargs.get("input_ids")) if "input_ids" in kwargs else _tensor(args[0] if args else None)
         if ids is None:
             ids = _tensor(kwargs.get("inputs_embeds"))
@@ -146,6 +186,7 @@ class Recorder:
             self.tokens += n
             self.widths[width] = self.widths.get(width, 0) + n
             self.micro_tokens = self.micro_tokens or n
+            self.micro_rows = self.micro_rows or n // max(1, width)
             self.padding_free |= ids.dim() == 2 and ids.shape[0] == 1 and kwargs.get("position_ids") is not None
             self.real = self.real + self._real_tokens(kwargs, n, ids)
         self.loss_is_sum = kwargs.get("num_items_in_batch") is not None
@@ -172,6 +213,7 @@ class Recorder:
         if not self.in_step or not module.training:
             return
         t0 = time.perf_counter()
+        self.window.stage(BACKWARD)  # and whatever runs before the next forward or the optimizer step
         loss = _loss_of(output)
         if loss is not None:
             loss = loss.detach().float()
@@ -188,6 +230,7 @@ class Recorder:
     def before_optimizer_step(self) -> None:
         """Gradients are final (clipped where the trainer clips): a norm on check steps, the first step's stage."""
         t0 = time.perf_counter()
+        self.window.stage(OPTIMIZER)
         if self.index == 1:
             self._close_stage()
             self._open_stage("first_optimizer_step")
@@ -197,6 +240,7 @@ class Recorder:
 
     def after_optimizer_step(self, optimizer) -> None:
         """Gradients and optimizer state both exist (before they are zeroed): the first step sizes them."""
+        self.window.stage(None)
         if self.index == 1 and self.first.static is None and optimizer is not None:
             optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
             self.first.after_optimizer_step(self.model, optimizer)
@@ -210,6 +254,7 @@ class Recorder:
             self._meter.__exit__(None, None, None)
             self._meter = None
         self._close_stage()
+        self.window.stage(None)
         seconds = self.steps.timer.stop()
         t0 = time.perf_counter()
         self.in_step = False
@@ -218,8 +263,9 @@ class Recorder:
         step_loss = self._step_loss(loss)
         record = StepRecord(step=self.index, loss=step_loss, step_time_s=seconds, tokens=self.tokens,
                             real_tokens=int(self.real), lr=self.lr, warmup=self.index <= self.measure_warmup_steps,
-                            profiler_phase="", started_unix=self.started, mem_allocated=mem["allocated"],
-                            mem_peak_allocated=mem["peak_allocated"], mem_reserved=mem["reserved"],
+                            profiler_phase=self.window.phase(self.index), started_unix=self.started,
+                            mem_allocated=mem["allocated"], mem_peak_allocated=mem["peak_allocated"],
+                            mem_reserved=mem["reserved"],
                             mem_peak_reserved=mem["peak_reserved"], **causes)
         self.steps.end(record)
         if math.isnan(step_loss) and not self.loss_seen:
@@ -228,6 +274,7 @@ class Recorder:
         else:
             self.check.observe(self.index, step_loss, self.norm)
         self.overhead_s.append(self._step_cost + time.perf_counter() - t0)
+        self.window.step(self)  # after the step's figures: the profiler's export is not the step's time
         return record
 
     def _step_loss(self, given) -> float:

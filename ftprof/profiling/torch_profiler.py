@@ -165,6 +165,14 @@ class TorchProfiler:
         self._prof.add_metadata_json("ftprof", json.dumps(block))  # a string: see layout.encode_metadata
         self._meta_added = True
 
+    def update_metadata(self, values: dict) -> None:
+        """Add to ftprof's metadata block (what the run learns once it runs, e.g. a measured sequence length); a
+        cycle already collecting gets the block again (Kineto keeps a key's last value)."""
+        self.metadata.update(values)
+        if self._meta_added:
+            self._meta_added = False
+            self._add_metadata()
+
     # ------------------------------------------------------------------ allocator snapshot
     def _maybe_start_snapshot(self, next_index: int) -> None:
         starts_active = self.phase(next_index) == "active" and self.phase(next_index - 1) != "active"
