@@ -51,6 +51,12 @@ class ResolvedRun:
         """How many decoder layers the policy applies to (None: all of them)."""
         return policy_of(self.config, self.auto_choice)[1]
 
+    @property
+    def offload_checkpoints(self) -> bool:
+        """Whether full checkpointing's saved layer inputs wait in pinned host memory: --offload-checkpoints, or
+        --checkpointing auto's choice (it tries the offload on CUDA where full checkpointing needs it)."""
+        return offload_of(self.config, self.auto_choice)
+
 
 def policy_of(cfg: RunConfig, auto_choice=None) -> tuple[str, int | None]:
     """(policy, checkpointed layers or None for all) of a configuration: under auto, the choice made for it."""
@@ -61,3 +67,12 @@ def policy_of(cfg: RunConfig, auto_choice=None) -> tuple[str, int | None]:
         return auto_choice.policy, auto_choice.layers
     policy = m.checkpointing or ("full" if m.gradient_checkpointing else "none")
     return policy, m.checkpoint_layers if policy in ("full", "selective") else None
+
+
+def offload_of(cfg: RunConfig, auto_choice=None) -> bool:
+    """Whether a configuration offloads full checkpointing's layer inputs: under auto, the choice made for it."""
+    if cfg.model.checkpointing == "auto":
+        if auto_choice is None:
+            raise ValueError("--checkpointing auto has not chosen yet (preflight chooses before the model loads)")
+        return auto_choice.policy == "full" and bool(getattr(auto_choice, "offload", False))
+    return bool(cfg.model.offload_checkpoints)

@@ -84,7 +84,7 @@ def build(resolved: ResolvedRun, memory: MemoryTracker, log: Callable[[str], Non
         policy, layers, auto, selective = checkpointing.resolve_policy(model, resolved)
         if auto is not None:
             log(f"--checkpointing auto: {auto.reason}")
-        if cfg.model.offload_checkpoints:
+        if resolved.offload_checkpoints:
             log(f"--offload-checkpoints: {len(offload.offloaded_layers(model))} layer inputs kept in pinned host "
                 "memory")
         joined = (fused_projections.fuse(model, metrics.decoder_layers(model))

@@ -1,10 +1,12 @@
 """Activation checkpointing in a run (``--checkpointing none|full|selective|auto``): the policy the resolved run
 says runs, applied to the built model. The policies themselves, and what each saves, are ftprof/models/checkpointing.py.
 
-- ``auto``: the first of none > selective > full on the N fewest layers > full on every layer whose predicted
-  peak fits the memory this process can have, with a margin: chosen before the model loads by ftprof.plan (the
+- ``auto``: the first of none > selective > full (on the N fewest layers, or every layer; on CUDA also with
+  ``--offload-checkpoints``, taken where it lets fewer layers be recomputed or only it fits) whose predicted peak
+  fits the memory this process can have, with a margin: chosen before the model loads by ftprof.plan (the
   predictor ``ftprof plan`` and every run's recorded prediction use; ftprof/plan/budget.py) and written once into
-  the resolved run (``ResolvedRun.policy``); everything after reads it there.
+  the resolved run (``ResolvedRun.policy``, ``.checkpointed_layers``, ``.offload_checkpoints``); everything after
+  reads it there.
 """
 
 from __future__ import annotations
@@ -20,5 +22,5 @@ def resolve_policy(model, run: ResolvedRun) -> tuple[str, int | None, AutoChoice
     counter sizes what selective checkpointing caches, or None)."""
     policy, layers = run.policy, run.checkpointed_layers
     selective = SelectivePolicy(run.config.method.lora_r or 0) if policy == "selective" else None
-    apply_policy(model, policy, selective, layers, offload=run.config.model.offload_checkpoints)
+    apply_policy(model, policy, selective, layers, offload=run.offload_checkpoints)
     return policy, layers, run.auto_choice, selective

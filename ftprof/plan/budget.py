@@ -2,19 +2,29 @@
 configuration that fits when the asked one does not. Everything here is a prediction (predict.py), made before
 the model loads.
 
-auto takes the first of none > selective > full on the fewest layers that fit > full on every layer whose
-predicted peak fits the budget: selective recomputes no matmul, and checkpointing only as many layers as needed
-recomputes less than checkpointing all of them.
+auto takes the first of none > selective > full whose predicted peak fits the budget: selective recomputes no
+matmul. Under full it takes, among the ways full fits, the one predicted fastest, and at equal speed the one that
+recomputes the fewest layers, then the one without the offload: full on the fewest layers that fit, or on every
+layer; on a CUDA target also both with ``--offload-checkpoints`` (the checkpointed layers' inputs wait in pinned
+host memory: less device memory, so fewer layers may need recomputing). The speed model prices the offload at full's
+speed (same class and FLOPs; 11,385 tokens/s with it, 11,383 without, on an H200; only runs of it in the calibration
+store, preferred as the candidate's own options, could move its rate), so in practice the offload is taken where it
+lets fewer layers be recomputed, or where only it fits. On the CPU the offload is a plain copy (its declaration's
+``planner_devices``): auto does not try it there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from ftprof.config import declarations
 from ftprof.metrics import GIB, budget_margin
 from ftprof.plan.candidates import POLICIES, Candidate, micro_batches
 from ftprof.plan.predict import Planner
 from ftprof.results.parts import AutoChoice, Prediction
+
+OFFLOAD = "offload_checkpoints"
+OFFLOAD_WORDS = "with --offload-checkpoints (the checkpointed layers' inputs wait in pinned host memory)"
 
 
 def margin_for(available: int) -> int:
@@ -31,6 +41,24 @@ def fewest_layers(planner: Planner, cand: Candidate, budget: int) -> int | None:
     return None
 
 
+def with_offload(cand: Candidate) -> Candidate:
+    """``cand`` with --offload-checkpoints on (the options stay sorted, as of_config makes them)."""
+    return dataclasses.replace(cand, options=tuple(sorted({**dict(cand.options), OFFLOAD: True}.items())))
+
+
+def offload_applies(planner: Planner, cand: Candidate) -> bool:
+    """Whether auto tries --offload-checkpoints for ``cand``: on a CUDA target (the declaration's planner_devices:
+    on the CPU the offload is a plain copy), not already on, and refused by nothing the run has (FSDP, a compile
+    mode with CUDA graphs: config/declarations.py)."""
+    d = declarations.BY_NAME[OFFLOAD]
+    if planner.target.device_name == "cpu" or "cuda" not in d.planner_devices or cand.option(OFFLOAD):
+        return False
+    values = {**planner.cfg.declared_values(), **dict(cand.options), "method": cand.method, "kernels": cand.kernels,
+              "compile": cand.compile, "checkpointing": "full", declarations.SHARDED: planner.target.shards}
+    without = set(declarations.problems({**values, OFFLOAD: False}))
+    return not set(declarations.problems({**values, OFFLOAD: True})) - without
+
+
 def auto_policy(planner: Planner, cand: Candidate, available: int) -> tuple[Candidate, Prediction, AutoChoice,
                                                                              bool]:
     """(the chosen candidate, its prediction, auto's record, whether it fits). ``cand``'s policy is ignored."""
@@ -41,23 +69,65 @@ def auto_policy(planner: Planner, cand: Candidate, available: int) -> tuple[Cand
     by_policy = {p: dataclasses.replace(cand, checkpointing=p, checkpoint_layers=None)
                  for p in POLICIES}
     predicted = {p: planner.predict(c) for p, c in by_policy.items()}
-    order: list[tuple[Candidate, str]] = [(by_policy["none"], "none"), (by_policy["selective"], "selective; none "
-                                                                        "did not")]
-    layers = fewest_layers(planner, cand, budget)
-    if layers is not None:
-        order.append((dataclasses.replace(by_policy["full"], checkpoint_layers=layers),
-                      f"full on {layers} of {planner.layer_count} layers; none and selective did not"))
-    order.append((by_policy["full"], "full; faster policies did not"))
-    for choice, why in order:
+    chosen = next(((by_policy[p], predicted[p], why) for p, why in (("none", ""), ("selective", "none did not"))
+                   if predicted[p].peak_bytes <= budget), None) or best_full(planner, by_policy["full"], budget)
+    if chosen is not None:
+        choice, pred, why = chosen
+        head = choice.checkpointing if choice.checkpointing != "full" else describe_full(choice, planner.layer_count)
+        reason = f"{head}: predicted peak {pred.peak_bytes / GIB:.1f} GiB {fits}" + (f"; {why}" if why else "")
+        return choice, pred, _record(choice, reason, predicted, available, margin), True
+    least, least_pred = by_policy["full"], predicted["full"]
+    if offload_applies(planner, least):
+        least_pred = planner.predict(with_offload(least))
+    what = "full " + OFFLOAD_WORDS if least_pred is not predicted["full"] else "full"
+    reason = (f"no policy fits {budget / GIB:.1f} GiB: {what}, the least memory, is predicted at "
+              f"{least_pred.peak_bytes / GIB:.1f} GiB")
+    return least, predicted["full"], _record(least, reason, predicted, available, margin), False
+
+
+def describe_full(choice: Candidate, layer_count: int) -> str:
+    """"full", "full on 2 of 32 layers", each "... with --offload-checkpoints (...)" where the offload is on."""
+    out = "full" if choice.checkpoint_layers is None else f"full on {choice.checkpoint_layers} of {layer_count} layers"
+    return f"{out} {OFFLOAD_WORDS}" if choice.option(OFFLOAD) else out
+
+
+def full_ways(planner: Planner, full: Candidate, budget: int) -> list[tuple[Candidate, Prediction]]:
+    """Each way full checkpointing fits ``budget``: on the fewest layers that fit, else on every layer; without the
+    offload, then (where auto may try it) with it."""
+    out = []
+    for base in [full] + ([with_offload(full)] if offload_applies(planner, full) else []):
+        layers = fewest_layers(planner, base, budget)
+        choice = base if layers is None else dataclasses.replace(base, checkpoint_layers=layers)
         pred = planner.predict(choice)
         if pred.peak_bytes <= budget:
-            reason = f"{why.split(';')[0]}: predicted peak {pred.peak_bytes / GIB:.1f} GiB {fits}" + (
-                f"; {why.split('; ', 1)[1]}" if "; " in why else "")
-            return choice, pred, _record(choice, reason, predicted, available, margin), True
-    full = predicted["full"]
-    reason = (f"no policy fits {budget / GIB:.1f} GiB: full, the least memory, is predicted at "
-              f"{full.peak_bytes / GIB:.1f} GiB")
-    return by_policy["full"], full, _record(by_policy["full"], reason, predicted, available, margin), False
+            out.append((choice, pred))
+    return out
+
+
+def best_full(planner: Planner, full: Candidate, budget: int) -> tuple[Candidate, Prediction, str] | None:
+    """The way full checkpointing fits that auto takes (None: none fits): the fastest predicted (where every way
+    has a speed prediction), then the fewest layers recomputed, then without the offload; and why."""
+    ways = full_ways(planner, full, budget)
+    if not ways:
+        return None
+    timed = all(p.tokens_per_s for _, p in ways)
+
+    def key(way: tuple[Candidate, Prediction]) -> tuple:
+        c, p = way
+        return (-(p.tokens_per_s or 0.0) if timed else 0.0, c.checkpoint_layers or planner.layer_count,
+                bool(c.option(OFFLOAD)))
+
+    choice, pred = min(ways, key=key)
+    why = "none and selective did not" if choice.checkpoint_layers is not None else "faster policies did not"
+    if choice.option(OFFLOAD):
+        plain = next((c for c, _ in ways if not c.option(OFFLOAD)), None)
+        if plain is None:
+            why += "; without the offload full does not fit"
+        else:
+            more = (plain.checkpoint_layers or planner.layer_count) > (choice.checkpoint_layers or planner.layer_count)
+            why += (f"; without the offload {describe_full(plain, planner.layer_count)} fits but "
+                    + ("recomputes more layers" if more else "is predicted slower"))
+    return choice, pred, why
 
 
 def _record(choice: Candidate, reason: str, predicted: dict[str, Prediction], available: int,
@@ -66,7 +136,7 @@ def _record(choice: Candidate, reason: str, predicted: dict[str, Prediction], av
                       {p: v.peak_bytes for p, v in predicted.items()},
                       {p: v.activation_bytes / max(1, _tokens(v)) for p, v in predicted.items()},
                       predicted["none"].static_bytes, available, margin,
-                      max(0, predicted["full"].transient_bytes))
+                      max(0, predicted["full"].transient_bytes), offload=bool(choice.option(OFFLOAD)))
 
 
 def _tokens(pred: Prediction) -> int:

@@ -135,6 +135,8 @@ def run_record(run_dir: str | Path) -> dict | None:
     if result.get("status") != Status.OK.value or not tokens_per_s or not flops or not result.get("finished_at"):
         return None
     cfg = config_options(_read_json(run_dir / files.CONFIG))
+    if (result.get("checkpointing_auto") or {}).get("offload"):  # --checkpointing auto chose the offload: it ran so
+        cfg["offload_checkpoints"] = True
     env = _read_json(run_dir / files.ENV)
     compiled = bool((result.get("compile") or {}).get("compiled", cfg.get("compile", False)))
     kernels = cfg.get("kernels") or "eager"

@@ -138,6 +138,7 @@ class AutoChoice(Record):
     available_bytes: int = 0
     margin_bytes: int = 0
     kept_weight_bytes: int = 0  # QLoRA under full: the recomputed layer's dequantized weights (in the full estimate)
+    offload: bool = False  # under full: --offload-checkpoints chosen too (CUDA only; files without the key: False)
 
 
 @dataclass

@@ -48,6 +48,7 @@ ADDED = {"eval_loss_first": None, "eval_loss_last": None, "eval_loss_best": None
          "eval_runs": 0, "eval_time_s": None, "eval_tokens": None,
          "saved": None, "save_dir": None, "save_base_dir": None, "save_time_s": None, "training_proof": {},
          "prediction": {}}
+ADDED_TO_AUTO = {"offload": False}  # checkpointing_auto: --checkpointing auto's offload choice
 _AT = FLAT_KEYS_V1.index("artifacts")
 FLAT_KEYS = FLAT_KEYS_V1[:_AT] + list(ADDED) + FLAT_KEYS_V1[_AT:]
 
@@ -56,7 +57,10 @@ def _with_added(old: dict) -> dict:
     """A version-1 result as this version writes it: the same keys, values and order, the added keys in place."""
     items = list(old.items())
     at = list(old).index("artifacts")
-    return dict(items[:at] + list(ADDED.items()) + items[at:])
+    out = dict(items[:at] + list(ADDED.items()) + items[at:])
+    if out.get("checkpointing_auto"):  # records' keys added since, at their end
+        out["checkpointing_auto"] = {**out["checkpointing_auto"], **ADDED_TO_AUTO}
+    return out
 
 
 # Written by the flat RunResult: every field set; a CPU run of the tiny preset (auto checkpointing); a failure.

@@ -1,0 +1,119 @@
+"""--checkpointing auto prices --offload-checkpoints like every other way full checkpointing fits: on a CUDA target
+it takes the offload where only it fits or where it lets fewer layers be recomputed, says so in its reason and its
+record, and leaves it alone where the plain way does as well; on the CPU (a plain copy there) it never tries it.
+Planned from the CPU for an H200 on an 8-layer checkpoint of the tiny shape (the probe builds two layers)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ftprof.config import RunConfig
+from ftprof.metrics import GIB
+from ftprof.models.source import resolve_model_source
+from ftprof.plan import budget
+from ftprof.plan.candidates import of_config
+from ftprof.plan.predict import Planner, Target
+from ftprof.results.parts import AutoChoice
+from tests.data_files import save_checkpoint
+
+H200 = Target("NVIDIA H200", capability=(9, 0))
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory):
+    return save_checkpoint(tmp_path_factory.mktemp("deep") / "ckpt", layers=8)
+
+
+def _planner(deep, target=H200, **flat):
+    cfg = RunConfig.from_flat({"model": deep, "method": "lora", "seq_len": 512, "batch_size": 4,
+                               "checkpointing": "auto", **flat})
+    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("bfloat16", preset=True))
+    return Planner(cfg, resolve_model_source(deep), "bfloat16", target, []), of_config(cfg)
+
+
+def _peak(p, cand, layers=None, offload=False):
+    full = dataclasses.replace(cand, checkpointing="full", checkpoint_layers=layers)
+    return p.predict(budget.with_offload(full) if offload else full).peak_bytes
+
+
+def _auto(p, cand, budget_bytes):
+    return budget.auto_policy(p, cand, GIB + budget_bytes)  # these budgets are small: the margin is 1 GiB
+
+
+def test_auto_takes_the_offload_where_only_it_fits(deep):
+    p, cand = _planner(deep)
+    plain, offloaded = _peak(p, cand), _peak(p, cand, offload=True)
+    assert offloaded < plain  # eight layer inputs leave, two come back
+    choice, pred, record, fits = _auto(p, cand, (plain + offloaded) // 2)
+    assert fits and choice.checkpointing == "full" and choice.checkpoint_layers is None
+    assert choice.option("offload_checkpoints") is True and pred.peak_bytes == offloaded
+    assert record.offload is True and (record.policy, record.layers) == ("full", None)
+    assert "--offload-checkpoints" in record.reason and "without the offload full does not fit" in record.reason
+
+
+def test_auto_takes_the_offload_where_it_recomputes_fewer_layers(deep):
+    p, cand = _planner(deep)
+    assert _peak(p, cand, 7) < _peak(p, cand, 6, offload=True) < _peak(p, cand, 6)
+    between = (_peak(p, cand, 6, offload=True) + _peak(p, cand, 6)) // 2  # plain needs 7 layers, offloaded 6
+    choice, pred, record, fits = _auto(p, cand, between)
+    assert fits and (record.policy, record.layers, record.offload) == ("full", 6, True), record.reason
+    assert "full on 6 of 8 layers with --offload-checkpoints" in record.reason
+    assert "without the offload full on 7 of 8 layers fits but recomputes more layers" in record.reason
+    assert pred.tokens_per_s > p.predict(dataclasses.replace(cand, checkpointing="full",
+                                                              checkpoint_layers=7)).tokens_per_s
+
+
+def test_auto_leaves_the_offload_off_where_the_plain_way_does_as_well(deep):
+    p, cand = _planner(deep)
+    choice, _, record, fits = _auto(p, cand, _peak(p, cand, 6))  # both fit on 6 layers: no offload needed
+    assert fits and (record.layers, record.offload) == (6, False) and not choice.options
+    assert "offload" not in record.reason
+    _, _, roomy, _ = _auto(p, cand, 64 * GIB)
+    assert (roomy.policy, roomy.offload) == ("none", False)
+
+
+def test_auto_does_not_try_the_offload_on_the_cpu(deep):
+    gpu, cand = _planner(deep)
+    cpu, _ = _planner(deep, Target("cpu"))
+    between = (_peak(gpu, cand) + _peak(gpu, cand, offload=True)) // 2
+    assert _peak(cpu, cand) > between  # on the CPU nothing fits this budget: the offload is not tried
+    choice, _, record, fits = _auto(cpu, cand, between)
+    assert not fits and record.offload is False and not choice.options
+    assert "offload" not in record.reason and record.reason.startswith("no policy fits")
+    _, _, gpu_refusal, gpu_fits = _auto(gpu, cand, _peak(gpu, cand, offload=True) - 1)
+    assert not gpu_fits and "full with --offload-checkpoints" in gpu_refusal.reason  # the least memory it tried
+
+
+def test_auto_does_not_try_the_offload_where_its_declaration_refuses_it(deep):
+    p, cand = _planner(deep, compile=True, compile_mode="reduce-overhead")  # copies outside the CUDA graphs
+    assert not budget.offload_applies(p, dataclasses.replace(cand, checkpointing="full"))
+    between = (_peak(p, cand) + _peak(p, cand, offload=True)) // 2
+    _, _, record, fits = _auto(p, cand, between)
+    assert not fits and record.offload is False
+
+
+def test_an_auto_record_from_before_the_offload_loads_without_it():
+    old = {"policy": "full", "reason": "full: fits", "layers": 3, "estimated_peak": {"none": 5}, "static_bytes": 1}
+    choice = AutoChoice.from_dict(old)
+    assert (choice.policy, choice.layers, choice.offload) == ("full", 3, False)
+    assert AutoChoice("full", "why", offload=True).to_dict()["offload"] is True
+
+
+def test_the_calibration_store_records_an_auto_run_s_offload(tmp_path):
+    import json
+
+    from ftprof.plan import calibration
+
+    config = {"schema_version": 1, "model": {"model": "tiny", "checkpointing": "auto", "offload_checkpoints": False},
+              "method": {"method": "lora"}}
+    for offloaded in (True, False):
+        run_dir = tmp_path / str(offloaded)
+        run_dir.mkdir()
+        (run_dir / "config.json").write_text(json.dumps(config))
+        (run_dir / "result.json").write_text(json.dumps({
+            "status": "ok", "tokens_per_s": 1000.0, "flops_per_token": 1e6, "finished_at": "2026-12-03T00:00:00",
+            "method": "lora", "checkpointing_policy": "full",
+            "checkpointing_auto": {"policy": "full", "offload": offloaded}}))
+        assert calibration.run_record(run_dir)["knobs"]["offload_checkpoints"] is offloaded
