@@ -15,7 +15,6 @@ from ftprof.bench.launcher import LauncherSettings
 from ftprof.bench.lock import OutputLock
 from ftprof.bench.runner import BenchRunner, Outcome, Planned, plan
 from ftprof.bench.sweep import Sweep, load_sweep
-from ftprof.errors import ConfigError
 from ftprof.results.status import Status
 from ftprof.results.store import check_writable_dir
 
@@ -59,18 +58,6 @@ def output_dir_for(sweep: Sweep, output_dir: str | Path | None) -> Path:
     return check_writable_dir(output_dir or Path("results") / sweep.name, "--output-dir")
 
 
-def check_launcher(sweep: Sweep, launcher: LauncherSettings) -> None:
-    """Peer-recipe cells (``trainer:``) and cells in another interpreter (``python:``) run as local child processes
-    only: a Slurm job runs ftprof's worker in bench's interpreter. One line before anything runs."""
-    if launcher.type != "slurm":
-        return
-    odd = next((e for e in sweep.experiments if e.is_peer or e.python), None)
-    if odd is not None:
-        key = f"trainer: {odd.trainer}" if odd.is_peer else f"python: {odd.python}"
-        raise ConfigError(f"{sweep.path}: experiment {odd.name}: {key} runs with the local launcher only (a Slurm "
-                          "job runs ftprof's own worker); run this sweep without --launcher slurm, on the GPU machine")
-
-
 def run_sweep(sweep: Sweep | str | Path, output_dir: str | Path | None = None, *, force: bool = False,
               retry_failed: bool = False, wait: bool = False, slots: list[str] | None = None,
               on_event: Callable[[str, object], None] | None = None,
@@ -79,12 +66,12 @@ def run_sweep(sweep: Sweep | str | Path, output_dir: str | Path | None = None, *
               launcher: LauncherSettings | None = None, watch: bool = True, cancel: bool = False) -> SweepRun:
     """Run a sweep in ``output_dir`` (default results/<sweep name>) holding its lock (OutputDirBusy when another
     bench holds it, unless ``wait``). ``on_plan`` sees the plan before anything runs (to set up a display).
-    ``launcher`` (default: the sweep file's) picks local child processes or Slurm jobs; with Slurm, ``watch=False``
+    ``launcher`` (default: the sweep file's) picks local child processes or Slurm jobs (a job runs what a child
+    process would: ftprof's worker or a peer cell's recipe, in the cell's ``python:``); with Slurm, ``watch=False``
     returns once the jobs are submitted and ``cancel`` cancels them on Ctrl-C."""
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
     launcher = launcher or sweep.launcher
-    check_launcher(sweep, launcher)
     out_dir = output_dir_for(sweep, output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with OutputLock(out_dir, wait=wait, on_wait=on_wait):

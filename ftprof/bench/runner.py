@@ -8,7 +8,9 @@ experiments run side by side on disjoint GPUs, each seeing only its own through 
 run one at a time.
 
 A ``trainer: hf|trl|unsloth`` cell runs its recipe (``recipe_command``, also its command.sh) in its ``python:``
-instead of the worker; claims, timeouts, failure classification and resume are the same.
+instead of the worker; claims, timeouts, failure classification and resume are the same. What a cell runs, the
+files it starts with and the result recorded for one that left none are ``ftprof.bench.cell``'s, shared with the
+Slurm launcher.
 
 A child that dies without writing result.json is classified here: ``timeout`` (bench killed it at its limit),
 ``interrupted`` (Ctrl-C or SIGTERM to bench), ``oom_host`` (SIGKILL while the kernel's OOM-kill count rose:
@@ -21,9 +23,7 @@ unless ``--retry-failed`` (``Status.resumed``).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -33,9 +33,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ftprof.bench import cell
+from ftprof.bench.cell import (  # noqa: F401 - re-exported: bench's callers read a cell's commands from here
+    PEER_CONFIG,
+    cell_config,
+    clear_attempt,
+    command_script,
+    experiment_command,
+    recipe_command,
+    replay_command,
+    run_config,
+)
 from ftprof.bench.lock import Claim, claim_cell, claim_holder
-from ftprof.bench.sweep import TRAINER_NAMES, Experiment, Sweep
-from ftprof.config import RunConfig
+from ftprof.bench.sweep import Experiment, Sweep
 from ftprof.host_memory import VMSTAT, oom_kill_counts, oom_kills_between
 from ftprof.lifetime import answer_ctrl_c, preexec_die_with
 from ftprof.results import run_dir as files
@@ -43,10 +53,8 @@ from ftprof.results.load import read_result, read_runs
 from ftprof.results.run_dir import RunDirWriter
 from ftprof.results.schema import failure_result
 from ftprof.results.status import Status
-from ftprof.results.store import write_csv_atomic, write_json_atomic, write_text_atomic
+from ftprof.results.store import write_csv_atomic, write_json_atomic
 
-PEER_CONFIG = "peer_config.json"  # a peer cell's validated configuration for its recipe (FtprofCallback rewrites
-# config.json with what it measured)
 INTERRUPT_GRACE_S = 30.0  # time a child gets to record 'interrupted' after Ctrl-C before it is killed
 POLL_S = 0.2
 
@@ -150,68 +158,6 @@ def killed_by(signum: int, before: dict[str, int], after: dict[str, int]) -> tup
     return Status.KILLED, "killed by SIGKILL, not sent by ftprof bench nor by the kernel's OOM killer"
 
 
-def run_config(exp: Experiment, run_dir: Path) -> RunConfig:
-    """The experiment's validated configuration, writing into ``run_dir`` (its memory logging is already resolved:
-    its own, else the sweep's)."""
-    return exp.config.replace(output_dir=str(run_dir.parent), run_name=run_dir.name, quiet=True)
-
-
-def trainer_section(exp: Experiment) -> dict:
-    """config.json's ``trainer`` section as bench knows it (FtprofCallback writes the full one)."""
-    return {"name": TRAINER_NAMES[exp.trainer], "recipe": exp.trainer, "python": exp.python or sys.executable}
-
-
-def cell_config(exp: Experiment, run_dir: Path) -> dict:
-    """The cell's config.json as bench writes it before the cell starts."""
-    data = run_config(exp, run_dir).to_dict()
-    if exp.is_peer:
-        data["trainer"] = trainer_section(exp)
-    return data
-
-
-def child_command(run_dir: Path) -> list[str]:
-    """What bench starts: a worker that loads the run directory's config.json."""
-    return [sys.executable, "-m", "ftprof.engine.worker", str(run_dir / files.CONFIG)]
-
-
-def recipe_command(exp: Experiment, run_dir: Path) -> list[str]:
-    """A peer cell's process: its recipe module, in its interpreter, on the cell's validated configuration."""
-    return [exp.python or sys.executable, "-m", f"ftprof.integrations.recipes.{exp.trainer}",
-            "--config", str(run_dir / PEER_CONFIG), "--run-dir", str(run_dir)]
-
-
-def experiment_command(exp: Experiment, run_dir: Path) -> list[str]:
-    """What bench starts for ``exp``: the worker (in the cell's interpreter), or a peer cell's recipe."""
-    cmd = recipe_command(exp, run_dir) if exp.is_peer else child_command(run_dir)
-    return [exp.python, *cmd[1:]] if exp.python and not exp.is_peer else cmd
-
-
-def replay_command(exp: Experiment, run_dir: Path) -> list[str]:
-    """The same run as an ``ftprof train`` command line (command.sh and --dry-run show it); a peer cell's recipe."""
-    if exp.is_peer:
-        return recipe_command(exp, run_dir)
-    cfg = run_config(exp, run_dir)
-    # replayed by hand over a finished cell: ftprof train refuses a reused run name unless told to replace it
-    cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, overwrite_output_dir=True))
-    return [exp.python or sys.executable, "-m", "ftprof", "train", *cfg.cli_args()]
-
-
-def clear_attempt(run_dir: Path) -> None:
-    """A rerun must not inherit the previous attempt's verdict, steps or logs (per-rank files included)."""
-    for name in files.ATTEMPT_FILES:
-        stem, _, ext = name.partition(".")
-        for path in [run_dir / name, *run_dir.glob(f"{stem}_rank*.{ext}")]:
-            path.unlink(missing_ok=True)
-
-
-def command_script(cmd: list[str], env_overrides: dict[str, str]) -> str:
-    lines = ["#!/usr/bin/env bash", "# Replays this experiment exactly as ftprof bench ran it.", "set -e",
-             f"cd {shlex.quote(os.getcwd())}"]
-    lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env_overrides.items())]
-    lines.append("exec " + " ".join(shlex.quote(c) for c in cmd) + ' "$@"')
-    return "\n".join(lines) + "\n"
-
-
 def gpu_slots() -> list[str]:
     """Visible GPUs as CUDA_VISIBLE_DEVICES entries (no CUDA context is created in this process)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -265,13 +211,6 @@ def _signals_set_flag(flag: list[bool]):
             signal.signal(sig, old)
 
 
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
 class BenchRunner:
     def __init__(self, sweep: Sweep, out_dir: Path, planned: list[Planned],
                  on_event: Callable[[str, object], None] | None = None, slots: list[str] | None = None):
@@ -286,11 +225,6 @@ class BenchRunner:
 
     # ------------------------------------------------------------------ one experiment
     def _launch(self, p: Planned, slot: str | None, claim: Claim) -> Running:
-        clear_attempt(p.run_dir)
-        RunDirWriter(p.run_dir).write_config(cell_config(p.experiment, p.run_dir))
-        if p.experiment.is_peer:
-            write_json_atomic(p.run_dir / PEER_CONFIG, cell_config(p.experiment, p.run_dir))
-        cmd = experiment_command(p.experiment, p.run_dir)
         overrides = {"PYTHONUNBUFFERED": "1"}
         if slot is not None:
             overrides["CUDA_VISIBLE_DEVICES"] = slot
@@ -300,9 +234,8 @@ class BenchRunner:
         for key in ("PYTORCH_ALLOC_CONF", "MEMORY_LOGGING"):
             if os.environ.get(key):
                 overrides[key] = os.environ[key]
-        script = write_text_atomic(p.run_dir / files.COMMAND,
-                                   command_script(replay_command(p.experiment, p.run_dir), overrides))
-        os.chmod(script, 0o755)
+        cell.prepare(p.experiment, p.run_dir, overrides)
+        cmd = experiment_command(p.experiment, p.run_dir)
         env = {**os.environ, **overrides}
         oom_kills = oom_kill_counts()
         with open(p.run_dir / files.STDOUT, "wb") as out, open(p.run_dir / files.STDERR, "wb") as err:
@@ -355,17 +288,10 @@ class BenchRunner:
 
     def _write_failure(self, r: Running, status: Status, code: int, reason: str) -> None:
         """The child died before writing result.json: record what bench knows, keep what the child wrote."""
-        exp = r.planned.experiment
-        cfg: RunConfig = exp.config
-        tail = _tail(r.planned.run_dir / files.STDERR)
-        last = next((ln for ln in reversed(tail.splitlines()) if ln.strip()), reason)
-        res = failure_result(cfg, r.planned.run_dir, status.value, status.value,
-                             reason if status is not Status.ERROR else last, tail,
-                             f"recorded by ftprof bench: {reason}")
-        if not (r.planned.run_dir / files.CONFIG).is_file():
-            RunDirWriter(r.planned.run_dir).write_config(cell_config(exp, r.planned.run_dir))
-        res.run.steps_completed = files.steps_recorded(r.planned.run_dir)
-        RunDirWriter(r.planned.run_dir).write_result(res)
+        exp, run_dir = r.planned.experiment, r.planned.run_dir
+        if not (run_dir / files.CONFIG).is_file():
+            RunDirWriter(run_dir).write_config(cell_config(exp, run_dir))
+        cell.record_no_result(run_dir, exp.config, status, reason)
 
     def _unrunnable(self, p: Planned, reason: str) -> None:
         """An experiment that cannot start here is still a row: status error, with the reason."""

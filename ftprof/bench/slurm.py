@@ -2,10 +2,11 @@
 
 Plain ``sbatch`` with a generated script (``<output dir>/.slurm/<job name>.sbatch``, readable and resubmittable by
 hand), not a Python submission library: the script is the whole contract, and job states come from ``squeue`` and
-``scontrol`` alone (no ``sacct``: clusters without slurmdbd have none). Each array task runs the same worker as a
-local sweep (``python -m ftprof.engine.worker <run dir>/config.json``) in the same run directory, through ``srun``;
-an experiment with more than one process runs torchrun under ``srun`` (one task per node), its rendezvous at the
-first node of the allocation.
+``scontrol`` alone (no ``sacct``: clusters without slurmdbd have none). Each array task runs what a local sweep
+runs for its cell (``ftprof.bench.cell``: ``python -m ftprof.engine.worker <run dir>/config.json``, or a peer cell's
+recipe, in the cell's ``python:`` interpreter when it names one) in the same run directory, through ``srun``; an
+experiment with more than one process runs torchrun under ``srun`` (one task per node), its rendezvous at the first
+node of the allocation.
 
 The state lives on disk: before ``sbatch`` each run directory gets ``slurm.json`` naming its job (job name and
 array task; the job id is added once ``sbatch`` answers), the job writes ``slurm_task.json`` (job id, node) when it
@@ -23,33 +24,20 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ftprof.bench import cell
 from ftprof.bench.launcher import LauncherSettings
-from ftprof.bench.runner import (
-    BenchRunner,
-    Outcome,
-    Planned,
-    _sigterm_as_interrupt,
-    _tail,
-    clear_attempt,
-    command_script,
-    previous_status,
-    replay_command,
-    run_config,
-)
+from ftprof.bench.runner import BenchRunner, Outcome, Planned, _sigterm_as_interrupt, previous_status
 from ftprof.bench.sweep import Experiment, Sweep
 from ftprof.config import RunConfig
 from ftprof.errors import FtprofError
 from ftprof.results import run_dir as files
 from ftprof.results.load import read_result
-from ftprof.results.run_dir import RunDirWriter
-from ftprof.results.schema import failure_result
 from ftprof.results.status import Status
 from ftprof.results.store import read_json, write_json_atomic, write_text_atomic
 
@@ -191,11 +179,7 @@ def reconcile(run_dir: Path, job: Job) -> str | None:
 
 def _write_failure(run_dir: Path, status: Status, why: str) -> None:
     cfg = RunConfig.from_dict(read_json(run_dir / files.CONFIG))
-    tail = _tail(run_dir / files.STDERR)
-    res = failure_result(cfg, run_dir, status.value, f"slurm_{status.value}", why, tail,
-                         f"recorded by ftprof bench: {why}")
-    res.run.steps_completed = files.steps_recorded(run_dir)
-    RunDirWriter(run_dir).write_result(res)
+    cell.record_no_result(run_dir, cfg, status, why, error_type=f"slurm_{status.value}")
 
 
 def _restamp(run_dir: Path, status: Status, why: str) -> None:
@@ -233,10 +217,27 @@ def job_shape(exp: Experiment, settings: LauncherSettings) -> tuple[int, int, in
     return nodes, d.nproc_per_node, gpus
 
 
-def sbatch_script(job_name: str, run_dirs: list[Path], shape: tuple[int, int, int], settings: LauncherSettings,
-                  log_dir: Path, env: dict[str, str]) -> str:
-    nodes, nproc, gpus = shape
-    directives = [f"--job-name={job_name}", f"--array=0-{len(run_dirs) - 1}"
+def task_commands(planned: list[Planned]) -> list[tuple[Path, list[str]]]:
+    """Each array task's run directory and process: what a local sweep starts for that cell (ftprof's worker, or a
+    peer cell's recipe, in the cell's interpreter)."""
+    return [(p.run_dir, cell.experiment_command(p.experiment, p.run_dir)) for p in planned]
+
+
+def _launch_line(shape: tuple[int, int, int]) -> str:
+    """The srun line that starts the task's command (``CMD``: ``<python> -m <module> <args>``); with several
+    processes, ftprof's torchrun wrapper in the same interpreter runs the module, one task per node."""
+    nodes, nproc, _ = shape
+    if nodes * nproc > 1:
+        return ('srun --ntasks-per-node=1 --kill-on-bad-exit=1 "${CMD[0]}" -m ftprof.engine.torchrun_entry'
+                ' --nnodes="$SLURM_NNODES" --nproc-per-node=' + str(nproc)
+                + ' --rdzv-backend=c10d --rdzv-endpoint="$HEAD:$PORT" --rdzv-id="$SLURM_JOB_ID" "${CMD[@]:1}"')
+    return 'srun --ntasks=1 "${CMD[@]}"'
+
+
+def _directives(job_name: str, tasks: int, shape: tuple[int, int, int], settings: LauncherSettings,
+                log_dir: Path) -> list[str]:
+    nodes, _, gpus = shape
+    directives = [f"--job-name={job_name}", f"--array=0-{tasks - 1}"
                   + (f"%{settings.max_jobs}" if settings.max_jobs else ""),
                   f"--nodes={nodes}", "--ntasks-per-node=1", f"--output={log_dir}/%x-%A_%a.log"]
     if gpus:
@@ -245,22 +246,21 @@ def sbatch_script(job_name: str, run_dirs: list[Path], shape: tuple[int, int, in
         value = getattr(settings, key)
         if value is not None:
             directives.append(f"--{key.replace('_', '-')}={value}")
-    directives += list(settings.sbatch)
+    return directives + list(settings.sbatch)
+
+
+def sbatch_script(job_name: str, tasks: list[tuple[Path, list[str]]], shape: tuple[int, int, int],
+                  settings: LauncherSettings, log_dir: Path, env: dict[str, str]) -> str:
+    """The job array's script: task i runs ``tasks[i]`` (a run directory and its process, ``task_commands``)."""
     quote = shlex.quote
-    worker = [sys.executable, "-m", "ftprof.engine.worker"]
-    if nodes * nproc > 1:
-        launch = ('srun --ntasks-per-node=1 --kill-on-bad-exit=1 ' + quote(sys.executable)
-                  + ' -m ftprof.engine.torchrun_entry --nnodes="$SLURM_NNODES" --nproc-per-node=' + str(nproc)
-                  + ' --rdzv-backend=c10d --rdzv-endpoint="$HEAD:$PORT" --rdzv-id="$SLURM_JOB_ID"'
-                  + ' -m ftprof.engine.worker "$RUN_DIR/config.json"')
-    else:
-        launch = "srun --ntasks=1 " + " ".join(map(quote, worker)) + ' "$RUN_DIR/config.json"'
-    lines = ["#!/usr/bin/env bash", *(f"#SBATCH {d}" for d in directives),
-             "# Written by ftprof bench: array task i runs the experiment in RUN_DIRS[i] (its command.sh replays it",
+    choose = [f"  {i}) RUN_DIR={quote(str(run_dir))}; CMD=({' '.join(map(quote, cmd))}) ;;"
+              for i, (run_dir, cmd) in enumerate(tasks)]
+    lines = ["#!/usr/bin/env bash", *(f"#SBATCH {d}" for d in _directives(job_name, len(tasks), shape, settings,
+                                                                          log_dir)),
+             "# Written by ftprof bench: array task i runs the experiment in its RUN_DIR (its command.sh replays it",
              "# outside Slurm). stdout.log, stderr.log, slurm_task.json and slurm_end.txt land in that directory.",
              "set -u",
-             "RUN_DIRS=(", *(f"  {quote(str(d))}" for d in run_dirs), ")",
-             'RUN_DIR=${RUN_DIRS[$SLURM_ARRAY_TASK_ID]}',
+             'case "$SLURM_ARRAY_TASK_ID" in', *choose, "esac",
              'JOB="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
              'record_end() { scontrol show job -o "$JOB" >"$RUN_DIR/.slurm_end.tmp" 2>&1;'
              ' mv -f "$RUN_DIR/.slurm_end.tmp" "$RUN_DIR/slurm_end.txt"; }',
@@ -274,7 +274,7 @@ def sbatch_script(job_name: str, run_dirs: list[Path], shape: tuple[int, int, in
              'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
              f'PORT=$(( {RDZV_PORT} + SLURM_JOB_ID % 1000 ))',
              'export HEAD PORT',
-             launch + ' >"$RUN_DIR/stdout.log" 2>"$RUN_DIR/stderr.log"']
+             _launch_line(shape) + ' >"$RUN_DIR/stdout.log" 2>"$RUN_DIR/stderr.log"']
     return "\n".join(lines) + "\n"
 
 
@@ -331,13 +331,10 @@ class SlurmRunner(BenchRunner):
                 env[key] = os.environ[key]
         now = _dt.datetime.now().isoformat(timespec="seconds")
         script_path = log_dir / f"{job_name}.sbatch"
-        write_text_atomic(script_path, sbatch_script(job_name, [p.run_dir for p in group], shape, self.settings,
+        write_text_atomic(script_path, sbatch_script(job_name, task_commands(group), shape, self.settings,
                                                      log_dir, env))
         for task, p in enumerate(group):
-            clear_attempt(p.run_dir)
-            RunDirWriter(p.run_dir).write_config(run_config(p.experiment, p.run_dir).to_dict())
-            os.chmod(write_text_atomic(p.run_dir / files.COMMAND,
-                                       command_script(replay_command(p.experiment, p.run_dir), env)), 0o755)
+            cell.prepare(p.experiment, p.run_dir, env)
             write_json_atomic(p.run_dir / files.SLURM, {"job_name": job_name, "array_task": task, "job_id": None,
                                                         "script": str(script_path), "submitted": now})
         answer = _slurm(["sbatch", "--parsable", str(script_path)]).strip()

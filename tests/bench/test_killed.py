@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from ftprof.bench import cell as cell_mod
 from ftprof.bench import runner as runner_mod
 from ftprof.bench.runner import BenchRunner, killed_by, plan
 from ftprof.bench.sweep import load_sweep
@@ -44,7 +45,7 @@ def _run_killed(tmp_path, monkeypatch, counts):
     out = tmp_path / "out"
     sweep = load_sweep(path)
     # the child kills itself with SIGKILL at once (no torch: the test stays fast)
-    monkeypatch.setattr(runner_mod, "child_command", lambda run_dir: [
+    monkeypatch.setattr(cell_mod, "child_command", lambda run_dir: [
         sys.executable, "-c", "import os, signal; print('loading', flush=True); os.kill(os.getpid(), signal.SIGKILL)"])
     seq = iter(counts)
     monkeypatch.setattr(runner_mod, "oom_kill_counts", lambda: next(seq))
@@ -72,7 +73,7 @@ def test_bench_says_a_rerun_runs_killed_cells_again(tmp_path, monkeypatch, capsy
 
     path = tmp_path / "sweep.yaml"
     path.write_text(FAST + "experiments: [{method: full}]\n")
-    monkeypatch.setattr(runner_mod, "child_command", lambda run_dir: [
+    monkeypatch.setattr(cell_mod, "child_command", lambda run_dir: [
         sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
     monkeypatch.setattr(runner_mod, "oom_kill_counts", lambda: {VMSTAT: 0})
     assert main(["bench", str(path), "--output-dir", str(tmp_path / "out")]) == 1

@@ -1,23 +1,22 @@
 """Peer recipes as bench cells (``trainer:``, ``python:``): what is refused before anything runs, the command a
 peer cell runs and replays, a crashing recipe recorded as a failed row, the Unsloth cell where Unsloth is absent,
-and benchmarks/peers.yaml. The three-trainer sweep that trains is tests/bench/test_peers_run.py (slow)."""
+and benchmarks/peers.yaml. The three-trainer sweep that trains is tests/bench/test_peers_run.py (slow); peer cells
+under Slurm are tests/bench/test_slurm_peers.py."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import shlex
 import sys
 from pathlib import Path
 
 import pytest
 
 from ftprof.bench import runner as runner_mod
-from ftprof.bench.flow import run_sweep
-from ftprof.bench.launcher import LauncherSettings
 from ftprof.bench.runner import BenchRunner, plan, recipe_command, replay_command
 from ftprof.bench.sweep import TRAINER_NAMES, TRAINERS, load_sweep
 from ftprof.errors import ConfigError
+from tests.bench.pythons import crashing_python
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "schema_version: 2\nbase: {model: tiny, method: lora, seq_len: 32, batch_size: 2, max_steps: 4, device: cpu}\n"
@@ -112,13 +111,6 @@ def test_dry_run_shows_each_cells_command(tmp_path, capsys):
     assert "-m ftprof train lora" in text
 
 
-def test_slurm_refuses_peer_cells_before_anything_runs(tmp_path):
-    sweep = load_sweep(_write(tmp_path, "experiments: [{trainer: hf}]\n"))
-    with pytest.raises(ConfigError, match="trainer: hf runs with the local launcher only"):
-        run_sweep(sweep, tmp_path / "out", launcher=LauncherSettings(type="slurm"))
-    assert not (tmp_path / "out").exists()
-
-
 def test_trainer_names_agree_with_the_recipes():
     from ftprof.integrations.recipes import RECIPES
 
@@ -128,21 +120,8 @@ def test_trainer_names_agree_with_the_recipes():
 
 
 # ---------------------------------------------------------------------------------------- failures are rows
-def _crashing_python(tmp_path: Path) -> Path:
-    """An interpreter whose recipe dies at once with a traceback on stderr (the probe bench runs still works)."""
-    fake = tmp_path / "crashenv" / "bin" / "python"
-    fake.parent.mkdir(parents=True)
-    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = \"-c\" ]; then exec {shlex.quote(sys.executable)} \"$@\"; fi\n"
-                    "echo 'loading the model' \n"
-                    "echo 'Traceback (most recent call last):' >&2\n"
-                    "echo '  File \"recipe.py\", line 1, in <module>' >&2\n"
-                    "echo 'RuntimeError: the recipe fell over' >&2\nexit 1\n")
-    fake.chmod(0o755)
-    return fake
-
-
 def test_a_crashing_recipe_is_a_failed_row_with_its_stderr_tail(tmp_path):
-    fake = _crashing_python(tmp_path)
+    fake = crashing_python(tmp_path)
     sweep = load_sweep(_write(tmp_path, f"experiments: [{{trainer: hf, python: {fake}}}]\n"))
     out = tmp_path / "out"
     (outcome,) = BenchRunner(sweep, out, plan(sweep, out), slots=[]).run()
@@ -182,14 +161,15 @@ def test_peers_sweep_reproduces_issue_40s_cells(monkeypatch):
     sweep = load_sweep(ROOT / "benchmarks" / "peers.yaml")
     cells = [(e.trainer, e.config.model.checkpointing, e.config.model.compile, e.config.model.kernels)
              for e in sweep.experiments]
-    assert cells == [("ftprof", "full", True, "liger"), ("ftprof", "none", True, "eager"),
-                     ("hf", "full", False, "eager"), ("trl", "full", False, "eager"),
-                     ("unsloth", "full", False, "eager"), ("unsloth", "none", False, "eager")]
+    assert cells == [("ftprof", "full", True, "liger"), ("ftprof", "full", True, "liger"),  # the second offloads
+                     ("hf", "full", False, "eager"), ("unsloth", "full", False, "eager"),
+                     ("ftprof", "none", True, "eager"), ("unsloth", "none", False, "eager"),
+                     ("trl", "full", False, "eager")]
     for e in sweep.experiments:
         c = e.config
         assert (c.model.model, c.method.method, c.method.lora_r, c.data.batch_size, c.data.seq_len) == \
             ("llama-8b", "qlora", 16, 4, 2048)
-        assert (c.train.max_steps, c.train.optimizer, c.train.lr) == (14, "adamw", 2e-4)
+        assert (c.train.max_steps, c.train.optimizer, c.train.lr) == (12, "adamw", 2e-4)
         assert e.python is None  # PEERS_PYTHON unset: bench's interpreter
 
 

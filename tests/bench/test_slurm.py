@@ -8,6 +8,7 @@ import time
 import pytest
 
 from ftprof.bench import slurm
+from ftprof.bench.cell import experiment_command
 from ftprof.bench.flow import run_sweep
 from ftprof.bench.launcher import parse_launcher
 from ftprof.bench.runner import plan
@@ -31,7 +32,8 @@ def test_a_multi_node_experiment_runs_torchrun_under_srun(tmp_path):
     exp = sweep.experiments[0]
     shape = slurm.job_shape(exp, settings)
     assert shape == (2, 8, 8)
-    text = slurm.sbatch_script("job", [tmp_path / "a", tmp_path / "b"], shape, settings, tmp_path, {"X": "1"})
+    tasks = [(d, experiment_command(exp, d)) for d in (tmp_path / "a", tmp_path / "b")]
+    text = slurm.sbatch_script("job", tasks, shape, settings, tmp_path, {"X": "1"})
     for line in ("#SBATCH --array=0-1%3", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
                  "#SBATCH --gpus-per-node=8", "#SBATCH --partition=gpu", "#SBATCH --time=01:00:00",
                  "#SBATCH --exclusive", "export X=1"):
@@ -46,8 +48,56 @@ def test_a_cpu_experiment_asks_for_no_gpu(tmp_path):
     sweep = _sweep(tmp_path, f"base: {{{TINY}}}\nmatrix: {{method: [full]}}\n")
     settings = parse_launcher({"type": "slurm"})
     shape = slurm.job_shape(sweep.experiments[0], settings)
-    text = slurm.sbatch_script("job", [tmp_path / "a"], shape, settings, tmp_path, {})
+    text = slurm.sbatch_script("job", [(tmp_path / "a", experiment_command(sweep.experiments[0], tmp_path / "a"))],
+                               shape, settings, tmp_path, {})
     assert shape == (1, 1, 0) and "--gpus-per-node" not in text and "torch.distributed.run" not in text
+
+
+def _run_task(tmp_path, text: str, task: int) -> list[str]:
+    """Run array task ``task`` of a job script as Slurm would (srun and scontrol faked): the argv srun was given."""
+    bin_dir, argv = tmp_path / "fakebin", tmp_path / f"argv{task}"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "srun").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" >{argv}\n')
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho node1\n")
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_JOB_ID": "7",
+           "SLURM_JOB_ID": "8", "SLURM_JOB_NODELIST": "node1", "SLURM_NNODES": "1"}
+    subprocess.run(["bash", "-c", text], env=env, check=True, timeout=30)
+    return argv.read_text().splitlines()
+
+
+def test_peer_and_python_cells_run_their_own_process_in_the_job(tmp_path):
+    """The job runs what a local sweep runs (``experiment_command``): a peer cell's recipe in its ``python:``, an
+    ftprof cell's worker in its ``python:``; several processes: torchrun in that interpreter."""
+    from tests.bench.pythons import logging_python
+
+    other, _ = logging_python(tmp_path)
+    sweep = _sweep(tmp_path, f"base: {{{TINY}, method: lora}}\nexperiments:\n  - {{trainer: hf, python: {other}}}\n"
+                             f"  - {{trainer: trl}}\n  - {{python: {other}, lr: 0.001}}\n  - {{lr: 0.002}}\n"
+                             f"  - {{python: {other}, nproc_per_node: 2, parallel: ddp}}\n")
+    planned = plan(sweep, tmp_path / "out")
+    settings = parse_launcher({"type": "slurm"})
+    single = [p for p in planned if slurm.job_shape(p.experiment, settings) == (1, 1, 0)]
+    assert len(single) == 4
+    text = slurm.sbatch_script("job", slurm.task_commands(single), (1, 1, 0), settings, tmp_path, {})
+    for p in single:
+        p.run_dir.mkdir(parents=True)
+    for task, p in enumerate(single):
+        assert _run_task(tmp_path, text, task) == ["--ntasks=1", *experiment_command(p.experiment, p.run_dir)]
+        assert (p.run_dir / "slurm_task.json").exists()  # the task wrote its record in its own run directory
+    hf, trl, own_other, own = (_run_task(tmp_path, text, t)[1:] for t in range(4))
+    assert hf == [str(other), "-m", "ftprof.integrations.recipes.hf", "--config",
+                  str(single[0].run_dir / "peer_config.json"), "--run-dir", str(single[0].run_dir)]
+    assert trl[1:3] == ["-m", "ftprof.integrations.recipes.trl"]
+    assert own_other[:3] == [str(other), "-m", "ftprof.engine.worker"] and own[1:3] == ["-m", "ftprof.engine.worker"]
+    (ddp,) = (p for p in planned if p not in single)
+    text = slurm.sbatch_script("job", slurm.task_commands([ddp]), slurm.job_shape(ddp.experiment, settings),
+                               settings, tmp_path, {})
+    ddp.run_dir.mkdir(parents=True)
+    argv = _run_task(tmp_path, text, 0)
+    assert argv[2:5] == [str(other), "-m", "ftprof.engine.torchrun_entry"] and "--nproc-per-node=2" in argv
+    assert argv[-3:] == ["-m", "ftprof.engine.worker", str(ddp.run_dir / "config.json")]
 
 
 def _submitted(tmp_path, record_extra=None, result=None):
