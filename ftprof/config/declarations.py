@@ -30,6 +30,7 @@ ON = "on"  # in ``When.values``: any value that is on (True, or a set non-empty 
 EFFECTS = frozenset({"speed", "activations", "weights", "numerics"})
 # Derived facts the checks read beside the options (RunConfig.declared_values computes them).
 SHARDED = "fsdp_shards"  # FSDP shards the model: --parallel fsdp over several processes or with CPU offload
+ACCUMULATING = "accumulating"  # more than one micro-batch per optimizer step (--grad-accum > 1)
 METHOD_NAMES = {"full": "full", "lora": "LoRA", "qlora": "QLoRA", "gptq-lora": "GPTQ-LoRA"}
 
 
@@ -115,7 +116,11 @@ DECLARED: tuple[Declared, ...] = (
              planner_values=("default", "reduce-overhead"),  # reduce-overhead: CUDA graphs
              # CUDA graphs under full or selective checkpointing: 9,268 tokens/s against 20,917 without (QLoRA,
              # H200, 2026-12-02), and QLoRA + --fp8-base + full aborted ("invalid device pointer", 2026-12-03)
-             planner_avoid=((When("checkpointing", ("full", "selective")), "reduce-overhead"),)),
+             # and under gradient accumulation: QLoRA llama-8b 1 x 4, Liger, with and without fused projections,
+             # failed in its first step ("accessing tensor output of CUDAGraphs that has been overwritten", H200,
+             # 2026-12-03; 1 x 1 micro-batches run)
+             planner_avoid=((When("checkpointing", ("full", "selective")), "reduce-overhead"),
+                            (When(ACCUMULATING, (True,)), "reduce-overhead"))),
     Declared("compile_loss", "model", frozenset({"speed", "activations"}), True, needs=(_COMPILED,),
              void_when=(When("kernels", ("liger",)),)),  # Liger computes the loss itself
     Declared("compile_dequant", "model", frozenset({"speed", "activations"}), False, methods=("qlora",),

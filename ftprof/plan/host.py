@@ -22,6 +22,7 @@ micro-batch is from a calibrated one.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from dataclasses import dataclass
 
@@ -89,20 +90,55 @@ def _costs(rows: list[dict]) -> tuple[float | None, float | None, float | None]:
     return per_layer, (statistics.median(recomputed) if recomputed else None), full
 
 
+def _subsets(options: tuple) -> list[tuple]:
+    """The proper subsets of a family's options, largest first (the nearest families first)."""
+    return [sub for size in range(len(options) - 1, -1, -1) for sub in itertools.combinations(options, size)]
+
+
+def _family_costs(rows: list[dict], family: tuple) -> tuple[tuple, str]:
+    """(per layer, per recomputed layer, per layer with every layer recomputed) for ``family``, and how they were
+    found. Where the family's own rows lack a cost (a speed-class option measured only under full checkpointing,
+    say, or an option never measured host-bound), the nearest family with fewer options that has both costs stands
+    in, scaled by what the family's own rows (or its nearest measured relative's) show against it: e.g. --fp8-base
+    measured only under full checkpointing scales the 16-bit costs by the ratio of their full-checkpointing rows."""
+    def costs(fam: tuple) -> tuple:
+        return _costs([r for r in rows if _family(r) == fam])
+
+    own = costs(family)
+    if (own[0] is not None and own[1] is not None) or not family[4]:
+        return own, ""
+    relatives = [family[:4] + (sub,) for sub in _subsets(family[4])]
+    base = next(((fam, c) for fam in relatives if (c := costs(fam))[0] is not None and c[1] is not None), None)
+    if base is None:
+        return own, ""
+    (base_family, (plain, recompute, _)), anchor = base, own
+    for fam in [family] + relatives:
+        if (c := costs(fam))[0] is not None or c[2] is not None:
+            anchor = c
+            break
+    ratio = anchor[0] / plain if anchor[0] is not None else anchor[2] / (plain + recompute) \
+        if anchor[2] is not None else 1.0
+    words = ", ".join(f"{n}={v}" for n, v in base_family[4]) or "no options"
+    return (plain * ratio, recompute * ratio, (plain + recompute) * ratio), \
+        f"; scaled x{ratio:.2f} from the family with {words}"
+
+
 def host_floor(device_name: str, key: calibration.ClassKey, layers: int, records: list[dict],
                checkpointed: int | None = None, compile_mode: str = "default") -> Floor | None:
     """The host floor per micro-batch of a run of class ``key`` with ``layers`` decoder layers, ``checkpointed`` of
     them recomputed (default: all under full, none otherwise), on ``device_name``: layers x the cost of a layer plus
-    the recomputed layers x the cost of recomputing one, from the local store's host-bound runs of its family, else
-    the shipped host rows; None where neither has what it needs."""
+    the recomputed layers x the cost of recomputing one, from the local store's host-bound runs of its family (or
+    its nearest relative, scaled: _family_costs), else the shipped host rows; None where neither has what it
+    needs."""
     checkpointed = (layers if key.policy == "full" else 0) if checkpointed is None else checkpointed
     family = (key.method, key.kernels, key.compile, compile_mode if key.compile else None, key.options)
+    if key.policy not in ("none", "full"):
+        return None
     for origin, rows in (("local host-bound run(s)", [r for r in records if _host_bound(r)]),
                          ("shipped runs of a few tokens per micro-batch", calibration.shipped().get("host", []))):
-        rows = [r for r in rows if r.get("device_name") == device_name and _usable(r) and _family(r) == family]
-        if key.policy not in ("none", "full") or not rows:
-            continue
-        per_layer, recompute, full = _costs(rows)
+        rows = [r for r in rows if r.get("device_name") == device_name and _usable(r)
+                and _family(r)[:4] == family[:4]]
+        (per_layer, recompute, full), scaled = _family_costs(rows, family)
         if per_layer is not None and (checkpointed == 0 or recompute is not None):
             seconds = layers * per_layer + checkpointed * (recompute or 0.0)
         elif full is not None and checkpointed == layers:
@@ -110,7 +146,7 @@ def host_floor(device_name: str, key: calibration.ClassKey, layers: int, records
         else:
             continue
         return Floor(seconds, seconds / layers, f"host floor {seconds * 1e3:.0f} ms per micro-batch ({len(rows)} "
-                                                f"{origin})", len(rows))
+                                                f"{origin}{scaled})", len(rows))
     return None
 
 

@@ -97,6 +97,15 @@ def test_the_planner_tries_every_declared_candidate_option_where_it_applies():
     assert not any(dict(c.options).get("compile_mode") == "reduce-overhead" for c in cpu)  # CUDA graphs need CUDA
 
 
+def test_the_planner_avoids_cuda_graphs_where_they_failed():
+    """CUDA graphs are not tried under checkpointing or with micro-batches accumulating (both measured to fail or
+    lose on an H200); at one micro-batch per step without checkpointing they are."""
+    graphs = [c for c in enumerate_candidates(["qlora"], 4, 4, 1, cuda=True, capability=(9, 0))
+              if dict(c.options).get("compile_mode") == "reduce-overhead"]
+    assert graphs and {c.checkpointing for c in graphs} == {"none"}
+    assert {(c.batch_size, c.grad_accum) for c in graphs} == {(4, 1)}
+
+
 def test_a_candidate_is_the_configuration_it_names():
     cand = Candidate("qlora", "full", 2, "liger", True, 2, 2, (("compile_mode", "reduce-overhead"), ("fp8_base", True)))
     assert of_config(RunConfig.from_flat({**cand.flat(), "model": "tiny"})) == cand
@@ -142,3 +151,16 @@ def test_a_cuda_graph_run_gets_a_prediction():
     prediction = p.predict(of_config(cfg))
     assert prediction.peak_bytes > 0
     assert prediction.candidate["compile_mode"] == "reduce-overhead" and prediction.candidate["fp8_base"] is True
+
+
+@pytest.mark.slow  # the llama-1b probe: seconds
+def test_the_fewest_layers_rows_keep_what_full_checkpointing_allows(tmp_path):
+    """The plan's 'full on the fewest layers that fit' rows come from full-checkpointing candidates only: no CUDA
+    graphs among them (an H200 plan at 24 GiB offered one as its top pick)."""
+    from ftprof.plan.make import PlanRequest, make_plan
+
+    cfg = RunConfig.from_flat({"model": "llama-1b", "method": "qlora", "seq_len": 2048, "batch_size": 4,
+                               "output_dir": str(tmp_path), "memory_limit_gib": 12})
+    plan = make_plan(PlanRequest(cfg, ("qlora",), gpu="h200"))
+    partial = [r for r in plan.rows if r.candidate.checkpointing == "full" and r.candidate.checkpoint_layers]
+    assert partial and not any(dict(r.candidate.options).get("compile_mode") for r in partial)

@@ -64,3 +64,28 @@ def test_the_shipped_host_rows_answer_for_the_h200():
     graphs = host.host_floor("NVIDIA H200", NONE, 32, [], compile_mode="reduce-overhead")
     plain = host.host_floor("NVIDIA H200", NONE, 32, [])
     assert graphs and plain and 0 < graphs.seconds < plain.seconds / 3 and "shipped" in plain.source
+
+
+def _with(options: dict, **kw) -> dict:
+    run = _run(**kw)
+    run["knobs"] = {**run["knobs"], **options}
+    return run
+
+
+def test_a_family_measured_only_under_full_checkpointing_borrows_its_nearest_relative_s_shape():
+    """--fp8-base measured host-bound only with every layer recomputed (15.7 ms a layer against 16 bits' 11.1):
+    its floor with 16 of 32 layers recomputed is 16 bits' costs scaled by that ratio, and an option never measured
+    host-bound (the offload beside it) takes the same floor, saying where it came from."""
+    fp8, both = {"fp8_base": True}, {"fp8_base": True, "offload_checkpoints": True}
+    records = [_run(128, 128 / 0.115, 0.17, key=NONE, layers=16), _run(128, 128 / 0.178, 0.13, layers=16),
+               _with(fp8, micro_tokens=128, tokens_per_s=128 / 0.251, busy=0.11, layers=16)]
+    plain, recompute = 0.115 / 16, (0.178 - 0.115) / 16
+    ratio = (0.251 / 16) / (plain + recompute)
+    key = ClassKey("qlora", "full", "liger", True, calibration.speed_class_options({**fp8, "method": "qlora"}))
+    half = host.host_floor(H200, key, 32, records, checkpointed=16)
+    assert half.seconds == pytest.approx((32 * plain + 16 * recompute) * ratio)
+    assert "scaled" in half.source
+    assert host.host_floor(H200, key, 32, records).seconds == pytest.approx(32 * 0.251 / 16)  # its own row
+    key_both = ClassKey("qlora", "full", "liger", True,
+                        calibration.speed_class_options({**both, "method": "qlora"}))
+    assert host.host_floor(H200, key_both, 32, records, checkpointed=16).seconds == pytest.approx(half.seconds)
