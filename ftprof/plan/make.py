@@ -29,6 +29,12 @@ class PlanRequest:
     gpu: str | None = None  # --gpu NAME: plan for this card instead of this machine's
     gpus: int = 1  # GPUs per run (FSDP2 shards the model over them)
     top: int = 5  # the sweep file's configurations
+    notes: tuple[str, ...] = ()  # lines for the plan's header: methods left out, packages this machine lacks
+    needs_here: tuple[tuple[str, str], ...] = ()  # (method, package): rows kept for --gpu that need it installed
+
+    def needs(self, method: str) -> str:
+        """The package a run of ``method`` needs that this machine lacks ('' when none is missing)."""
+        return dict(self.needs_here).get(method, "")
 
 
 @dataclass

@@ -17,10 +17,13 @@ from ftprof.results.store import write_text_atomic
 
 JSON_NAME, CSV_NAME, SWEEP_NAME = "plan.json", "plan.csv", "plan-sweep.yaml"
 COLUMNS = ("rank", "method", "checkpointing", "checkpoint_layers", "kernels", "compile", "options", "batch_size",
-           "grad_accum", "fits", "peak_gib", "headroom_gib", "tokens_per_s", "why_not", "memory_source", "speed_source")
+           "grad_accum", "fits", "peak_gib", "headroom_gib", "tokens_per_s", "why_not", "memory_source", "speed_source",
+           "needs_package")
 
 
-def row_dict(rank: int, row: Row) -> dict:
+def row_dict(rank: int, row: Row, needs: str = "") -> dict:
+    """One row's columns; ``needs``: the package its method needs that the planning machine lacks (rows kept for
+    --gpu NAME)."""
     c, p = row.candidate, row.prediction
     return {"rank": rank, "method": c.method, "checkpointing": c.checkpointing,
             "checkpoint_layers": c.checkpoint_layers, "kernels": c.kernels, "compile": c.compile,
@@ -28,7 +31,8 @@ def row_dict(rank: int, row: Row) -> dict:
             "batch_size": c.batch_size, "grad_accum": c.grad_accum, "fits": row.fits,
             "peak_gib": round(p.peak_bytes / GIB, 4), "headroom_gib": round(row.headroom_bytes / GIB, 4),
             "tokens_per_s": None if p.tokens_per_s is None else round(p.tokens_per_s),
-            "why_not": row.why_not, "memory_source": p.memory_source, "speed_source": p.speed_source}
+            "why_not": row.why_not, "memory_source": p.memory_source, "speed_source": p.speed_source,
+            "needs_package": needs}
 
 
 def plan_json(plan: Plan) -> dict:
@@ -37,8 +41,9 @@ def plan_json(plan: Plan) -> dict:
             "target": plan.target.device_name, "gpus": plan.target.world_size,
             "usable_bytes": plan.usable_bytes, "usable_from": plan.usable_from, "margin_bytes": plan.margin_bytes,
             "budget_bytes": plan.budget_bytes, "seconds": round(plan.seconds, 2),
-            "probe_seconds": round(plan.probe_seconds, 2),
-            "rows": [{**row_dict(i + 1, r), "prediction": r.prediction.to_dict()} for i, r in enumerate(plan.rows)]}
+            "probe_seconds": round(plan.probe_seconds, 2), "notes": list(req.notes),
+            "rows": [{**row_dict(i + 1, r, req.needs(r.candidate.method)), "prediction": r.prediction.to_dict()}
+                     for i, r in enumerate(plan.rows)]}
 
 
 def sweep_yaml(plan: Plan, top: int, base: dict) -> str:
@@ -59,7 +64,7 @@ def write(plan: Plan, out_dir: Path, top: int, base: dict) -> dict[str, Path]:
     writer = csv.DictWriter(buf, fieldnames=COLUMNS)
     writer.writeheader()
     for i, r in enumerate(plan.rows):
-        writer.writerow(row_dict(i + 1, r))
+        writer.writerow(row_dict(i + 1, r, plan.request.needs(r.candidate.method)))
     write_text_atomic(paths["csv"], buf.getvalue())
     write_text_atomic(paths["sweep"], sweep_yaml(plan, top, base))
     return paths
@@ -83,8 +88,14 @@ def table(plan: Plan, shown: int):
                   ("+" if r.headroom_bytes >= 0 else "-") + gib(abs(r.headroom_bytes)),
                   "-" if d["tokens_per_s"] is None else f"{d['tokens_per_s']:,}",
                   "-" if r.prediction.tokens_per_s_error is None else f"{r.prediction.tokens_per_s_error:.0%}",
-                  d["why_not"] or r.tie, style=None if r.fits else "dim")
+                  note(plan, r), style=None if r.fits else "dim")
     return t
+
+
+def note(plan: Plan, row: Row) -> str:
+    """The table's note: why a row does not fit or how it was ranked, and a package this machine lacks."""
+    needs = plan.request.needs(row.candidate.method)
+    return "; ".join(x for x in (row.why_not or row.tie, f"needs {needs} here" if needs else "") if x)
 
 
 def header(plan: Plan) -> str:
