@@ -148,6 +148,10 @@ def test_memory_breakdown_parts_against_a_peak():
     assert out["transients"] == 50 and out["explained"] == pytest.approx(200 / 250) and out["training_peak"] == 250
     with_logits = memory_breakdown(static, 60, peak=250, logits_gradients=40)
     assert with_logits["transients"] == 10 and with_logits["explained"] == pytest.approx(240 / 250)
+    # a fused or compiled loss never held the estimated fp32 gradients: at most what the peak leaves, no negative rest
+    fused = memory_breakdown(static, 60, peak=250, logits_gradients=400)
+    assert fused["logits_gradients"] == 50 and fused["transients"] == 0 and fused["explained"] == pytest.approx(1)
+    assert memory_breakdown(static, 60, peak=None, logits_gradients=400)["logits_gradients"] == 400  # no peak
     assert "transients" not in memory_breakdown(static, 60, peak=None)  # CPU: no allocator peak
     assert memory_breakdown(None, 60, 250) == {}
     offloaded = memory_breakdown({**static, "offloaded": 1000}, 60, peak=250)  # host bytes: outside the peak
