@@ -149,9 +149,7 @@ def finish(rec: Recorder, model, described: Described, trainer: dict[str, Any], 
                       grad_accum=flat.get("grad_accum", 1))
     res = result(rec, run, model, checkpointing, world_size, exc)
     res.notes.extend(described.notes)
-    if len(rec.widths) > 1 and not rec.seq_len_override:
-        res.notes.append(f"sequence widths varied ({min(rec.widths)}-{max(rec.widths)} positions): seq_len is the "
-                         f"widest; the attention FLOPs count the token-weighted mean width, {rec.attention_len():.1f}")
+    res.notes.extend(rec.lengths.notes())  # how seq_len was read: varied widths, padding-free documents, packs
     if rec.steps.steps:
         secs = sum(s.step_time_s for s in rec.steps.steps)
         wall = rec.wall_s()

@@ -81,6 +81,8 @@ class FtprofCallback(TrainerCallback):
         self._model, self._args = model, args
         self._dataset = _dataset_name(train_dataloader)
         self.recorder.start(model, state.max_steps)
+        if getattr(args, "packing", False) and getattr(args, "max_length", None):
+            self.recorder.lengths.packed_len = int(args.max_length)  # TRL's packs: each is a sequence of max_length
 
     def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
         if self.recorder is not None:
@@ -113,11 +115,6 @@ class FtprofCallback(TrainerCallback):
     def describe(self, rec: Recorder, state) -> Described:
         """The run's configuration in ftprof's options."""
         args, model = self._args, unwrap(self._model)
-        notes = []
-        if rec.padding_free and getattr(args, "max_length", None):
-            rec.seq_len_override = int(args.max_length)  # one row of packed documents per batch: count each pack
-            notes.append(f"padding-free batches (documents in one row, told apart by position_ids): seq_len and the "
-                         f"attention FLOPs use the packed length, max_length {args.max_length}")
         dtype = weights_dtype(model)
         method = method_options(model, dtype)
         train = train_options(args, state.max_steps, args.world_size)
@@ -131,7 +128,7 @@ class FtprofCallback(TrainerCallback):
         if getattr(model, "is_gradient_checkpointing", False):
             flat["checkpointing"] = "full"
         flat.update(rec.window.options())
-        notes = method.notes + train.notes + notes
+        notes = method.notes + train.notes
         if args.bf16 or args.fp16:
             notes.append(f"{'bf16' if args.bf16 else 'fp16'} mixed precision (autocast) over {dtype} weights")
         if not rec.loss_seen:

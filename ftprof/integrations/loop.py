@@ -98,7 +98,7 @@ def _describe(rec: Recorder, m: Measurement, model, optimizer, max_steps, warmup
     method = method_options(model, dtype)
     notes = list(method.notes)
     flat = {**method.flat, "model": name or model_name(model), "dtype": dtype,
-            "seq_len": max(2, rec.seq_len() or seq_len or 0), "batch_size": max(1, m.batch_rows),
+            "seq_len": max(2, rec.seq_len() or seq_len or 0), "batch_size": max(1, rec.micro_rows or m.batch_rows),
             "grad_accum": max(1, m.micro_batches), "max_steps": max(1, max_steps or len(rec.steps.steps)),
             "measure_warmup_steps": warmup, "gc_interval": 0, "dataset": "loop-dataset",
             "checkpointing": "full" if getattr(model, "is_gradient_checkpointing", False) else "none",

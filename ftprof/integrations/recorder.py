@@ -6,8 +6,9 @@ pre-hook and hook on the outermost module, so it counts whatever batch a Trainer
 packing, or a subclass feeds), ``before_optimizer_step``, ``after_optimizer_step`` and ``end_step``; ``finish``
 writes the run directory. An optional profiler window (integrations/window.py) follows the same calls.
 
-Everything read from the device inside a step (real-token counts, the loss, a gradient norm) stays a device tensor
-until ``end_step``'s synchronisation, so measuring adds no synchronisation of its own.
+Everything read from the device inside a step (real-token counts, a padding-free batch's document lengths
+(integrations/lengths.py), the loss, a gradient norm) stays a device tensor until ``end_step``'s synchronisation, so
+measuring adds no synchronisation of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from ftprof.data.formats import IGNORE_INDEX
 from ftprof.engine.proof import TrainingCheck, grad_norm
 from ftprof.engine.trackers import FirstStepMemory, NvmlTracker, StepLog
+from ftprof.integrations.lengths import Lengths
 from ftprof.profiling.memory import MemoryTracker, SavedActivations
 from ftprof.results.run_dir import RunDirWriter
 from ftprof.results.schema import StepRecord
@@ -137,11 +139,9 @@ class Recorder:
         self._hooks = [model.register_forward_pre_hook(self._pre_forward, with_kwargs=True),
                        model.register_forward_hook(self._post_forward, with_kwargs=True)]
         self.started_at = _now()
-        self.widths: dict[int, int] = {}  # sequence width -> tokens fed at that width
+        self.lengths = Lengths()  # the widths and padding-free documents fed: seq_len and the attention length
         self.micro_tokens: int | None = None  # positions of the first micro-batch (the logits' size)
-        self.micro_rows = 0  # rows of the first micro-batch
-        self.padding_free = False  # documents concatenated into one row, told apart by position_ids
-        self.seq_len_override: int | None = None  # the packed length, for padding-free batches (the trainer's)
+        self.micro_rows = 0  # rows of the first micro-batch (its documents, where it was padding-free)
 
     # -------------------------------------------------------------------------------------------- a step
     def begin_step(self, lr: float | None = None) -> None:
@@ -158,6 +158,7 @@ class Recorder:
         self._stage: tuple[str, int] | None = None
         self._meter = None
         self._step_cost = 0.0
+        self.lengths.begin_step()
         self._step_cost += time.perf_counter() - t0  # before the timer: the recorder's own
         self.started = self.steps.begin(self.index)
 
@@ -184,10 +185,9 @@ class Recorder:
         if ids is not None:
             n, width = ids.numel(), ids.shape[-1]
             self.tokens += n
-            self.widths[width] = self.widths.get(width, 0) + n
+            self.lengths.forward(kwargs, ids, first=self.micro_tokens is None)
             self.micro_tokens = self.micro_tokens or n
             self.micro_rows = self.micro_rows or n // max(1, width)
-            self.padding_free |= ids.dim() == 2 and ids.shape[0] == 1 and kwargs.get("position_ids") is not None
             self.real = self.real + self._real_tokens(kwargs, n, ids)
         self.loss_is_sum = kwargs.get("num_items_in_batch") is not None
         if self.index == 1 and self.micro == 0:
@@ -260,6 +260,9 @@ class Recorder:
         self.in_step = False
         causes = self.steps.causes()
         mem = self.memory.current()
+        self.lengths.end_step()  # after the sync: the step's document lengths, read once
+        if self.index == 1 and self.lengths.first_docs:
+            self.micro_rows = self.lengths.first_docs  # a padding-free micro-batch: its documents are its rows
         step_loss = self._step_loss(loss)
         record = StepRecord(step=self.index, loss=step_loss, step_time_s=seconds, tokens=self.tokens,
                             real_tokens=int(self.real), lr=self.lr, warmup=self.index <= self.measure_warmup_steps,
@@ -305,18 +308,14 @@ class Recorder:
         return last.started_unix + last.step_time_s - self.steps.steps[0].started_unix
 
     def seq_len(self) -> int:
-        """The widest sequence fed (the shape a fixed-length run trains at)."""
-        if self.seq_len_override:
-            return self.seq_len_override
-        return max(self.widths) if self.widths else 0
+        """The longest sequence fed (the shape a fixed-length run trains at): the widest row, the longest document of
+        padding-free batches, or TRL's packed length (integrations/lengths.py)."""
+        return self.lengths.seq_len()
 
     def attention_len(self) -> float:
-        """The sequence length the attention FLOPs count with: the token-weighted mean width (the width itself when
-        every batch had the same), so batches padded to their longest row count what they ran."""
-        if self.seq_len_override:
-            return float(self.seq_len_override)
-        total = sum(self.widths.values())
-        return sum(w * n for w, n in self.widths.items()) / total if total else 0.0
+        """The sequence length the attention FLOPs count with: the token-weighted mean width (or document length in
+        padding-free batches), so batches padded to their longest row count what they ran."""
+        return self.lengths.attention_len()
 
 
 class _NvmlWanted:

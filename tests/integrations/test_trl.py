@@ -59,3 +59,22 @@ def test_sft_trainer_writes_a_run_directory(tmp_path, packing):
 
 def config_vocab(trainer) -> int:
     return trainer.model.get_base_model().config.vocab_size
+
+
+def test_padding_free_without_packing_is_measured_at_its_documents_length(tmp_path):
+    """TRL's padding_free=True (no packing): each batch's 4 documents of 64 tokens in one row of 256, told apart by
+    cu_seq_lens_q and position_ids. The sequence length is the documents' 64, not the row's 256."""
+    import datasets
+    from trl import SFTConfig, SFTTrainer
+
+    from ftprof.integrations import FtprofCallback
+
+    args = SFTConfig(str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=4, max_length=None,
+                     padding_free=True, report_to=[], logging_steps=1000, save_strategy="no", use_cpu=True,
+                     disable_tqdm=True, learning_rate=1e-3, dataset_num_proc=None)
+    SFTTrainer(model=tiny_llama(lora=True), args=args, train_dataset=datasets.Dataset.from_dict(token_rows(48, 64)),
+               processing_class=_tokenizer(), callbacks=[FtprofCallback(tmp_path / "run")]).train()
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["status"] == "ok"
+    assert (result["seq_len"], result["tokens_per_step"], result["batch_size"]) == (64, 256, 4)
+    assert any("padding-free batches detected" in n and "longest document, 64" in n for n in result["notes"])
