@@ -35,7 +35,7 @@ def test_a_low_confidence_lead_inside_the_error_goes_below_a_confident_row():
 def test_a_tie_of_equal_confidence_goes_to_the_larger_headroom():
     rows = [_row(1, 10_130, 0.05, 0.3), _row(2, 10_000, 0.05, 6.55)]  # a 1.3% lead with 0.3 GiB of headroom
     assert _order(rows) == [2, 1]
-    assert _rank(rows)[0].tie == "tie with 1 as certain within the error: more headroom first"
+    assert _rank(rows)[0].tie == "tie with 1 as certain within 3%: more headroom first"
 
 
 def test_rows_apart_by_more_than_their_error_keep_the_speed_order():
@@ -70,3 +70,10 @@ def test_an_error_every_row_shares_does_not_make_a_tie():
     a, b = _row(1, 12_000, 0.15, 1.0), _row(2, 11_000, 0.15, 9.0)
     a.prediction.tokens_per_s_spread = b.prediction.tokens_per_s_spread = 0.03
     assert _order([a, b]) == [1, 2]  # 9% apart: no tie once the shared part is left out
+
+
+def test_equally_certain_rows_further_apart_than_a_near_tie_keep_the_speed_order():
+    """Both within each other's 10% band, 5.7% apart: the faster goes first whatever the headroom (the plan's 24 GiB
+    pick on an H200 went to the row with room to spare and ran 21% slower than the one it passed)."""
+    rows = [_row(1, 14_260, 0.10, 10.2), _row(2, 15_075, 0.10, 0.96)]
+    assert _order(rows) == [2, 1] and not _rank(rows)[0].tie
