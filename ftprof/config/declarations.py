@@ -57,6 +57,7 @@ class Excludes:
 
     when: When
     message: str
+    values: tuple = ()  # the values of this option it excludes (empty: every on value)
 
 
 @dataclass(frozen=True)
@@ -116,11 +117,14 @@ DECLARED: tuple[Declared, ...] = (
              planner_values=("default", "reduce-overhead"),  # reduce-overhead: CUDA graphs
              # CUDA graphs under full or selective checkpointing: 9,268 tokens/s against 20,917 without (QLoRA,
              # H200, 2026-12-02), and QLoRA + --fp8-base + full aborted ("invalid device pointer", 2026-12-03)
-             # and under gradient accumulation: QLoRA llama-8b 1 x 4, Liger, with and without fused projections,
-             # failed in its first step ("accessing tensor output of CUDAGraphs that has been overwritten", H200,
-             # 2026-12-03; 1 x 1 micro-batches run)
-             planner_avoid=((When("checkpointing", ("full", "selective")), "reduce-overhead"),
-                            (When(ACCUMULATING, (True,)), "reduce-overhead"))),
+             planner_avoid=((When("checkpointing", ("full", "selective")), "reduce-overhead"),),
+             # CUDA graphs with micro-batches accumulating fail in the first step ("accessing tensor output of
+             # CUDAGraphs that has been overwritten by a subsequent run"): QLoRA llama-8b 1 x 4 and llama-1b 1 x 2,
+             # Liger, compiled, with and without --lora-fused-a (H200, torch 2.11, 2026-12-03)
+             excludes=(Excludes(When(ACCUMULATING, (True,)), "{flag} replays CUDA graphs, which fail with {other} "
+                                "(a micro-batch's graph outputs are overwritten by the next one's): use a larger "
+                                "--batch-size with --grad-accum 1, or --compile-mode default",
+                                values=("reduce-overhead", "max-autotune")),)),
     Declared("compile_loss", "model", frozenset({"speed", "activations"}), True, needs=(_COMPILED,),
              void_when=(When("kernels", ("liger",)),)),  # Liger computes the loss itself
     Declared("compile_dequant", "model", frozenset({"speed", "activations"}), False, methods=("qlora",),
@@ -184,7 +188,7 @@ def _flag_with_value(d: Declared, value: Any) -> str:
 
 
 def _other_flag(name: str) -> str:
-    return "FSDP" if name == SHARDED else "--" + name.replace("_", "-")
+    return {SHARDED: "FSDP", ACCUMULATING: "--grad-accum above 1"}.get(name, "--" + name.replace("_", "-"))
 
 
 def _needed(when: When) -> str:
@@ -216,8 +220,10 @@ def problems(values: Mapping[str, Any], sections: tuple[str, ...] | None = None)
         if not is_on(value):  # an option that is off excludes nothing
             continue
         for ex in d.excludes:
+            if ex.values and value not in ex.values:
+                continue
             if ex.when.option in values and ex.when.holds(values):
-                out.append(ex.message.format(flag=d.flag, other=_other_flag(ex.when.option)))
+                out.append(ex.message.format(flag=_flag_with_value(d, value), other=_other_flag(ex.when.option)))
                 break
     return out
 

@@ -27,6 +27,10 @@ from ftprof.results.labels import short
      "--compile-dequant and --fp8-base each dequantize the 4-bit weights: pick one"),
     ({"method": "lora", "compile_mode": "reduce-overhead"}, "--compile-mode reduce-overhead needs --compile"),
     ({"method": "lora", "compile_tuning": True}, "--compile-tuning needs --compile"),
+    ({"method": "qlora", "compile": True, "compile_mode": "reduce-overhead", "grad_accum": 2},
+     "--compile-mode reduce-overhead replays CUDA graphs, which fail with --grad-accum above 1"),
+    ({"method": "lora", "compile": True, "compile_mode": "max-autotune", "grad_accum": 4},
+     "--compile-mode max-autotune replays CUDA graphs, which fail with --grad-accum above 1"),
     ({"method": "lora", "fp8_base": True, "nproc_per_node": 2},
      "--fp8-base keeps e4m3 copies of whole base weights, which FSDP shards"),
     ({"method": "lora", "lora_fused_projections": True, "nproc_per_node": 2},
@@ -39,6 +43,9 @@ def test_a_declared_combination_is_refused_in_one_line(flat, message):
 
 
 def test_what_the_declarations_allow_is_accepted():
+    RunConfig.from_flat({"method": "lora", "compile": True, "compile_mode": "max-autotune-no-cudagraphs",
+                         "grad_accum": 2})  # no CUDA graphs: accumulation is fine
+    RunConfig.from_flat({"method": "lora", "compile": True, "compile_mode": "reduce-overhead", "batch_size": 4})
     cfg = RunConfig.from_flat({"method": "qlora", "fp8_base": True, "compile": True, "compile_mode": "reduce-overhead",
                                "compile_tuning": True})
     assert cfg.method.fp8_base and cfg.model.compile_mode == "reduce-overhead"
@@ -52,8 +59,8 @@ def test_every_declaration_names_a_real_field_and_effect():
         assert d.name in fields, d.name
         assert d.effects and d.effects <= declarations.EFFECTS, d.name
         for when in (*d.needs, *d.void_when, *(e.when for e in d.excludes)):
-            assert when.option in fields | {declarations.SHARDED, "method", "kernels", "checkpointing",
-                                            "attn_implementation"}, (d.name, when.option)
+            assert when.option in fields | {declarations.SHARDED, declarations.ACCUMULATING, "method", "kernels",
+                                            "checkpointing", "attn_implementation"}, (d.name, when.option)
 
 
 def _frame(rows):
@@ -107,7 +114,7 @@ def test_the_planner_avoids_cuda_graphs_where_they_failed():
 
 
 def test_a_candidate_is_the_configuration_it_names():
-    cand = Candidate("qlora", "full", 2, "liger", True, 2, 2, (("compile_mode", "reduce-overhead"), ("fp8_base", True)))
+    cand = Candidate("qlora", "full", 2, "liger", True, 4, 1, (("compile_mode", "reduce-overhead"), ("fp8_base", True)))
     assert of_config(RunConfig.from_flat({**cand.flat(), "model": "tiny"})) == cand
     assert "fp8" in cand.label and "compile-reduce-overhead" in cand.label
 
