@@ -186,6 +186,8 @@ def plan_command(args: argparse.Namespace) -> int:
         console.print(note)
     for line in output.sources(plan):
         console.print(line)
+    for line in output.peer_lines(plan):
+        console.print(line, soft_wrap=True, markup=False)
     for i, row in enumerate(plan.fitting[:3]):
         console.print(f"#{i + 1}: {output.command(plan, row, base)}", soft_wrap=True)
     console.print(f"{len(plan.fitting)} of {len(plan.rows)} configurations fit; plan in {plan.seconds:.1f} s "

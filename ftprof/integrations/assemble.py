@@ -159,4 +159,9 @@ def finish(rec: Recorder, model, described: Described, trainer: dict[str, Any], 
         config = write_config(rec, described, trainer)
         rec.window.summarize(res, rec.run_dir, config)  # before result.json: the summaries are its artifacts
         write_run(rec, res)
+        from ftprof.plan import calibration
+
+        # the store keeps it beside ftprof's runs, marked with its trainer: the plan shows what other trainers
+        # measured at its shape, and calibrates ftprof's own loop from ftprof's runs only
+        calibration.record_run(rec.run_dir)
     return res

@@ -38,7 +38,7 @@ from ftprof.plan.store import (  # noqa: F401 - the store's I/O, read and writte
     store_path,
 )
 from ftprof.results import run_dir as files
-from ftprof.results.load import config_options
+from ftprof.results.load import OWN_TRAINER, config_options, trainer_name
 from ftprof.results.status import Status
 
 SHIPPED = Path(__file__).with_name("shipped_calibration.json")
@@ -127,6 +127,32 @@ def _read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def own_records(records: list[dict] | None = None) -> list[dict]:
+    """The store's records of ftprof's own loop, the ones the planner calibrates from (runs measured through
+    ftprof.integrations' callback, peer recipes included, carry their trainer and stay out of it)."""
+    return [r for r in (load_records() if records is None else records)
+            if r.get("trainer", OWN_TRAINER) == OWN_TRAINER]
+
+
+def peer_records(device_name: str, model: str, seq_len: int, sequences_per_step: int, methods: tuple[str, ...],
+                 records: list[dict] | None = None) -> list[dict]:
+    """Runs of other trainers (the HF Trainer, TRL, Unsloth: bench's peer cells, a callback in a user's script) in
+    the store at this device, model, sequence length and sequences per optimizer step, for ``methods``: the newest
+    of each (trainer, method, policy), fastest first."""
+    newest: dict[tuple, dict] = {}
+    for r in load_records() if records is None else records:
+        if r.get("trainer", OWN_TRAINER) == OWN_TRAINER or r.get("device_name") != device_name:
+            continue
+        per_step = (r.get("batch_size") or 0) * (r.get("grad_accum") or 1)
+        if (r.get("model"), r.get("seq_len"), per_step) != (model, seq_len, sequences_per_step) \
+                or r.get("method") not in methods:
+            continue
+        key = (r["trainer"], r.get("method"), r.get("policy"))
+        if key not in newest or str(r.get("finished_at")) > str(newest[key].get("finished_at")):
+            newest[key] = r
+    return sorted(newest.values(), key=lambda r: -(r.get("tokens_per_s") or 0))
+
+
 def run_record(run_dir: str | Path) -> dict | None:
     """A finished run's record, or None when it has no steady-state figures to calibrate from."""
     run_dir = Path(run_dir).resolve()
@@ -134,7 +160,8 @@ def run_record(run_dir: str | Path) -> dict | None:
     tokens_per_s, flops = result.get("tokens_per_s"), result.get("flops_per_token")
     if result.get("status") != Status.OK.value or not tokens_per_s or not flops or not result.get("finished_at"):
         return None
-    cfg = config_options(_read_json(run_dir / files.CONFIG))
+    raw_config = _read_json(run_dir / files.CONFIG)
+    cfg = config_options(raw_config)
     if (result.get("checkpointing_auto") or {}).get("offload"):  # --checkpointing auto chose the offload: it ran so
         cfg["offload_checkpoints"] = True
     env = _read_json(run_dir / files.ENV)
@@ -143,7 +170,7 @@ def run_record(run_dir: str | Path) -> dict | None:
     recompute = result.get("recompute_flops_per_token") or 0.0
     world = result.get("world_size") or 1
     record = {
-        "run_key": f"{run_dir}@{result['finished_at']}", "source": "run",
+        "run_key": f"{run_dir}@{result['finished_at']}", "source": "run", "trainer": trainer_name(raw_config),
         "run_dir": str(run_dir), "finished_at": result["finished_at"],
         "device_name": result.get("device_name") or result.get("device"), "versions": _versions(env),
         "model": result.get("model"), "layers": model_layers(str(result.get("model") or "")),
@@ -367,7 +394,7 @@ def speed_rate(device_name: str, key: ClassKey, flops_per_token: float, micro_ba
         raise ValueError(f"speed_rate needs positive FLOPs per token and micro-batch tokens, got "
                          f"{flops_per_token} and {micro_batch_tokens}")
     if records is None:
-        records = load_records()
+        records = own_records()
     local = _matching(records, key, device_name)
     if local:
         return _rate(local, key, flops_per_token, micro_batch_tokens,
@@ -445,7 +472,7 @@ def activation_factor(key: ClassKey, records: list[dict] | None = None, at: Shap
     that may answer at ``at`` (``_transferring``), else over the shipped defaults' memory rows, else 1.0 (the probe
     as it is)."""
     if records is None:
-        records = load_records()
+        records = own_records()
     local = [(r, x) for r in records if class_key(r) == key and (x := activation_ratio(r)) is not None]
     local, why = _transferring(local, at)
     if local:

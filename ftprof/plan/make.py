@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from ftprof.config import RunConfig
 from ftprof.errors import ConfigError
 from ftprof.metrics import GIB
-from ftprof.plan import budget, candidates
+from ftprof.plan import budget, calibration, candidates
 from ftprof.plan.candidates import Candidate
 from ftprof.plan.predict import Planner, Target, planner
 from ftprof.results.parts import Prediction
@@ -58,6 +58,7 @@ class Plan:
     layer_count: int = 0  # the model's decoder layers
     seconds: float = 0.0
     probe_seconds: float = 0.0  # the probes' own time (0 when every probe came from the cache)
+    peers: list[dict] = field(default_factory=list)  # other trainers' runs in the store at this shape (calibration)
 
     @property
     def budget_bytes(self) -> int:
@@ -81,6 +82,8 @@ def make_plan(req: PlanRequest) -> Plan:
                                            cuda=on_gpu, capability=target.capability)
     pool += _fewest_layers(p, pool, plan.budget_bytes)
     plan.rows = _rank([_row(p, c, plan.budget_bytes) for c in dict.fromkeys(pool)])
+    plan.peers = calibration.peer_records(target.device_name, cfg.model.model, cfg.data.seq_len,
+                                          cfg.data.batch_size * cfg.train.grad_accum, req.methods)
     plan.seconds = time.perf_counter() - started
     plan.probe_seconds = sum(r.seconds for r in p.probes.values())
     return plan

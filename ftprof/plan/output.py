@@ -42,8 +42,28 @@ def plan_json(plan: Plan) -> dict:
             "usable_bytes": plan.usable_bytes, "usable_from": plan.usable_from, "margin_bytes": plan.margin_bytes,
             "budget_bytes": plan.budget_bytes, "seconds": round(plan.seconds, 2),
             "probe_seconds": round(plan.probe_seconds, 2), "notes": list(req.notes),
+            "peers": [_peer_dict(r) for r in plan.peers],
             "rows": [{**row_dict(i + 1, r, req.needs(r.candidate.method)), "prediction": r.prediction.to_dict()}
                      for i, r in enumerate(plan.rows)]}
+
+
+def _peer_dict(record: dict) -> dict:
+    return {k: record.get(k) for k in ("trainer", "method", "policy", "tokens_per_s", "training_peak", "batch_size",
+                                       "grad_accum", "run_dir", "finished_at")}
+
+
+def peer_lines(plan: Plan) -> list[str]:
+    """What other trainers measured on this machine at the plan's model and shape (their runs in the store), to set
+    the plan's rows beside: one line each, fastest first."""
+    if not plan.peers:
+        return []
+    lines = ["measured here with other trainers (same model, sequence length and sequences per step):"]
+    for r in plan.peers:
+        peak = f", {r['training_peak'] / GIB:.2f} GiB peak" if r.get("training_peak") else ""
+        lines.append(f"  {r['trainer']}: {r.get('method')}, checkpointing {r.get('policy')}, {r.get('batch_size')} x "
+                     f"{r.get('grad_accum') or 1}: {r.get('tokens_per_s') or 0:,.0f} tokens/s{peak} "
+                     f"({str(r.get('finished_at') or '')[:10]}, {r.get('run_dir')})")
+    return lines
 
 
 def sweep_yaml(plan: Plan, top: int, base: dict) -> str:

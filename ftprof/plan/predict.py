@@ -158,7 +158,7 @@ class Planner:
 
 
 def planner(cfg: RunConfig, source, dtype: str, target: Target) -> Planner:
-    return Planner(cfg, source, dtype, target, calibration.load_records())
+    return Planner(cfg, source, dtype, target, calibration.own_records())
 
 
 def _memory_source(result: ProbeResult, factor) -> str:

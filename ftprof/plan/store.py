@@ -156,7 +156,8 @@ def configuration(record: dict) -> tuple:
     and options, model and shape, and whether it can calibrate memory (a CUDA peak) and the host floor (GPU busy
     below ``HOST_BOUND_BUSY``). Records of one configuration differ only in what they measured."""
     busy = record.get("gpu_busy")
-    return (record["device_name"], record["method"], record["policy"], record["kernels"], record["compile"],
+    return (record.get("trainer", "ftprof"), record["device_name"], record["method"], record["policy"],
+            record["kernels"], record["compile"],
             json.dumps(record["knobs"], sort_keys=True), record.get("model"), record.get("layers"),
             record.get("seq_len"), record["micro_batch_tokens"], record.get("checkpointed_layers"),
             record["world_size"], record["flops_per_token"], busy is not None and busy < HOST_BOUND_BUSY,
