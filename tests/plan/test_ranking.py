@@ -54,7 +54,7 @@ def test_rows_without_a_speed_and_rows_over_the_budget_come_after():
     (Rate(1e15, "", 3, 8192, "local"), 8192, 0.03, "high"),
     (Rate(1e15, "", 3, 8192, "shipped"), 2048, 0.05 + 0.10 * 1.386, "low"),  # 4x smaller micro-batch
     (Rate(1e15, "", 3, 8192, "scaled"), 8192, 0.15, "medium"),
-    (Rate(1e15, "", 3, 8192, "shipped", stand_in=True), 8192, 0.15, "medium"),
+    (Rate(1e15, "", 3, 8192, "shipped", stand_in=True), 8192, 0.27, "low"),  # stand-ins erred up to 26.5%
     (Rate(1e15, "", 3, 8192, "shipped", knobs_matched=False), 8192, 0.10, "medium"),
 ])
 def test_the_error_band_grows_with_the_distance_from_what_was_calibrated(rate, micro, band, word):
