@@ -319,13 +319,13 @@ def memory_breakdown(static: dict | None, activations: int | None, peak: int | N
     if logits_gradients:
         out["logits_gradients"] = logits_gradients
     if peak:
+        known = sum(v for k, v in out.items() if k not in ("offloaded", "logits_gradients"))  # offloaded: host
         if logits_gradients:
             # an estimate, and an upper bound: a fused or compiled loss never holds the fp32 gradients (Unsloth's
             # and a compiled loss held 0.8-1.9 GiB of them where 7.83 were estimated, llama-8b 4 x 2048, H200), so
             # it is at most what the measured peak leaves beside the exact parts: transients never go negative
-            known = sum(v for k, v in out.items() if k not in ("offloaded", "logits_gradients"))
             out["logits_gradients"] = max(0, min(logits_gradients, peak - known))
-        parts = sum(v for k, v in out.items() if k != "offloaded")  # offloaded bytes live on the host
+        parts = known + out.get("logits_gradients", 0)
         out["transients"] = peak - parts
         out["explained"] = parts / peak
         out["training_peak"] = peak

@@ -127,11 +127,15 @@ def _read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def _own_loop(record: dict) -> bool:
+    """A record of ftprof's own loop (records from before the trainer field are)."""
+    return record.get("trainer", OWN_TRAINER) == OWN_TRAINER
+
+
 def own_records(records: list[dict] | None = None) -> list[dict]:
     """The store's records of ftprof's own loop, the ones the planner calibrates from (runs measured through
     ftprof.integrations' callback, peer recipes included, carry their trainer and stay out of it)."""
-    return [r for r in (load_records() if records is None else records)
-            if r.get("trainer", OWN_TRAINER) == OWN_TRAINER]
+    return [r for r in (load_records() if records is None else records) if _own_loop(r)]
 
 
 def peer_records(device_name: str, model: str, seq_len: int, sequences_per_step: int, methods: tuple[str, ...],
@@ -141,7 +145,7 @@ def peer_records(device_name: str, model: str, seq_len: int, sequences_per_step:
     of each (trainer, method, policy), fastest first."""
     newest: dict[tuple, dict] = {}
     for r in load_records() if records is None else records:
-        if r.get("trainer", OWN_TRAINER) == OWN_TRAINER or r.get("device_name") != device_name:
+        if _own_loop(r) or r.get("device_name") != device_name:
             continue
         per_step = (r.get("batch_size") or 0) * (r.get("grad_accum") or 1)
         if (r.get("model"), r.get("seq_len"), per_step) != (model, seq_len, sequences_per_step) \

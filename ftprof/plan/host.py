@@ -101,24 +101,22 @@ def _family_costs(rows: list[dict], family: tuple) -> tuple[tuple, str]:
     say, or an option never measured host-bound), the nearest family with fewer options that has both costs stands
     in, scaled by what the family's own rows (or its nearest measured relative's) show against it: e.g. --fp8-base
     measured only under full checkpointing scales the 16-bit costs by the ratio of their full-checkpointing rows."""
-    def costs(fam: tuple) -> tuple:
-        return _costs([r for r in rows if _family(r) == fam])
-
-    own = costs(family)
+    by_family: dict[tuple, list[dict]] = {}
+    for r in rows:
+        by_family.setdefault(_family(r), []).append(r)
+    nearest = [family] + [family[:4] + (sub,) for sub in _subsets(family[4])]  # itself, then its relatives
+    costs = {fam: _costs(by_family.get(fam, [])) for fam in nearest}
+    own = costs[family]
     if (own[0] is not None and own[1] is not None) or not family[4]:
         return own, ""
-    relatives = [family[:4] + (sub,) for sub in _subsets(family[4])]
-    base = next(((fam, c) for fam in relatives if (c := costs(fam))[0] is not None and c[1] is not None), None)
+    base = next((fam for fam in nearest[1:] if costs[fam][0] is not None and costs[fam][1] is not None), None)
     if base is None:
         return own, ""
-    (base_family, (plain, recompute, _)), anchor = base, own
-    for fam in [family] + relatives:
-        if (c := costs(fam))[0] is not None or c[2] is not None:
-            anchor = c
-            break
+    plain, recompute, _ = costs[base]
+    anchor = next((costs[fam] for fam in nearest if costs[fam][0] is not None or costs[fam][2] is not None), own)
     ratio = anchor[0] / plain if anchor[0] is not None else anchor[2] / (plain + recompute) \
         if anchor[2] is not None else 1.0
-    words = ", ".join(f"{n}={v}" for n, v in base_family[4]) or "no options"
+    words = ", ".join(f"{n}={v}" for n, v in base[4]) or "no options"
     return (plain * ratio, recompute * ratio, (plain + recompute) * ratio), \
         f"; scaled x{ratio:.2f} from the family with {words}"
 

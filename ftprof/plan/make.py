@@ -72,7 +72,8 @@ class Plan:
 def make_plan(req: PlanRequest) -> Plan:
     started = time.perf_counter()
     cfg, source, target, dtype, usable, usable_from = _context(req)
-    p = planner(cfg, source, dtype, target)
+    records = calibration.load_records()  # read once: ftprof's runs calibrate, other trainers' are listed
+    p = planner(cfg, source, dtype, target, records)
     margin = budget.margin_for(usable)
     plan = Plan(req, target, usable, usable_from, margin, layer_count=p.layer_count)
     on_gpu = target.device_name != "cpu"
@@ -83,7 +84,7 @@ def make_plan(req: PlanRequest) -> Plan:
     pool += _fewest_layers(p, pool, plan.budget_bytes)
     plan.rows = _rank([_row(p, c, plan.budget_bytes) for c in dict.fromkeys(pool)])
     plan.peers = calibration.peer_records(target.device_name, cfg.model.model, cfg.data.seq_len,
-                                          cfg.data.batch_size * cfg.train.grad_accum, req.methods)
+                                          cfg.data.batch_size * cfg.train.grad_accum, req.methods, records)
     plan.seconds = time.perf_counter() - started
     plan.probe_seconds = sum(r.seconds for r in p.probes.values())
     return plan

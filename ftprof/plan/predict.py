@@ -157,8 +157,9 @@ class Planner:
         return self.source.config.num_hidden_layers
 
 
-def planner(cfg: RunConfig, source, dtype: str, target: Target) -> Planner:
-    return Planner(cfg, source, dtype, target, calibration.own_records())
+def planner(cfg: RunConfig, source, dtype: str, target: Target, records: list[dict] | None = None) -> Planner:
+    """A planner calibrated from ftprof's own runs among ``records`` (default: the store's)."""
+    return Planner(cfg, source, dtype, target, calibration.own_records(records))
 
 
 def _memory_source(result: ProbeResult, factor) -> str:

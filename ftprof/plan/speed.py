@@ -68,7 +68,7 @@ def tokens_per_s(flops: FlopsPerToken, rate_flops_per_s: float, world_size: int 
 BAND_BASE = {"local": 0.03, "shipped": 0.05, "scaled": 0.15}
 BAND_PER_LOG = 0.10
 # none's rate for full or full's for none: on an H200 (llama-8b QLoRA, eager, compiled, fp8, 4 x 1, 2026-12-03) three
-# such rows ran +17.8%, +18.7% and +26.5% below their predictions, beyond the 0.10 this was before
+# such rows were predicted 17.8%, 18.7% and 26.5% above what they ran, beyond the 0.10 this was before
 BAND_STAND_IN = 0.22
 BAND_UNMATCHED = 0.05  # the candidate's own options (compile mode, fused projections) had no calibrated run
 CONFIDENCE = ((0.06, "high"), (0.15, "medium"))  # band at most this -> that word; wider: low

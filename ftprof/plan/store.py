@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ftprof.metrics import peak_flops
+from ftprof.results.load import OWN_TRAINER
 
 KEEP = 20  # records kept per configuration: the newest (the planner takes medians over them)
 COMPACT_AT = 1000  # records superseded (beyond KEEP per configuration) that make a read rewrite the store
@@ -156,7 +157,7 @@ def configuration(record: dict) -> tuple:
     and options, model and shape, and whether it can calibrate memory (a CUDA peak) and the host floor (GPU busy
     below ``HOST_BOUND_BUSY``). Records of one configuration differ only in what they measured."""
     busy = record.get("gpu_busy")
-    return (record.get("trainer", "ftprof"), record["device_name"], record["method"], record["policy"],
+    return (record.get("trainer", OWN_TRAINER), record["device_name"], record["method"], record["policy"],
             record["kernels"], record["compile"],
             json.dumps(record["knobs"], sort_keys=True), record.get("model"), record.get("layers"),
             record.get("seq_len"), record["micro_batch_tokens"], record.get("checkpointed_layers"),
