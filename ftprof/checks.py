@@ -219,15 +219,32 @@ def _need_package(module: str, what: str, extra: str) -> None:
         raise ConfigError(f"{what} needs the '{module}' package: pip install 'ftprof[{extra}]'")
 
 
-def check_packages(cfg: RunConfig) -> None:
-    """The packages the method, the optimizer and the trackers need are installed (found, not imported)."""
+METHOD_PACKAGES = {"qlora": ("bitsandbytes", "all"), "gptq-lora": ("gptqmodel", "gptq")}  # module, ftprof extra
+
+
+def missing_method_package(method: str) -> tuple[str, str] | None:
+    """(module, how to install it) of the package ``method`` needs that is not installed here (found, not
+    imported); None when nothing is missing."""
+    need = METHOD_PACKAGES.get(method)
+    if need is None or importlib.util.find_spec(need[0]) is not None:
+        return None
+    return need[0], f"pip install 'ftprof[{need[1]}]'"
+
+
+def method_package_line(method: str, missing: tuple[str, str]) -> str:
+    """The one line a run of ``method`` gets when its package is ``missing`` (missing_method_package)."""
+    return f"method '{method}' needs the '{missing[0]}' package: {missing[1]}"
+
+
+def check_packages(cfg: RunConfig, method_packages: bool = True) -> None:
+    """The packages the method (unless ``method_packages`` is False: its rows run elsewhere), the optimizer and
+    the trackers need are installed (found, not imported)."""
     from ftprof.exporters import check_exporters
 
     method = cfg.method.method
-    if method == "qlora":
-        _need_package("bitsandbytes", f"method '{method}'", "all")
-    if method == "gptq-lora":
-        _need_package("gptqmodel", f"method '{method}'", "gptq")
+    missing = missing_method_package(method) if method_packages else None
+    if missing:
+        raise ConfigError(method_package_line(method, missing))
     if cfg.train.optimizer == "paged_adamw_8bit":
         _need_package("bitsandbytes", "method 'paged_adamw_8bit'", "all")
     check_exporters(cfg.output.report_to)
@@ -254,11 +271,12 @@ def check_data(cfg: RunConfig, checked: set[str] | None = None) -> None:
         checked.add(repr(data))
 
 
-def check_before_load(cfg: RunConfig, checked: set[str] | None = None) -> None:
+def check_before_load(cfg: RunConfig, checked: set[str] | None = None, method_packages: bool = True) -> None:
     """Everything a run checks before its model loads that needs no torch and no GPU of this machine: ``ftprof
-    train`` runs it, and bench (``--dry-run`` too) for every cell."""
+    train`` runs it, and bench (``--dry-run`` too) for every cell; ``ftprof plan`` for another GPU leaves out the
+    method's packages (``method_packages``)."""
     check_config(cfg)
-    check_packages(cfg)
+    check_packages(cfg, method_packages)
     check_data(cfg, checked)
 
 

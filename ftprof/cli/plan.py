@@ -75,7 +75,7 @@ def parse_methods(text: str) -> tuple[str, ...]:
 
 def plan_request(args: argparse.Namespace):
     """The request from the command line: every check that needs no torch, done (one line, exit 2 on a problem)."""
-    from ftprof.checks import check_cache_dir, host_has_cuda
+    from ftprof.checks import check_before_load, check_cache_dir, host_has_cuda
     from ftprof.gpus import gpu_named
     from ftprof.plan.make import PlanRequest
 
@@ -89,32 +89,9 @@ def plan_request(args: argparse.Namespace):
     given = {k: v for k, v in vars(args).items() if k not in PLAN_OPTIONS | {"func", "command"}}
     lora_like = [m for m in methods if m != "full"]
     cfg = config_from_args(argparse.Namespace(**given, method=(lora_like or list(methods))[0]))
-    _check_before_load(cfg, {m for m, _ in needs_here})
+    check_before_load(cfg, method_packages=cfg.method.method not in {m for m, _ in needs_here})
     check_cache_dir()  # the probes' cache and the calibration store live there
     return PlanRequest(cfg, methods, args.gpu, args.gpus, args.top, notes, needs_here), given
-
-
-def missing_packages(methods: tuple[str, ...]) -> dict[str, str]:
-    """method -> the one line a run of it gets on this machine because a package it needs is not installed
-    (``check_packages``: found, not imported)."""
-    from ftprof.checks import check_packages
-    from ftprof.config import RunConfig
-
-    missing = {}
-    for method in methods:
-        try:
-            check_packages(RunConfig.from_flat({"method": method}))  # the method's packages alone
-        except ConfigError as exc:
-            missing[method] = str(exc)
-    return missing
-
-
-def _package(message: str) -> tuple[str, str]:
-    """('gptqmodel', "pip install 'ftprof[gptq]'") from check_packages' line (else the line itself, '')."""
-    import re
-
-    match = re.search(r"needs the '([^']+)' package: (.+)$", message)
-    return (match[1], match[2]) if match else (message, "")
 
 
 def settle_packages(methods: tuple[str, ...], args: argparse.Namespace):
@@ -123,40 +100,23 @@ def settle_packages(methods: tuple[str, ...], args: argparse.Namespace):
     A method whose package is not installed here: with --verify or --train (the rows run here), or a plan for this
     machine (no --gpu), ``all`` leaves it out with a note and a method named explicitly is refused; a plan for
     --gpu NAME without them keeps its rows (the package may be installed where they run), noted "needs PKG here"."""
-    missing = missing_packages(methods)
+    from ftprof.checks import method_package_line, missing_method_package
+
+    missing = {m: miss for m in methods if (miss := missing_method_package(m))}
     if not missing:
         return methods, (), ()
     runs_here = bool(args.verify or args.train)
     if args.gpu is not None and not runs_here:
-        needs = tuple((m, _package(line)[0]) for m, line in missing.items())
         notes = tuple(f"{m}: {pkg} is not installed here; its rows are kept for --gpu {args.gpu} (install it where "
-                      f"they run: {_package(missing[m])[1]})" for m, pkg in needs)
-        return methods, notes, needs
+                      f"they run: {hint})" for m, (pkg, hint) in missing.items())
+        return methods, notes, tuple((m, pkg) for m, (pkg, _) in missing.items())
     if "all" not in (m.strip() for m in args.methods.split(",")):  # named explicitly
-        method, line = next(iter(missing.items()))
+        method, miss = next(iter(missing.items()))
         why = ("--train runs the plan's rows here" if args.train else "--verify runs the plan's rows here"
                if runs_here else "the plan is for this machine; for another, give --gpu NAME")
-        raise ConfigError(f"{line} ({why})")
-    notes = []
-    for method, line in missing.items():
-        pkg, hint = _package(line)
-        notes.append(f"{method} left out: {pkg} is not installed here" + (f" ({hint})" if hint else ""))
-    return tuple(m for m in methods if m not in missing), tuple(notes), ()
-
-
-def _check_before_load(cfg, needs_here: set[str]) -> None:
-    """``check_before_load``, less the packages of a method planned for another machine (``needs_here``)."""
-    import dataclasses
-
-    from ftprof.checks import check_before_load, check_config, check_data, check_packages
-    from ftprof.config.method import MethodConfig
-
-    if cfg.method.method not in needs_here:
-        check_before_load(cfg)
-        return
-    check_config(cfg)
-    check_packages(dataclasses.replace(cfg, method=MethodConfig(method="full")))  # the optimizer's, the trackers'
-    check_data(cfg)
+        raise ConfigError(f"{method_package_line(method, miss)} ({why})")
+    notes = tuple(f"{m} left out: {pkg} is not installed here ({hint})" for m, (pkg, hint) in missing.items())
+    return tuple(m for m in methods if m not in missing), notes, ()
 
 
 def plan_command(args: argparse.Namespace) -> int:
