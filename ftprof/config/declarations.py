@@ -117,14 +117,9 @@ DECLARED: tuple[Declared, ...] = (
              planner_values=("default", "reduce-overhead"),  # reduce-overhead: CUDA graphs
              # CUDA graphs under full or selective checkpointing: 9,268 tokens/s against 20,917 without (QLoRA,
              # H200, 2026-12-02), and QLoRA + --fp8-base + full aborted ("invalid device pointer", 2026-12-03)
-             planner_avoid=((When("checkpointing", ("full", "selective")), "reduce-overhead"),),
-             # CUDA graphs with micro-batches accumulating fail in the first step ("accessing tensor output of
-             # CUDAGraphs that has been overwritten by a subsequent run"): QLoRA llama-8b 1 x 4 and llama-1b 1 x 2,
-             # Liger, compiled, with and without --lora-fused-a (H200, torch 2.11, 2026-12-03)
-             excludes=(Excludes(When(ACCUMULATING, (True,)), "{flag} replays CUDA graphs, which fail with {other} "
-                                "(a micro-batch's graph outputs are overwritten by the next one's): use a larger "
-                                "--batch-size with --grad-accum 1, or --compile-mode default",
-                                values=("reduce-overhead", "max-autotune")),)),
+             # (with micro-batches accumulating they once failed in the first step: autograd adopted a graph output
+             # as .grad, which the next replay overwrote; engine/loop._own_gradients gives gradients their own buffers)
+             planner_avoid=((When("checkpointing", ("full", "selective")), "reduce-overhead"),)),
     Declared("compile_loss", "model", frozenset({"speed", "activations"}), True, needs=(_COMPILED,),
              void_when=(When("kernels", ("liger",)),)),  # Liger computes the loss itself
     Declared("compile_dequant", "model", frozenset({"speed", "activations"}), False, methods=("qlora",),

@@ -91,6 +91,8 @@ def train_step(cfg: RunConfig, built: Built, device: torch.device, memory: Memor
     accum = cfg.train.grad_accum
     loss_sum = torch.zeros((), device=device)
     tokens = real = 0
+    if accum > 1 and _replays_graphs(built):
+        _own_gradients(built.params)
     for micro in range(accum):
         batch, n, r = feed.take()
         tokens, real = tokens + n, real + r
@@ -126,5 +128,23 @@ def optimizer_step(cfg: RunConfig, built: Built, memory: MemoryTracker, first: F
             built.scheduler.step()  # sets each parameter group's lr for the next step (Python floats)
         if is_first:  # gradients and optimizer state both exist now: the one moment to size them
             first.after_optimizer_step(built.model, built.optimizer)
-        built.optimizer.zero_grad(set_to_none=True)
+        # with CUDA graphs and micro-batches accumulating, the gradients stay allocated (see _own_gradients)
+        built.optimizer.zero_grad(set_to_none=not (cfg.train.grad_accum > 1 and _replays_graphs(built)))
     return norm if measure_norm else None
+
+
+def _replays_graphs(built: Built) -> bool:
+    return built.compiled is not None and built.compiled.cudagraphs
+
+
+def _own_gradients(params) -> None:
+    """Give every trainable parameter a gradient buffer of its own before a step's first backward.
+
+    Autograd's AccumulateGrad *adopts* the first gradient it receives as ``.grad`` when none exists. Under CUDA
+    graphs that tensor is a graph output, and the next micro-batch's replay overwrites it ("accessing tensor output
+    of CUDAGraphs that has been overwritten by a subsequent run"). With a buffer in place every micro-batch adds into
+    it instead, and the optimizer step zeroes it rather than freeing it. Once per run: the buffers are kept."""
+    for p in params:
+        if p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
+
