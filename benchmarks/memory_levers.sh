@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Issue 39's levers on one H200, from the repository root, with the GPU machine's wheels in .whl:
-#   benchmarks/memory_levers.sh graphs OUT     CUDA graphs with accumulation: the GPU numerics tests, then
+#   benchmarks/memory_levers.sh graphs OUT     CUDA graphs with accumulation and --offload-embeddings: their GPU
+#                                              tests, then
 #                                              benchmarks/sweeps/graphs-accumulation.yaml (1 x 4 against 4 x 1)
 #   benchmarks/memory_levers.sh snapshot OUT   what is live at the peak of the offloaded-checkpoint QLoRA run
-#                                              (llama-8b 4 x 2048, Liger, compiled): benchmarks/snapshot_peak.py
+#                                              (llama-8b 4 x 2048, Liger, compiled, EXTRA options, default
+#                                              --offload-embeddings): benchmarks/snapshot_peak.py
 # Each phase keeps to BUDGET_S seconds and packs runs/ into OUT/PHASE.tgz (no traces, no snapshots).
 set -u
 phase=${1:?phase: graphs or snapshot}
@@ -12,15 +14,15 @@ budget=${BUDGET_S:-550}
 . "$(dirname "$0")/common.sh"  # left(), scratch in memory, runs/machine.txt
 case $phase in
   graphs)
-    timeout $(( $(left) / 3 )) python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_fast_paths.py \
-      -k "accumulat" > runs/pytest-gpu-graphs.log 2>&1
+    timeout $(( $(left) / 3 )) python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_memory_levers.py \
+      tests/gpu/test_gpu_fast_paths.py -k "accumulat or memory_levers" > runs/pytest-gpu-graphs.log 2>&1
     timeout -s INT $(( $(left) - 25 )) python3 -m ftprof bench benchmarks/sweeps/graphs-accumulation.yaml \
       --output-dir runs/graphs-accumulation > runs/bench-graphs-accumulation.log 2>&1
     python3 -m ftprof report runs/graphs-accumulation --format md > runs/report-graphs-accumulation.log 2>&1 ;;
   snapshot)
     timeout -s INT $(( $(left) - 30 )) python3 -m ftprof profile qlora --model llama-8b --batch-size 4 \
       --seq-len 2048 --max-steps 5 --checkpointing full --kernels liger --compile --offload-checkpoints \
-      ${EXTRA:-} --prof-wait-steps 2 --prof-warmup-steps 0 --prof-active-steps 1 --prof-memory-snapshot \
+      ${EXTRA:---offload-embeddings} --prof-wait-steps 2 --prof-warmup-steps 0 --prof-active-steps 1 --prof-memory-snapshot \
       --device cuda --output-dir runs/snapshot > runs/profile-snapshot.log 2>&1
     for s in $(find runs/snapshot -name 'memory_snapshot*.pickle'); do
       python3 benchmarks/snapshot_peak.py "$s" --top 40 > "runs/peak-$(basename "$s" .pickle).txt" 2>&1

@@ -111,6 +111,9 @@ def count_params(model: nn.Module) -> ParamCounts:
                 if id(p) not in seen:
                     seen.add(id(p))
                     other += p.numel()
+        host = getattr(module, "host_weight", None)  # a table kept in host memory (models/host_embedding.py)
+        if host is not None:
+            other += host.numel()
     trainable_total = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return ParamCounts(trainable_mm, frozen_mm, trainable_total, trainable_mm + frozen_mm + other)
 

@@ -57,9 +57,10 @@ def write(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
-def save_checkpoint(path: Path, chat_template: bool = True, layers: int | None = None) -> str:
-    """A small Llama (the tiny preset's shape, random weights; ``layers`` decoder layers instead of its 2) saved with
-    save_pretrained, with ftprof's built-in tokenizer (with or without its chat template) beside it."""
+def save_checkpoint(path: Path, chat_template: bool = True, layers: int | None = None, tied: bool = False) -> str:
+    """A small Llama (the tiny preset's shape, random weights; ``layers`` decoder layers instead of its 2; ``tied``:
+    the output layer shares the input embedding table) saved with save_pretrained, with ftprof's built-in tokenizer
+    (with or without its chat template) beside it."""
     import copy
 
     import torch
@@ -72,6 +73,7 @@ def save_checkpoint(path: Path, chat_template: bool = True, layers: int | None =
     config = preset_config("tiny")
     config.name_or_path = str(path)
     config.num_hidden_layers = layers or config.num_hidden_layers
+    config.tie_word_embeddings = tied
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer = copy.deepcopy(build_tokenizer())
     if not chat_template:

@@ -31,6 +31,7 @@ EFFECTS = frozenset({"speed", "activations", "weights", "numerics"})
 # Derived facts the checks read beside the options (RunConfig.declared_values computes them).
 SHARDED = "fsdp_shards"  # FSDP shards the model: --parallel fsdp over several processes or with CPU offload
 ACCUMULATING = "accumulating"  # more than one micro-batch per optimizer step (--grad-accum > 1)
+SEVERAL = "several_processes"  # more than one training process (DDP or FSDP over several GPUs)
 METHOD_NAMES = {"full": "full", "lora": "LoRA", "qlora": "QLoRA", "gptq-lora": "GPTQ-LoRA"}
 
 
@@ -164,6 +165,14 @@ DECLARED: tuple[Declared, ...] = (
                        Excludes(When("compile_mode", ("reduce-overhead", "max-autotune")),
                                 "{flag} copies on a side stream, outside the CUDA graphs of {other} reduce-overhead "
                                 "and max-autotune: use --compile-mode default or max-autotune-no-cudagraphs"))),
+    # the frozen input embedding table in host memory, each micro-batch's rows gathered there (models/host_embedding.py)
+    Declared("offload_embeddings", "model", frozenset({"speed", "weights"}), False, methods=LORA_METHODS,
+             word="host-embed", planner_values=(False, True),
+             planner_devices=("cuda",),  # on the CPU the table is in host memory already
+             excludes=(Excludes(When("method", ("full",)), "{flag} is a LoRA, QLoRA and GPTQ-LoRA option (a full "
+                                "fine-tune trains the embedding table): leave it off with method 'full'"),
+                       Excludes(When(SEVERAL, (True,)), "{flag} keeps one process's table in host memory: not tried "
+                                "with several processes (DDP and FSDP sync or shard every weight); leave it off"))),
 )
 BY_NAME: dict[str, Declared] = {d.name: d for d in DECLARED}
 
@@ -183,7 +192,8 @@ def _flag_with_value(d: Declared, value: Any) -> str:
 
 
 def _other_flag(name: str) -> str:
-    return {SHARDED: "FSDP", ACCUMULATING: "--grad-accum above 1"}.get(name, "--" + name.replace("_", "-"))
+    derived = {SHARDED: "FSDP", ACCUMULATING: "--grad-accum above 1", SEVERAL: "several processes"}
+    return derived.get(name, "--" + name.replace("_", "-"))
 
 
 def _needed(when: When) -> str:

@@ -16,7 +16,7 @@ from ftprof.engine import checkpointing, distributed
 from ftprof.engine.compile import CompileOutcome, warm_up
 from ftprof.engine.evaluate import eval_batches_for
 from ftprof.engine.schedule import make_scheduler
-from ftprof.models import attention, dequant, fp8_base, fused_projections, kernels, offload
+from ftprof.models import attention, dequant, fp8_base, fused_projections, host_embedding, kernels, offload
 from ftprof.models.checkpointing import SelectivePolicy
 from ftprof.models.materialize import materialize_sharded
 from ftprof.models.methods import LoadContext, get_strategy
@@ -54,6 +54,7 @@ class Built:
     kept_dequantized: int  # QLoRA linears whose recomputation keeps the dequantized weight for backward
     scheduler: object = None  # the learning-rate schedule (torch LambdaLR), stepped after each optimizer step
     eval_batches: list = field(default_factory=list)  # CPU batches each evaluation runs over (engine/evaluate.py)
+    host_embedding: object = None  # --offload-embeddings: the HostEmbedding whose rows the batch feed gathers
 
 
 def build(resolved: ResolvedRun, memory: MemoryTracker, log: Callable[[str], None]) -> Built:
@@ -76,6 +77,7 @@ def build(resolved: ResolvedRun, memory: MemoryTracker, log: Callable[[str], Non
         model = strategy.load(LoadContext(cfg, resolved.source, resolved.device, dtype, tokenizer, calibration, log,
                                           defer_init=defer, policy=resolved.policy))
     with memory.stage("method_setup"):
+        host_table = _host_embedding(model, cfg, resolved.device, log)
         model = strategy.apply(model, cfg)
         autocast = precision(model, resolved.device_type, dtype, strategy.uses_lora and not cfg.method.kbit_prepare)
         if hasattr(model, "config"):
@@ -84,9 +86,7 @@ def build(resolved: ResolvedRun, memory: MemoryTracker, log: Callable[[str], Non
         policy, layers, auto, selective = checkpointing.resolve_policy(model, resolved)
         if auto is not None:
             log(f"--checkpointing auto: {auto.reason}")
-        if resolved.offload_checkpoints:
-            log(f"--offload-checkpoints: {len(offload.offloaded_layers(model))} layer inputs kept in pinned host "
-                "memory")
+        _say_offloaded(model, resolved, log)
         joined = (fused_projections.fuse(model, metrics.decoder_layers(model))
                   if cfg.method.lora_fused_projections else [])
         if cfg.method.fp8_base:
@@ -115,7 +115,28 @@ def build(resolved: ResolvedRun, memory: MemoryTracker, log: Callable[[str], Non
             if cfg.model.attn_implementation == "sdpa" else None)
     return Built(tokenizer, batches, model, params, optimizer, autocast, counts,
                  count_flops(model, counts, resolved, policy, layers), device_name, policy, layers, auto, compiled,
-                 used, selective, kept, scheduler, eval_batches_for(resolved, tokenizer))
+                 used, selective, kept, scheduler, eval_batches_for(resolved, tokenizer), host_table)
+
+
+def _say_offloaded(model, resolved: ResolvedRun, log: Callable[[str], None]) -> None:
+    if resolved.offload_checkpoints:
+        log(f"--offload-checkpoints: {len(offload.offloaded_layers(model))} layer inputs kept in pinned host memory")
+
+
+def _host_embedding(model, cfg, device: torch.device,
+                    log: Callable[[str], None]) -> host_embedding.HostEmbedding | None:
+    """--offload-embeddings: the input table moved to host memory, before PEFT wraps the model."""
+    if not cfg.model.offload_embeddings:
+        return None
+    moved = host_embedding.move_to_host(model, device)
+    if moved is None:
+        log("--offload-embeddings: the input embedding stays on the device (the output layer shares its table, or "
+            "it does more than a gather): nothing to save")
+    else:
+        table = moved.host_weight
+        log(f"--offload-embeddings: the input embedding table ({table.numel() * table.element_size() / 2**20:,.0f} "
+            "MiB) is in host memory; each micro-batch's rows are gathered there")
+    return moved
 
 
 def route_dequantization(model, cfg, policy: str, layers: int | None, compiling: bool) -> tuple[int, int]:

@@ -22,11 +22,13 @@ from ftprof.data import count_tokens
 class BatchFeed:
     """``take()`` the next micro-batch on the device, with its (tokens, real tokens); ``prefetch()`` prepares it
     now, so that ``take()`` returns at once. The stream's order is unchanged either way. ``load_s`` sums the host
-    seconds spent making batches and queueing their copies."""
+    seconds spent making batches and queueing their copies. With a ``host_embedding`` (--offload-embeddings) the
+    batch carries its embedding rows, gathered on the host, instead of its token ids."""
 
-    def __init__(self, batches: Iterator[dict], device: torch.device):
+    def __init__(self, batches: Iterator[dict], device: torch.device, host_embedding=None):
         self._batches = batches
         self._device = device
+        self._embedding = host_embedding  # --offload-embeddings: rows gathered here, sent as inputs_embeds
         self._ready: tuple[dict, int, int] | None = None
         self.load_s = 0.0
 
@@ -42,6 +44,9 @@ class BatchFeed:
         t0 = time.perf_counter()
         batch = next(self._batches)
         tokens, real = count_tokens(batch)
+        if self._embedding is not None:  # the rows, gathered on the host (pinned), replace the ids
+            batch = {**batch, "inputs_embeds": self._embedding.rows(batch["input_ids"])}
+            del batch["input_ids"]
         # From pinned memory a non-blocking copy is queued behind the running kernels instead of waiting for them.
         moved = {k: (v.pin_memory() if pin else v).to(self._device, non_blocking=True) for k, v in batch.items()}
         self.load_s += time.perf_counter() - t0

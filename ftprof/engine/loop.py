@@ -33,7 +33,7 @@ def run_steps(cfg: RunConfig, built: Built, device: torch.device, memory: Memory
     run's checkpoint had taken (this run's steps are numbered on from it; its first step is still this process's
     first: its memory stages, measurement warm-up and profiler schedule count from there). ``checkpoint(step)``
     after every --save-steps step, outside the step's time."""
-    feed = BatchFeed(built.batches, device)
+    feed = BatchFeed(built.batches, device, built.host_embedding)
     evaluator = Evaluator(cfg, built.eval_batches, device)
     every = cfg.save.save_steps
     with GcPolicy(cfg.train.gc_interval) as collector:
@@ -87,7 +87,7 @@ def _stage(memory: MemoryTracker, name: str, on: bool):
 def train_step(cfg: RunConfig, built: Built, device: torch.device, memory: MemoryTracker, first: FirstStepMemory,
                is_first: bool, feed: BatchFeed | None = None) -> tuple[torch.Tensor, int, int]:
     """Forward and backward over grad_accum micro-batches. Returns (mean loss tensor, tokens, real tokens)."""
-    feed = feed or BatchFeed(built.batches, device)
+    feed = feed or BatchFeed(built.batches, device, built.host_embedding)
     accum = cfg.train.grad_accum
     loss_sum = torch.zeros((), device=device)
     tokens = real = 0

@@ -27,6 +27,7 @@ from typing import Any
 
 from ftprof.config import declarations
 from ftprof.metrics import peak_flops
+from ftprof.plan.records import DEFAULT_KNOBS, model_layers, run_knobs, run_record  # noqa: F401 - read as calibration.*
 from ftprof.plan.store import (  # noqa: F401 - the store's I/O, read and written under these names too
     OFF,
     STORE_ENV,
@@ -37,18 +38,9 @@ from ftprof.plan.store import (  # noqa: F401 - the store's I/O, read and writte
     load_records,
     store_path,
 )
-from ftprof.results import run_dir as files
-from ftprof.results.load import OWN_TRAINER, config_options, trainer_name
-from ftprof.results.status import Status
+from ftprof.results.load import OWN_TRAINER
 
 SHIPPED = Path(__file__).with_name("shipped_calibration.json")
-VERSION_PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "gptqmodel")  # and any liger package
-
-# Options outside the ClassKey that move a run's speed by a few percent, at today's defaults (the option
-# declarations, config/declarations.py). Among the records of the nearest configuration, those matching the
-# candidate's options most, then those with the fewest options off these defaults, are used (a knob that does not
-# apply to a run is None and never counts).
-DEFAULT_KNOBS: dict[str, Any] = declarations.calibration_defaults()
 MEMORY_KNOBS = declarations.activation_options()  # change what is saved
 
 
@@ -119,14 +111,6 @@ def record_run(run_dir: str | Path) -> bool:
         return False
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _own_loop(record: dict) -> bool:
     """A record of ftprof's own loop (records from before the trainer field are)."""
     return record.get("trainer", OWN_TRAINER) == OWN_TRAINER
@@ -157,101 +141,6 @@ def peer_records(device_name: str, model: str, seq_len: int, sequences_per_step:
     return sorted(newest.values(), key=lambda r: -(r.get("tokens_per_s") or 0))
 
 
-def run_record(run_dir: str | Path) -> dict | None:
-    """A finished run's record, or None when it has no steady-state figures to calibrate from."""
-    run_dir = Path(run_dir).resolve()
-    result = _read_json(run_dir / files.RESULT)
-    tokens_per_s, flops = result.get("tokens_per_s"), result.get("flops_per_token")
-    if result.get("status") != Status.OK.value or not tokens_per_s or not flops or not result.get("finished_at"):
-        return None
-    raw_config = _read_json(run_dir / files.CONFIG)
-    cfg = config_options(raw_config)
-    if (result.get("checkpointing_auto") or {}).get("offload"):  # --checkpointing auto chose the offload: it ran so
-        cfg["offload_checkpoints"] = True
-    env = _read_json(run_dir / files.ENV)
-    compiled = bool((result.get("compile") or {}).get("compiled", cfg.get("compile", False)))
-    kernels = cfg.get("kernels") or "eager"
-    recompute = result.get("recompute_flops_per_token") or 0.0
-    world = result.get("world_size") or 1
-    record = {
-        "run_key": f"{run_dir}@{result['finished_at']}", "source": "run", "trainer": trainer_name(raw_config),
-        "run_dir": str(run_dir), "finished_at": result["finished_at"],
-        "device_name": result.get("device_name") or result.get("device"), "versions": _versions(env),
-        "model": result.get("model"), "layers": model_layers(str(result.get("model") or "")),
-        "method": result.get("method"), "policy": result.get("checkpointing_policy") or "none",
-        "checkpointed_layers": result.get("checkpointed_layers"), "kernels": kernels, "compile": compiled,
-        "knobs": run_knobs(cfg, result.get("method"), kernels, compiled),
-        "seq_len": result.get("seq_len"), "batch_size": result.get("batch_size"),
-        "micro_batch_tokens": (result.get("batch_size") or 0) * (result.get("seq_len") or 0),
-        "grad_accum": result.get("grad_accum"), "world_size": world, "parallel": result.get("parallel"),
-        "flops_per_token": flops, "recompute_flops_per_token": recompute, "tokens_per_s": tokens_per_s,
-        "flops_per_s": (flops + recompute) * tokens_per_s / world,  # per GPU, model + recomputed
-        "training_peak": _training_peak(result), "prediction": result.get("prediction") or {},
-        "gpu_busy": _gpu_busy(result),  # NVML's busy fraction over the run: below ~0.85 the host set the pace
-    }
-    buckets = _bucket_tflops(run_dir, result)
-    if buckets:
-        record["buckets"] = buckets
-    return record
-
-
-def _gpu_busy(result: dict) -> float | None:
-    """The first GPU's mean NVML utilization over the run, as a fraction (None without NVML samples)."""
-    util = (result.get("nvml") or {}).get("gpu0_util_mean")
-    return round(util / 100, 3) if isinstance(util, (int, float)) else None
-
-
-def _versions(env: dict) -> dict:
-    packages = env.get("packages") or {}
-    out = {k: packages[k] for k in VERSION_PACKAGES if packages.get(k)}
-    out.update({k: v for k, v in packages.items() if "liger" in k.lower() and v})
-    if env.get("ftprof_git_commit"):
-        out["ftprof_git_commit"] = env["ftprof_git_commit"]
-    return out
-
-
-def _training_peak(result: dict) -> int | None:
-    """The measured training peak on CUDA, as ftprof.plan.accuracy (the one owner of "measured") reads it; None on
-    CPU, whose allocator keeps no peak."""
-    from ftprof.plan import accuracy
-
-    got = accuracy.measured(accuracy.row_from_records(result))
-    return None if got["on_cpu"] or got["memory_bytes"] is None else int(got["memory_bytes"])
-
-
-def model_layers(model: str) -> int | None:
-    """Decoder layers of a preset or of a model directory holding config.json (None for anything else: reading a
-    hub model's config would cost more than a record may)."""
-    from ftprof.models.presets import PRESETS
-
-    if model in PRESETS:
-        return PRESETS[model].shape.get("num_hidden_layers")
-    try:
-        config = Path(model).expanduser() / "config.json"
-        layers = _read_json(config).get("num_hidden_layers") if model and config.is_file() else None
-    except OSError:
-        return None
-    return layers if isinstance(layers, int) else None
-
-
-def _bucket_tflops(run_dir: Path, result: dict) -> dict[str, float | None]:
-    """A profiled run's per-bucket achieved TFLOP/s, as its trace summary (summary.json beside summary.md)
-    reports them; {} without one."""
-    summary_md = (result.get("artifacts") or {}).get("summary")
-    if not summary_md:
-        return {}
-    summary = _read_json((run_dir / summary_md).with_suffix(".json"))
-    buckets = (summary.get("breakdown") or {}).get("buckets") or {}
-    return {name: b.get("tflops") for name, b in buckets.items() if isinstance(b, dict)}
-
-
-def run_knobs(cfg: dict, method: str | None, kernels: str, compiled: bool) -> dict[str, Any]:
-    """The DEFAULT_KNOBS options of a run from its flat configuration; None where an option does not apply to it
-    (keep_dequantized is kept under every policy: ``memory_options_off`` reads it where layers are recomputed)."""
-    values = {**cfg, "method": method, "kernels": kernels, "compile": compiled, "checkpointing": "full"}
-    return {k: cfg.get(k) if declarations.BY_NAME[k].applies(values) else None for k in DEFAULT_KNOBS}
-
-
 def off_default(record: dict) -> dict[str, Any]:
     """The record's options that are not at today's defaults."""
     knobs = record.get("knobs") or {}
@@ -272,6 +161,25 @@ def class_key(record: dict) -> ClassKey:
               "compile": bool(record.get("compile"))}
     return ClassKey(str(record.get("method")), str(record.get("policy")), str(record.get("kernels")),
                     bool(record.get("compile")), speed_class_options(values))
+
+
+_BY_CLASS: dict[int, tuple[list, int, dict]] = {}
+
+
+def by_class(rows: list[dict]) -> dict[ClassKey, list[dict]]:
+    """``rows`` grouped by class key, computed once per list: a plan looks up thousands of candidates in the same
+    records (4.9 million class keys for one llama-8b plan before). Keyed by the list's identity and length (the
+    planner's lists are read once and never edited in place)."""
+    hit = _BY_CLASS.get(id(rows))
+    if hit is not None and hit[0] is rows and hit[1] == len(rows):
+        return hit[2]
+    index: dict[ClassKey, list[dict]] = {}
+    for r in rows:
+        index.setdefault(class_key(r), []).append(r)
+    if len(_BY_CLASS) >= 8:
+        _BY_CLASS.clear()
+    _BY_CLASS[id(rows)] = (rows, len(rows), index)
+    return index
 
 
 def activation_ratio(record: dict) -> float | None:
@@ -382,7 +290,7 @@ def _shipped_origin(rows: list[dict]) -> str:
 
 
 def _matching(rows: list[dict], key: ClassKey, device_name: str | None = None) -> list[dict]:
-    return [r for r in rows if class_key(r) == key and _speed_point(r) is not None
+    return [r for r in by_class(rows).get(key, ()) if _speed_point(r) is not None
             and (device_name is None or r.get("device_name") == device_name)]
 
 
@@ -477,7 +385,7 @@ def activation_factor(key: ClassKey, records: list[dict] | None = None, at: Shap
     as it is)."""
     if records is None:
         records = own_records()
-    local = [(r, x) for r in records if class_key(r) == key and (x := activation_ratio(r)) is not None]
+    local = [(r, x) for r in by_class(records).get(key, ()) if (x := activation_ratio(r)) is not None]
     local, why = _transferring(local, at)
     if local:
         models = "/".join(sorted({str(r.get("model")) for r, _ in local}))
@@ -486,7 +394,7 @@ def activation_factor(key: ClassKey, records: list[dict] | None = None, at: Shap
                       len(local))
     # Rows whose options change what is saved (an uncompiled loss, weights not kept) describe another model of
     # memory: a QLoRA full-checkpointing row of the uncompiled loss gave 2.9 where today's runs give about 1.
-    rows = [r for r in shipped()["memory"] if class_key(r) == key and r.get("activation_ratio")
+    rows = [r for r in by_class(shipped()["memory"]).get(key, ()) if r.get("activation_ratio")
             and not memory_options_off(r)]
     if rows:  # those at today's defaults where there are any (compile_loss alone moves the ratio 0.70 -> 0.55)
         fewest = min(len(off_default(r)) for r in rows)

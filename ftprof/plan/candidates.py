@@ -74,7 +74,7 @@ def option_sets(method: str, kernels: str, compiled: bool, cuda: bool, capabilit
     whether micro-batches accumulate) on this target: the values each option applies with, combinations the
     declarations refuse or the planner avoids left out."""
     values = {"method": method, "kernels": kernels, "compile": compiled, "checkpointing": policy,
-              declarations.SHARDED: False, declarations.ACCUMULATING: accumulating}
+              declarations.SHARDED: False, declarations.ACCUMULATING: accumulating, declarations.SEVERAL: False}
     choices = []
     for d in declarations.planner_options(values, capability if cuda else None):
         if ("cuda" if cuda else "cpu") not in d.planner_devices:

@@ -81,6 +81,8 @@ def make_plan(req: PlanRequest) -> Plan:
                                            cfg.train.grad_accum, kernel_sets=candidates.KERNEL_SETS if on_gpu
                                            else ("eager",), compile_options=(False, True) if on_gpu else (False,),
                                            cuda=on_gpu, capability=target.capability)
+    if not p.host_embedding_bytes:  # tied embeddings: --offload-embeddings would save nothing
+        pool = [c for c in pool if not c.option("offload_embeddings")]
     pool += _fewest_layers(p, pool, plan.budget_bytes)
     plan.rows = _rank([_row(p, c, plan.budget_bytes) for c in dict.fromkeys(pool)])
     plan.peers = calibration.peer_records(target.device_name, cfg.model.model, cfg.data.seq_len,

@@ -58,6 +58,7 @@ class Shape:
     dtype_bytes: int = 2  # the run dtype's width (the logits' when the compiled loss keeps them)
     fp8_base: bool = False  # --fp8-base: LoRA keeps each base weight's e4m3 rows and their transpose
     layer_input_bytes_per_token: int = 0  # a decoder layer's input (hidden size x the run dtype's width)
+    host_embedding_bytes: int = 0  # the input embedding table --offload-embeddings moves to the host (0: tied)
 
 
 def static_parts(probe: ProbeResult, cand: Candidate, shape: Shape) -> tuple[int, int, int]:
@@ -73,6 +74,8 @@ def static_parts(probe: ProbeResult, cand: Candidate, shape: Shape) -> tuple[int
     if shape.fp8_base and cand.method in ("lora", "qlora"):
         per_layer_weights += sum(fp8_buffer_bytes(i, o, cand.method) for i, o in probe.linear_shapes)
     weights = probe.outside.weights + layers * per_layer_weights
+    if cand.option("offload_embeddings"):
+        weights -= shape.host_embedding_bytes
     grads = probe.outside.gradients + layers * probe.per_layer.gradients
     state = probe.outside.optimizer_state + layers * probe.per_layer.optimizer_state
     if shape.shards and shape.world_size > 1:

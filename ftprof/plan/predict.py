@@ -144,7 +144,18 @@ class Planner:
                             m.keep_dequantized is not False and not fp8, m.double_quant is not False,
                             config.hidden_size * torch_dtype(self.dtype).itemsize, bool(self.cfg.model.compile_loss),
                             torch_dtype(self.dtype).itemsize, fp8,
-                            config.hidden_size * torch_dtype(self.dtype).itemsize)
+                            config.hidden_size * torch_dtype(self.dtype).itemsize, self.host_embedding_bytes)
+
+    @property
+    def host_embedding_bytes(self) -> int:
+        """What --offload-embeddings takes off the device: the input table in the run dtype, unless the output layer
+        shares it (models/host_embedding.py)."""
+        from ftprof.runtime import torch_dtype
+
+        config = self.source.config
+        if getattr(config, "tie_word_embeddings", False):
+            return 0
+        return config.vocab_size * config.hidden_size * torch_dtype(self.dtype).itemsize
 
     @property
     def attn_dim(self) -> int:
