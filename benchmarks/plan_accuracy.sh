@@ -45,7 +45,7 @@ case $phase in
           --train --verify "$k" --trial-steps 7 --max-steps 20 --output-dir "runs/train-$model-${gib}g" > "$dir.log" 2>&1
       else
         timeout -s INT "$t" python3 -m ftprof plan all "${shape[@]}" --memory-limit-gib "$gib" --plan-dir "$dir" \
-          --verify "$k" --max-steps 7 --measure-warmup-steps 3 > "$dir.log" 2>&1
+          --verify "$k" --max-steps ${STEPS:-11} --measure-warmup-steps 4 > "$dir.log" 2>&1
       fi
     done ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
