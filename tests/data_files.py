@@ -57,10 +57,12 @@ def write(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
-def save_checkpoint(path: Path, chat_template: bool = True, layers: int | None = None, tied: bool = False) -> str:
+def save_checkpoint(path: Path, chat_template: bool = True, layers: int | None = None, tied: bool = False,
+                    vocab: int | None = None) -> str:
     """A small Llama (the tiny preset's shape, random weights; ``layers`` decoder layers instead of its 2; ``tied``:
-    the output layer shares the input embedding table) saved with save_pretrained, with ftprof's built-in tokenizer
-    (with or without its chat template) beside it."""
+    the output layer shares the input embedding table; ``vocab`` rows in that table instead of 512, the tokenizer's
+    ids staying below 512) saved with save_pretrained, with ftprof's built-in tokenizer (with or without its chat
+    template) beside it."""
     import copy
 
     import torch
@@ -74,6 +76,7 @@ def save_checkpoint(path: Path, chat_template: bool = True, layers: int | None =
     config.name_or_path = str(path)
     config.num_hidden_layers = layers or config.num_hidden_layers
     config.tie_word_embeddings = tied
+    config.vocab_size = vocab or config.vocab_size
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer = copy.deepcopy(build_tokenizer())
     if not chat_template:

@@ -165,6 +165,9 @@ def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: fl
         layer_input = tokens * shape.layer_input_bytes_per_token
         activations = max(0, activations - _checkpointed_layers(probe, cand) * layer_input)
         transients += 2 * layer_input
+    if cand.option("offload_embeddings"):
+        # the next micro-batch's rows (prefetched) wait on the device during this one, in place of its token ids
+        transients += tokens * shape.layer_input_bytes_per_token
     if cand.grad_accum > 1:
         dynamic = grads + activations + transients
     else:
