@@ -21,10 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ftprof.plan import calibration  # noqa: E402
+from ftprof.results.load import OWN_TRAINER  # noqa: E402
 
 MEASUREMENTS = ROOT / "docs" / "measurements"
 SOURCES = ("*-fast-paths*-raw_summary.csv", "*-h200x2-targets-raw_summary.csv", "*-h200-methods-1b-raw_summary.csv",
-           "*-h200x2-mistral-7b-classic-raw_summary.csv", "*-h200-plan-accuracy-*-raw_summary.csv")
+           "*-h200x2-mistral-7b-classic-raw_summary.csv", "*-h200-plan-accuracy-*-raw_summary.csv",
+           "*-h200-graphs-accumulation-raw_summary.csv", "*-h200-peers-budgets-raw_summary.csv")
 # Runs of a few tokens per micro-batch (benchmarks/sweeps/host-floor.yaml): the host floor, not speed rows.
 HOST_SOURCES = ("*-h200-host-floor-raw_summary.csv",)
 MEMORY_MODELS = ("llama-8b",)  # probed here on the CPU (a 2-layer copy): about a minute per method
@@ -35,7 +37,8 @@ OUT = calibration.SHIPPED
 BEFORE_THE_OPTION = {"prefetch": False, "lora_fused_a": False, "lora_addmm": False, "compile_loss": False,
                      "compile_dequant": False, "compile_tuning": False, "compile_mode": "default",
                      "keep_dequantized": False, "dequant_kernel": "bitsandbytes", "sdpa_backend": "auto",
-                     "kbit_prepare": False, "kernels": "eager", "compile": False, "fp8_base": False}
+                     "kbit_prepare": False, "kernels": "eager", "compile": False, "fp8_base": False,
+                     "offload_checkpoints": False, "offload_embeddings": False}
 # The configuration a row measured, apart from its options (DEFAULT_KNOBS): rows equal in all of these and in their
 # options are one configuration, measured again.
 CONFIGURATION = ("device_name", "model", "method", "policy", "checkpointed_layers", "kernels", "compile", "seq_len",
@@ -79,6 +82,8 @@ def speed_row(row: dict[str, str], csv_name: str) -> dict | None:
     cfg = _config(row)
     tokens_per_s, flops = cfg.get("tokens_per_s"), cfg.get("flops_per_token")
     if cfg.get("status") != "ok" or DEVICE not in str(cfg.get("device_name")) or not tokens_per_s or not flops:
+        return None
+    if (cfg.get("trainer") or OWN_TRAINER) != OWN_TRAINER:  # a peer's run (Unsloth, the HF recipe) beside ftprof's
         return None
     compiled = bool(cfg["compile_compiled"] if cfg.get("compile_compiled") is not None else cfg.get("compile"))
     recompute, world = cfg.get("recompute_flops_per_token") or 0.0, cfg.get("world_size") or 1
