@@ -45,7 +45,8 @@ class ResolvedProfiling:
     notes: list[str]
 
 
-def resolve(cfg: ProfilingConfig, device: torch.device) -> ResolvedProfiling:
+def resolve(cfg: ProfilingConfig, device: torch.device, compiled_in_checkpoints: bool = False) -> ResolvedProfiling:
+    """What this run records. ``compiled_in_checkpoints``: compiled code runs inside activation checkpoints."""
     notes: list[str] = []
     acts = ["cpu"] + (["cuda"] if device.type == "cuda" else []) if cfg.prof_activities == "auto" \
         else list(cfg.activities())
@@ -60,7 +61,18 @@ def resolve(cfg: ProfilingConfig, device: torch.device) -> ResolvedProfiling:
     if snapshot and device.type != "cuda":
         snapshot = False
         notes.append("--prof-memory-snapshot skipped: the CUDA allocator snapshot needs a CUDA device")
+    elif snapshot and compiled_in_checkpoints and _history_breaks_checkpointed_compile():
+        snapshot = False
+        notes.append("--prof-memory-snapshot skipped: from torch 2.11 recording the allocator history fails compiled "
+                     "code inside activation checkpoints (pytorch/pytorch#179536, 'returned NULL without setting an "
+                     "exception'; an H200 run of QLoRA, full checkpointing, --compile died so); run it without "
+                     "--compile or without checkpointing to see the peak")
     return ResolvedProfiling(acts, shapes, stack, memory, cfg.prof_memory_timeline, snapshot, notes)
+
+
+def _history_breaks_checkpointed_compile() -> bool:
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    return (major, minor) >= (2, 11)
 
 
 class TorchProfiler:
@@ -76,7 +88,7 @@ class TorchProfiler:
         self.rank = rank
         self.log = log
         self.metadata = metadata or {}
-        self.settings = resolve(cfg, device)
+        self.settings = resolve(cfg, device, bool(self.metadata.get("compile") and self.metadata.get("checkpointing")))
         self._schedule = schedule(wait=cfg.prof_wait_steps, warmup=cfg.prof_warmup_steps,
                                   active=cfg.prof_active_steps, repeat=1)
         self._prof: profile | None = None
