@@ -6,7 +6,7 @@
 #   benchmarks/plan_accuracy.sh budgets OUT
 #       ftprof plan for QLoRA within 12 GiB and LoRA within 24 GiB, each with --verify 2: the picks, run under
 #       the cap, predicted against measured
-#   MODEL=llama-8b BUDGETS="24:5 16:3" [TRAIN=1] benchmarks/plan_accuracy.sh top5 OUT
+#   MODEL=llama-8b BUDGETS="24:5 16:3" [BATCH=4 SEQ=2048 TRAIN=1] benchmarks/plan_accuracy.sh top5 OUT
 #       issue 38's targets as a user meets them (the machine's own calibration store learning as runs finish):
 #       ftprof plan all timed alone the first time (probe included), then each GIB:K, --verify K (with TRAIN=1 the
 #       first budget runs the one command from budget to training instead: --train, the top K timed, the full run
@@ -33,13 +33,13 @@ case $phase in
       --plan-dir runs/plan-lora-24 > runs/plan-lora-24.log 2>&1 ;;
   top5)
     model=${MODEL:-llama-8b}; budgets=(${BUDGETS:-24:5 16:3})
-    shape=(--model "$model" --batch-size 4 --seq-len 2048 --device cuda)
+    shape=(--model "$model" --batch-size "${BATCH:-4}" --seq-len "${SEQ:-2048}" --device cuda)
     /usr/bin/time -f "plan wall %e s" python3 -m ftprof plan all "${shape[@]}" --memory-limit-gib "${budgets[0]%%:*}" \
       --plan-dir runs/plan-time > runs/plan-time.log 2>&1
     for budget_k in "${budgets[@]}"; do
       gib=${budget_k%%:*}; k=${budget_k#*:}
       t=$(( $(left) - 25 )); [ "$t" -gt 60 ] || break
-      dir=runs/plan-$model-${gib}g
+      dir=runs/plan-$model-${BATCH:-4}x${SEQ:-2048}-${gib}g
       if [ "${TRAIN:-0}" = 1 ] && [ "$budget_k" = "${budgets[0]}" ]; then
         timeout -s INT "$t" python3 -m ftprof plan all "${shape[@]}" --memory-limit-gib "$gib" --plan-dir "$dir" \
           --train --verify "$k" --trial-steps 7 --max-steps 20 --output-dir "runs/train-$model-${gib}g" > "$dir.log" 2>&1

@@ -116,6 +116,9 @@ DECLARED: tuple[Declared, ...] = (
     Declared("compile_mode", "model", frozenset({"speed"}), "default", needs=(_COMPILED,),
              refuse=frozenset({"needs"}), cuda_values=("reduce-overhead", "max-autotune"), word="compile",
              planner_values=("default", "reduce-overhead"),  # reduce-overhead: CUDA graphs
+             # a class of its own: CUDA graphs take the host off the step (1 x 4 QLoRA, H200: 16,632 tokens/s with
+             # them; the default mode's rate stood in for them and the reverse, 2026-12-03)
+             speed_class=True,
              # CUDA graphs under full or selective checkpointing: 9,268 tokens/s against 20,917 without (QLoRA,
              # H200, 2026-12-02), and QLoRA + --fp8-base + full aborted ("invalid device pointer", 2026-12-03)
              # (with micro-batches accumulating they once failed in the first step: autograd adopted a graph output

@@ -101,9 +101,30 @@ class Planner:
         rate = calibration.speed_rate(self.target.device_name, other, flops_per_token, micro_tokens,
                                       records=self.records, knobs=knobs)
         if rate is None:
-            return None
+            return self._kernels_stand_in(key, flops_per_token, micro_tokens, knobs)
         return dataclasses.replace(rate, stand_in=True, source=f"{rate.source}; no {key.describe()} run: "
                                                                f"{other.policy}'s rate per executed FLOP")
+
+    def _kernels_stand_in(self, key, flops_per_token: float, micro_tokens: int, knobs: dict | None):
+        """A class with speed-class options measured only with the other kernel set (Liger + FP8 + CUDA graphs,
+        say, beside eager + FP8 + CUDA graphs): that class's rate times this kernel set's against the other's
+        without the options."""
+        if not key.options:
+            return None
+        other = "eager" if key.kernels == "liger" else "liger"
+
+        def rate_of(k):
+            return calibration.speed_rate(self.target.device_name, k, flops_per_token, micro_tokens,
+                                          records=self.records, knobs=knobs)
+
+        twin, mine, theirs = (rate_of(dataclasses.replace(key, kernels=other)), rate_of(key.base),
+                              rate_of(dataclasses.replace(key.base, kernels=other)))
+        if twin is None or mine is None or theirs is None:
+            return None
+        share = mine.flops_per_s / theirs.flops_per_s
+        return dataclasses.replace(twin, flops_per_s=twin.flops_per_s * share, stand_in=True,
+                                   source=f"{twin.source}; no {key.describe()} run: x{share:.2f}, {key.kernels} "
+                                          f"against {other} for {key.base.describe()}")
 
     def _selective_stand_in(self, key, flops_per_token: float, micro_tokens: int, knobs: dict | None):
         """This class's none rate times selective / none of the nearest class (same method) that has both."""

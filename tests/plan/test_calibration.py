@@ -150,7 +150,7 @@ def test_the_nearest_configuration_of_the_same_device_and_class_sets_the_rate():
         _record("llama-1b", flops=5.4e9, rate=3e14),
         _record(rate=9e14, key=ClassKey("qlora", "none", "liger", True)),  # other kernels: never used
         _record(rate=8e14, device="NVIDIA H100 80GB HBM3"),  # another GPU
-        _record(rate=4e14, knobs={"compile_mode": "reduce-overhead"}),  # off defaults beside default runs
+        _record(rate=4e14, knobs={"compile_tuning": True}),  # off defaults beside default runs
     ]
     rate = calibration.speed_rate(H200, QLORA_COMPILED, 3.0e10, 8192, records=records)
     assert (rate.flops_per_s, rate.runs) == (5.2e14, 3)
@@ -159,7 +159,18 @@ def test_the_nearest_configuration_of_the_same_device_and_class_sets_the_rate():
     small = calibration.speed_rate(H200, QLORA_COMPILED, 6e9, 4096, records=records)  # nearer the 1B model
     assert small.flops_per_s == 3e14 and "(llama-1b qlora none eager compiled, 8192 tokens" in small.source
     tuned = calibration.speed_rate(H200, QLORA_COMPILED, 3e10, 8192, records=records[-1:])
-    assert tuned.flops_per_s == 4e14 and tuned.source.endswith("off defaults: compile_mode=reduce-overhead)")
+    assert tuned.flops_per_s == 4e14 and tuned.source.endswith("off defaults: compile_tuning=True)")
+
+
+def test_cuda_graph_runs_are_a_speed_class_of_their_own():
+    """CUDA graphs take the host off the step: a default-mode run never stands in for them, nor they for it (a
+    reduce-overhead 1 x 4 rate gave the default mode's host-bound 1 x 4 row 16,632 tokens/s)."""
+    graphs = dataclasses.replace(QLORA_COMPILED, options=(("compile_mode", "reduce-overhead"),))
+    records = [_record(rate=5e14), _record(rate=6e14, knobs={"compile_mode": "reduce-overhead"})]
+    assert [calibration.class_key(r) for r in records] == [QLORA_COMPILED, graphs]
+    assert calibration.speed_rate(H200, QLORA_COMPILED, 3e10, 8192, records=records[:1] + records[1:]).flops_per_s \
+        == 5e14
+    assert calibration.speed_rate(H200, graphs, 3e10, 8192, records=records).flops_per_s == 6e14
 
 
 def test_fp8_base_runs_are_a_speed_class_of_their_own():
