@@ -13,7 +13,8 @@ optimizer's share, small GEMMs' lower efficiency), a share of the measured step 
 2 x 2048 x 2 against 4 x 2048): 5% compiled (QLoRA, no checkpointing, Liger: 14,682 tokens/s measured, 14,649
 predicted), 35% eager (QLoRA, full checkpointing: 6,397 against 8,617 at 4 x 2048; eager kernels are short enough
 at half the micro-batch for launches to show). The store replaces the assumption once it holds the class at that
-micro-batch.
+micro-batch, and where it holds the class and model at two micro-batch sizes, their line gives the fixed share
+instead (calibration._fixed_share: QLoRA's per-micro-batch dequantization made it 25% at 2,048 tokens).
 """
 
 from __future__ import annotations
@@ -102,8 +103,9 @@ def at_micro_batch(rate, micro_batch_tokens: int, compiled: bool):
     ref = rate.micro_batch_tokens
     if not ref or ref == micro_batch_tokens:
         return rate
-    overhead = MICRO_BATCH_OVERHEAD[bool(compiled)]
+    measured = rate.fixed_share is not None
+    overhead = rate.fixed_share if measured else MICRO_BATCH_OVERHEAD[bool(compiled)]
     scale = 1.0 / ((1 - overhead) + overhead * ref / micro_batch_tokens)
-    note = (f"; at {micro_batch_tokens:,} tokens/micro-batch x{scale:.2f} (a {overhead:.0%} per-micro-batch "
-            f"overhead {'compiled' if compiled else 'eager'}, from two H200 runs)")
+    why = "this class measured at two sizes" if measured else f"{'compiled' if compiled else 'eager'}, two H200 runs"
+    note = f"; at {micro_batch_tokens:,} tokens/micro-batch x{scale:.2f} ({overhead:.0%} of a micro-batch fixed: {why})"
     return replace(rate, flops_per_s=rate.flops_per_s * scale, source=rate.source + note)

@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 import ftprof
-from ftprof.plan import calibration
+from ftprof.plan import calibration, speed
 from ftprof.plan.calibration import ClassKey, Factor
 from tests.conftest import tiny_config
 
@@ -160,6 +160,25 @@ def test_the_nearest_configuration_of_the_same_device_and_class_sets_the_rate():
     assert small.flops_per_s == 3e14 and "(llama-1b qlora none eager compiled, 8192 tokens" in small.source
     tuned = calibration.speed_rate(H200, QLORA_COMPILED, 3e10, 8192, records=records[-1:])
     assert tuned.flops_per_s == 4e14 and tuned.source.endswith("off defaults: compile_tuning=True)")
+
+
+def test_two_micro_batch_sizes_of_a_class_give_its_fixed_share_per_micro_batch():
+    """A micro-batch's time is a fixed part plus one per token (QLoRA dequantizes every weight per micro-batch): from
+    runs of one class and model at two sizes the line through their times answers a third size, where a flat 5%
+    predicted 16,606 tokens/s for a 1 x 8 that ran 13,405 (H200, 2026-12-03)."""
+    fixed, per_token, flops = 0.031, 0.045 / 1024, 3.35e10  # seconds per micro-batch, per token
+
+    def at(tokens):  # a run at ``tokens`` per micro-batch on that line: FLOP/s per GPU
+        return _record(tokens=tokens, rate=tokens * flops / (fixed + per_token * tokens))
+
+    records = [at(2048), at(4096)]
+    rate = calibration.speed_rate(H200, QLORA_COMPILED, flops, 2048, records=records)
+    assert rate.micro_batch_tokens == 2048 and rate.fixed_share == pytest.approx(fixed / (fixed + per_token * 2048))
+    moved = speed.at_micro_batch(rate, 1024, compiled=True)
+    assert moved.flops_per_s == pytest.approx(at(1024)["flops_per_s"]) and "measured at two sizes" in moved.source
+    alone = calibration.speed_rate(H200, QLORA_COMPILED, flops, 2048, records=records[:1])
+    assert alone.fixed_share is None  # one size: the default share
+    assert speed.at_micro_batch(alone, 1024, compiled=True).flops_per_s > moved.flops_per_s
 
 
 def test_cuda_graph_runs_are_a_speed_class_of_their_own():
