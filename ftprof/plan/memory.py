@@ -126,11 +126,26 @@ def activations_fixed(probe: ProbeResult, cand: Candidate) -> float:
                + (probe.layers - checkpointed) * layer.activations_fixed["none"])
 
 
-def transient_bytes(probe: ProbeResult, cand: Candidate, shape: Shape) -> int:
+# Liger's fused linear cross entropy works through the logits in chunks of about tokens x hidden values (its chunk
+# rows are tokens / ceil(vocab / hidden)), upcast and differentiated in fp32: measured 0.83-0.85 GiB above the saved
+# activations for mistral-7b QLoRA at 4 x 2048 (H200, partial checkpointing, where no recomputed layer outweighs it),
+# 13.6 times the 64 MiB of one layer input
+FUSED_LOSS_WORKSET = 13.6
+OFFLOADED_SHARE = 0.92  # of the checkpointed layers' inputs, what --offload-checkpoints takes off the peak (measured)
+
+
+def transient_bytes(probe: ProbeResult, cand: Candidate, shape: Shape, freed: int = 0) -> int:
+    """What the backward holds above the saved activations at its peak: the loss's logits gradients, or the layer
+    being recomputed. ``freed``: the saved activations the backward has already released when the first
+    recomputation starts (those of the layers partial checkpointing leaves unchecked, the last ones: backward
+    reaches them first)."""
     from ftprof.models.kernels import fuses_loss
 
     tokens = cand.batch_size * shape.seq_len
-    logits = 0 if fuses_loss(cand.kernels) else logits_gradient_bytes(tokens, shape.vocab)
+    if fuses_loss(cand.kernels):  # Liger's fused loss: its chunks' working set, about a fixed multiple of the input
+        logits = int(FUSED_LOSS_WORKSET * tokens * shape.layer_input_bytes_per_token)
+    else:
+        logits = logits_gradient_bytes(tokens, shape.vocab)
     if compiled_loss(cand, shape):
         # one logits-sized gradient in the run dtype: 1.86-1.87 GiB above the other parts on an H200 (llama-8b,
         # 4 x 2048, vocab 128,256: 1.96 GiB of bf16 logits), compiled with and without checkpointing
@@ -142,8 +157,10 @@ def transient_bytes(probe: ProbeResult, cand: Candidate, shape: Shape) -> int:
         if quantized:
             recompute += probe.linear_bytes  # the layer's 4-bit weights dequantized to the run dtype
     # The loss backward runs first and is done before any layer is recomputed: the two never coexist (measured on
-    # an H200, QLoRA full checkpointing: the peak above the other parts was the logits gradients alone).
-    return max(logits, recompute)
+    # an H200, QLoRA full checkpointing: the peak above the other parts was the logits gradients alone). Under
+    # partial checkpointing the unchecked layers' activations are gone by the first recomputation (mistral-7b QLoRA,
+    # full on 19 of 32, H200: 0.0-0.85 GiB above the activations measured, 1.41 predicted without this).
+    return max(logits, recompute - freed)
 
 
 def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: float = 1.0,
@@ -156,14 +173,17 @@ def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: fl
     unchecked = 0 if cand.checkpointing == "none" else probe.layers - _checkpointed_layers(probe, cand)
     rest = unchecked * (probe.per_layer.activations["none"] * tokens + probe.per_layer.activations_fixed["none"])
     rest = min(rest, probed)
-    activations = int((probed - rest) * factor + rest * (factor if rest_factor is None else rest_factor))
-    transients = transient_bytes(probe, cand, shape)
+    rest_saved = int(rest * (factor if rest_factor is None else rest_factor))
+    activations = int((probed - rest) * factor) + rest_saved
+    transients = transient_bytes(probe, cand, shape, freed=rest_saved)
     if cand.checkpointing == "full" and cand.option("offload_checkpoints"):
         # --offload-checkpoints: the checkpointed layers' inputs wait in host memory; two of them are back on the
         # device during backward (double buffering). Measured on an H200, llama-8b QLoRA 4 x 2048: 10.30 -> 8.57
-        # GiB peak allocated, against 1.88 GiB this accounting removes.
+        # GiB peak allocated, 1.73 GiB, against the 1.88 GiB of inputs: OFFLOADED_SHARE of them leave the peak
+        # (all of them left it 1.7-3.5% under three measured peaks)
         layer_input = tokens * shape.layer_input_bytes_per_token
-        activations = max(0, activations - _checkpointed_layers(probe, cand) * layer_input)
+        offloaded = int(OFFLOADED_SHARE * _checkpointed_layers(probe, cand) * layer_input)
+        activations = max(0, activations - offloaded)
         transients += 2 * layer_input
     if cand.option("offload_embeddings"):
         # the next micro-batch's rows (prefetched) wait on the device during this one, in place of its token ids
