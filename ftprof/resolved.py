@@ -57,6 +57,12 @@ class ResolvedRun:
         --checkpointing auto's choice (it tries the offload on CUDA where full checkpointing needs it)."""
         return offload_of(self.config, self.auto_choice)
 
+    @property
+    def offload_embeddings(self) -> bool:
+        """Whether the input embedding table lives in host memory: --offload-embeddings, or --checkpointing auto's
+        choice (it tries the table on CUDA where that lets a faster policy, or fewer recomputed layers, fit)."""
+        return embeddings_offloaded(self.config, self.auto_choice)
+
 
 def policy_of(cfg: RunConfig, auto_choice=None) -> tuple[str, int | None]:
     """(policy, checkpointed layers or None for all) of a configuration: under auto, the choice made for it."""
@@ -76,3 +82,9 @@ def offload_of(cfg: RunConfig, auto_choice=None) -> bool:
             raise ValueError("--checkpointing auto has not chosen yet (preflight chooses before the model loads)")
         return auto_choice.policy == "full" and bool(getattr(auto_choice, "offload", False))
     return bool(cfg.model.offload_checkpoints)
+
+
+def embeddings_offloaded(cfg: RunConfig, auto_choice=None) -> bool:
+    """Whether a configuration keeps the input embedding table in host memory: asked, or auto's choice."""
+    chosen = cfg.model.checkpointing == "auto" and bool(getattr(auto_choice, "host_embeddings", False))
+    return bool(cfg.model.offload_embeddings) or chosen

@@ -77,7 +77,7 @@ def build(resolved: ResolvedRun, memory: MemoryTracker, log: Callable[[str], Non
         model = strategy.load(LoadContext(cfg, resolved.source, resolved.device, dtype, tokenizer, calibration, log,
                                           defer_init=defer, policy=resolved.policy))
     with memory.stage("method_setup"):
-        host_table = _host_embedding(model, cfg, resolved.device, log)
+        host_table = _host_embedding(model, resolved, log)
         model = strategy.apply(model, cfg)
         autocast = precision(model, resolved.device_type, dtype, strategy.uses_lora and not cfg.method.kbit_prepare)
         if hasattr(model, "config"):
@@ -123,12 +123,12 @@ def _say_offloaded(model, resolved: ResolvedRun, log: Callable[[str], None]) -> 
         log(f"--offload-checkpoints: {len(offload.offloaded_layers(model))} layer inputs kept in pinned host memory")
 
 
-def _host_embedding(model, cfg, device: torch.device,
-                    log: Callable[[str], None]) -> host_embedding.HostEmbedding | None:
-    """--offload-embeddings: the input table moved to host memory, before PEFT wraps the model."""
-    if not cfg.model.offload_embeddings:
+def _host_embedding(model, resolved: ResolvedRun, log: Callable[[str], None]) -> host_embedding.HostEmbedding | None:
+    """--offload-embeddings (or auto's choice of it): the input table moved to host memory, before PEFT wraps the
+    model."""
+    if not resolved.offload_embeddings:
         return None
-    moved = host_embedding.move_to_host(model, device)
+    moved = host_embedding.move_to_host(model, resolved.device)
     if moved is None:
         log("--offload-embeddings: the input embedding stays on the device (the output layer shares its table, or "
             "it does more than a gather): nothing to save")

@@ -25,6 +25,8 @@ from ftprof.results.parts import AutoChoice, Prediction
 
 OFFLOAD = "offload_checkpoints"
 OFFLOAD_WORDS = "with --offload-checkpoints (the checkpointed layers' inputs wait in pinned host memory)"
+EMBED = "offload_embeddings"
+EMBED_WORDS = "with --offload-embeddings (the input embedding table in host memory)"
 
 
 def margin_for(available: int) -> int:
@@ -41,22 +43,41 @@ def fewest_layers(planner: Planner, cand: Candidate, budget: int) -> int | None:
     return None
 
 
-def with_offload(cand: Candidate) -> Candidate:
-    """``cand`` with --offload-checkpoints on (the options stay sorted, as of_config makes them)."""
-    return dataclasses.replace(cand, options=tuple(sorted({**dict(cand.options), OFFLOAD: True}.items())))
+def with_offload(cand: Candidate, name: str = OFFLOAD) -> Candidate:
+    """``cand`` with --offload-checkpoints (or another memory option ``name``) on, the options sorted as of_config
+    makes them."""
+    return dataclasses.replace(cand, options=tuple(sorted({**dict(cand.options), name: True}.items())))
 
 
-def offload_applies(planner: Planner, cand: Candidate) -> bool:
-    """Whether auto tries --offload-checkpoints for ``cand``: on a CUDA target (the declaration's planner_devices:
-    on the CPU the offload is a plain copy), not already on, and refused by nothing the run has (FSDP, a compile
-    mode with CUDA graphs: config/declarations.py)."""
-    d = declarations.BY_NAME[OFFLOAD]
-    if planner.target.device_name == "cpu" or "cuda" not in d.planner_devices or cand.option(OFFLOAD):
+def offload_applies(planner: Planner, cand: Candidate, name: str = OFFLOAD) -> bool:
+    """Whether auto tries the memory option ``name`` (--offload-checkpoints, --offload-embeddings) for ``cand``: on
+    a CUDA target (the declaration's planner_devices: on the CPU host memory is the device's), not already on,
+    applying to it (the embedding table only where it is not tied to the output layer), and refused by nothing the
+    run has (FSDP, several processes, a compile mode with CUDA graphs: config/declarations.py)."""
+    d = declarations.BY_NAME[name]
+    if planner.target.device_name == "cpu" or "cuda" not in d.planner_devices or cand.option(name):
+        return False
+    if name == EMBED and not planner.host_embedding_bytes:
         return False
     values = {**planner.cfg.declared_values(), **dict(cand.options), "method": cand.method, "kernels": cand.kernels,
-              "compile": cand.compile, "checkpointing": "full", declarations.SHARDED: planner.target.shards}
-    without = set(declarations.problems({**values, OFFLOAD: False}))
-    return not set(declarations.problems({**values, OFFLOAD: True})) - without
+              "compile": cand.compile, "checkpointing": cand.checkpointing,
+              declarations.SHARDED: planner.target.shards, declarations.SEVERAL: planner.target.world_size > 1}
+    if not d.applies({**values, name: True}):
+        return False
+    without = set(declarations.problems({**values, name: False}))
+    return not set(declarations.problems({**values, name: True})) - without
+
+
+def memory_variants(planner: Planner, cand: Candidate, names: tuple[str, ...]) -> list[Candidate]:
+    """``cand``, then with each applicable memory option of ``names`` on, then with all of them."""
+    names = tuple(n for n in names if offload_applies(planner, cand, n))
+    out = [cand] + [with_offload(cand, n) for n in names]
+    if len(names) > 1:
+        both = cand
+        for n in names:
+            both = with_offload(both, n)
+        out.append(both)
+    return out
 
 
 def auto_policy(planner: Planner, cand: Candidate, available: int) -> tuple[Candidate, Prediction, AutoChoice,
@@ -69,8 +90,7 @@ def auto_policy(planner: Planner, cand: Candidate, available: int) -> tuple[Cand
     by_policy = {p: dataclasses.replace(cand, checkpointing=p, checkpoint_layers=None)
                  for p in POLICIES}
     predicted = {p: planner.predict(c) for p, c in by_policy.items()}
-    chosen = next(((by_policy[p], predicted[p], why) for p, why in (("none", ""), ("selective", "none did not"))
-                   if predicted[p].peak_bytes <= budget), None) or best_full(planner, by_policy["full"], budget)
+    chosen = _without_recomputation(planner, by_policy, budget) or best_full(planner, by_policy["full"], budget)
     if chosen is not None:
         choice, pred, why = chosen
         head = choice.checkpointing if choice.checkpointing != "full" else describe_full(choice, planner.layer_count)
@@ -85,17 +105,29 @@ def auto_policy(planner: Planner, cand: Candidate, available: int) -> tuple[Cand
     return least, predicted["full"], _record(least, reason, predicted, available, margin), False
 
 
+def _without_recomputation(planner: Planner, by_policy: dict[str, Candidate],
+                           budget: int) -> tuple[Candidate, Prediction, str] | None:
+    """none, else selective, that fits: each as asked, else with the embedding table in host memory."""
+    for policy, why in (("none", ""), ("selective", "none did not")):
+        for way in memory_variants(planner, by_policy[policy], (EMBED,)):
+            pred = planner.predict(way)
+            if pred.peak_bytes <= budget:
+                return way, pred, why + ("; " if why else "") + (f"only {EMBED_WORDS}" if way.option(EMBED) else "")
+    return None
+
+
 def describe_full(choice: Candidate, layer_count: int) -> str:
     """"full", "full on 2 of 32 layers", each "... with --offload-checkpoints (...)" where the offload is on."""
     out = "full" if choice.checkpoint_layers is None else f"full on {choice.checkpoint_layers} of {layer_count} layers"
-    return f"{out} {OFFLOAD_WORDS}" if choice.option(OFFLOAD) else out
+    out = f"{out} {OFFLOAD_WORDS}" if choice.option(OFFLOAD) else out
+    return f"{out} {EMBED_WORDS}" if choice.option(EMBED) else out
 
 
 def full_ways(planner: Planner, full: Candidate, budget: int) -> list[tuple[Candidate, Prediction]]:
-    """Each way full checkpointing fits ``budget``: on the fewest layers that fit, else on every layer; without the
-    offload, then (where auto may try it) with it."""
+    """Each way full checkpointing fits ``budget``: on the fewest layers that fit, else on every layer; as asked,
+    then (where auto may try them) with the layer inputs, the embedding table or both in host memory."""
     out = []
-    for base in [full] + ([with_offload(full)] if offload_applies(planner, full) else []):
+    for base in memory_variants(planner, full, (OFFLOAD, EMBED)):
         layers = fewest_layers(planner, base, budget)
         choice = base if layers is None else dataclasses.replace(base, checkpoint_layers=layers)
         pred = planner.predict(choice)
@@ -115,12 +147,12 @@ def best_full(planner: Planner, full: Candidate, budget: int) -> tuple[Candidate
     def key(way: tuple[Candidate, Prediction]) -> tuple:
         c, p = way
         return (-(p.tokens_per_s or 0.0) if timed else 0.0, c.checkpoint_layers or planner.layer_count,
-                bool(c.option(OFFLOAD)))
+                bool(c.option(OFFLOAD)) + bool(c.option(EMBED)), bool(c.option(OFFLOAD)))
 
     choice, pred = min(ways, key=key)
     why = "none and selective did not" if choice.checkpoint_layers is not None else "faster policies did not"
-    if choice.option(OFFLOAD):
-        plain = next((c for c, _ in ways if not c.option(OFFLOAD)), None)
+    if choice.option(OFFLOAD) or choice.option(EMBED):
+        plain = next((c for c, _ in ways if not c.option(OFFLOAD) and not c.option(EMBED)), None)
         if plain is None:
             why += "; without the offload full does not fit"
         else:
@@ -136,7 +168,8 @@ def _record(choice: Candidate, reason: str, predicted: dict[str, Prediction], av
                       {p: v.peak_bytes for p, v in predicted.items()},
                       {p: v.activation_bytes / max(1, _tokens(v)) for p, v in predicted.items()},
                       predicted["none"].static_bytes, available, margin,
-                      max(0, predicted["full"].transient_bytes), offload=bool(choice.option(OFFLOAD)))
+                      max(0, predicted["full"].transient_bytes), offload=bool(choice.option(OFFLOAD)),
+                      host_embeddings=bool(choice.option(EMBED)))
 
 
 def _tokens(pred: Prediction) -> int:

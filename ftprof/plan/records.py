@@ -39,8 +39,11 @@ def run_record(run_dir: str | Path) -> dict | None:
         return None
     raw_config = _read_json(run_dir / files.CONFIG)
     cfg = config_options(raw_config)
-    if (result.get("checkpointing_auto") or {}).get("offload"):  # --checkpointing auto chose the offload: it ran so
+    auto = result.get("checkpointing_auto") or {}
+    if auto.get("offload"):  # --checkpointing auto chose the offload: it ran so
         cfg["offload_checkpoints"] = True
+    if auto.get("host_embeddings"):  # and the embedding table in host memory
+        cfg["offload_embeddings"] = True
     env = _read_json(run_dir / files.ENV)
     compiled = bool((result.get("compile") or {}).get("compiled", cfg.get("compile", False)))
     kernels = cfg.get("kernels") or "eager"

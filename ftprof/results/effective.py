@@ -186,10 +186,12 @@ def effective_frame(df):
     for name, mask in inapplicable_masks(df).items():
         if name in df and mask.any():
             df[name] = df[name].where(~mask, None)
-    auto = _is(df, "checkpointing", ("auto",))  # config.json says auto: the offload is what auto chose
-    chose = _auto_offload(df) if auto.any() else None
-    if chose is not None and ("offload_checkpoints" in df or (chose[auto] == True).any()):  # noqa: E712
-        df["offload_checkpoints"] = _column(df, "offload_checkpoints").where(~auto, chose)
+    auto = _is(df, "checkpointing", ("auto",))  # config.json says auto: the offloads are what auto chose
+    for option, key in (("offload_checkpoints", "offload"), ("offload_embeddings", "host_embeddings")):
+        chose = _auto_chose(df, key) if auto.any() else None
+        if chose is not None and (option in df or (chose[auto] == True).any()):  # noqa: E712
+            asked = _column(df, option).map(lambda v: normalize_value("bool", v) is True)  # the table: also asked
+            df[option] = _column(df, option).where(~auto, chose.where(~asked, True))
     df["world_size"] = _normalize_column(_world_size(df), "int")
     if TRAINER in df:  # a row without one (an older reader's, a planted row) is ftprof's own loop
         df[TRAINER] = df[TRAINER].map(lambda v: OWN_TRAINER if _missing(v) or not str(v).strip() else str(v))
@@ -205,13 +207,14 @@ def _checkpointing_policy(df):
     return given.where(given.map(lambda v: not _missing(v)), implied).astype(object)
 
 
-def _auto_offload(df):
-    """Under --checkpointing auto: whether auto chose --offload-checkpoints (result.json's checkpointing_auto; a
-    record from before the choice existed: False), None where no choice was recorded (a run that never started)."""
+def _auto_chose(df, key: str):
+    """Under --checkpointing auto: whether auto chose the memory option result.json's checkpointing_auto records as
+    ``key`` (offload: --offload-checkpoints, host_embeddings: --offload-embeddings; a record from before the choice
+    existed: False), None where no choice was recorded (a run that never started)."""
     import pandas as pd
 
     chose = _column(df, "checkpointing_auto_policy").map(lambda v: not _missing(v) and bool(v))
-    offload = _column(df, "checkpointing_auto_offload").map(lambda v: normalize_value("bool", v) is True)
+    offload = _column(df, f"checkpointing_auto_{key}").map(lambda v: normalize_value("bool", v) is True)
     return pd.Series([bool(o) if c else None for c, o in zip(chose, offload, strict=True)], index=df.index,
                      dtype=object)
 

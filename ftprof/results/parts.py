@@ -139,6 +139,7 @@ class AutoChoice(Record):
     margin_bytes: int = 0
     kept_weight_bytes: int = 0  # QLoRA under full: the recomputed layer's dequantized weights (in the full estimate)
     offload: bool = False  # under full: --offload-checkpoints chosen too (CUDA only; files without the key: False)
+    host_embeddings: bool = False  # --offload-embeddings chosen too (CUDA only; files without the key: False)
 
 
 @dataclass
