@@ -10,7 +10,9 @@ host memory: less device memory, so fewer layers may need recomputing). The spee
 speed (same class and FLOPs; 11,385 tokens/s with it, 11,383 without, on an H200; only runs of it in the calibration
 store, preferred as the candidate's own options, could move its rate), so in practice the offload is taken where it
 lets fewer layers be recomputed, or where only it fits. On the CPU the offload is a plain copy (its declaration's
-``planner_devices``): auto does not try it there.
+``planner_devices``): auto does not try it there. ``--offload-embeddings`` (the input embedding table in host memory)
+is tried the same way, and before that with none and selective: a policy that recomputes nothing wins over one that
+does wherever the table's gigabyte is the difference (llama-8b: 1.0 GiB).
 """
 
 from __future__ import annotations
