@@ -30,7 +30,6 @@ ON = "on"  # in ``When.values``: any value that is on (True, or a set non-empty 
 EFFECTS = frozenset({"speed", "activations", "weights", "numerics"})
 # Derived facts the checks read beside the options (RunConfig.declared_values computes them).
 SHARDED = "fsdp_shards"  # FSDP shards the model: --parallel fsdp over several processes or with CPU offload
-ACCUMULATING = "accumulating"  # more than one micro-batch per optimizer step (--grad-accum > 1)
 SEVERAL = "several_processes"  # more than one training process (DDP or FSDP over several GPUs)
 METHOD_NAMES = {"full": "full", "lora": "LoRA", "qlora": "QLoRA", "gptq-lora": "GPTQ-LoRA"}
 
@@ -58,7 +57,6 @@ class Excludes:
 
     when: When
     message: str
-    values: tuple = ()  # the values of this option it excludes (empty: every on value)
 
 
 @dataclass(frozen=True)
@@ -195,7 +193,7 @@ def _flag_with_value(d: Declared, value: Any) -> str:
 
 
 def _other_flag(name: str) -> str:
-    derived = {SHARDED: "FSDP", ACCUMULATING: "--grad-accum above 1", SEVERAL: "several processes"}
+    derived = {SHARDED: "FSDP", SEVERAL: "several processes"}
     return derived.get(name, "--" + name.replace("_", "-"))
 
 
@@ -228,8 +226,6 @@ def problems(values: Mapping[str, Any], sections: tuple[str, ...] | None = None)
         if not is_on(value):  # an option that is off excludes nothing
             continue
         for ex in d.excludes:
-            if ex.values and value not in ex.values:
-                continue
             if ex.when.option in values and ex.when.holds(values):
                 out.append(ex.message.format(flag=_flag_with_value(d, value), other=_other_flag(ex.when.option)))
                 break

@@ -60,7 +60,6 @@ class RunConfig:
         d = self.distributed
         values = {k: v for section in SECTIONS for k, v in dataclasses.asdict(getattr(self, section)).items()}
         values[declarations.SHARDED] = d.parallel == "fsdp" and (d.world_size > 1 or d.fsdp_cpu_offload)
-        values[declarations.ACCUMULATING] = self.train.grad_accum > 1
         values[declarations.SEVERAL] = d.world_size > 1
         return values
 

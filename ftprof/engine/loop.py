@@ -91,7 +91,7 @@ def train_step(cfg: RunConfig, built: Built, device: torch.device, memory: Memor
     accum = cfg.train.grad_accum
     loss_sum = torch.zeros((), device=device)
     tokens = real = 0
-    if accum > 1 and _replays_graphs(built):
+    if _keeps_gradients(cfg, built):
         _own_gradients(built.params)
     for micro in range(accum):
         batch, n, r = feed.take()
@@ -128,13 +128,14 @@ def optimizer_step(cfg: RunConfig, built: Built, memory: MemoryTracker, first: F
             built.scheduler.step()  # sets each parameter group's lr for the next step (Python floats)
         if is_first:  # gradients and optimizer state both exist now: the one moment to size them
             first.after_optimizer_step(built.model, built.optimizer)
-        # with CUDA graphs and micro-batches accumulating, the gradients stay allocated (see _own_gradients)
-        built.optimizer.zero_grad(set_to_none=not (cfg.train.grad_accum > 1 and _replays_graphs(built)))
+        built.optimizer.zero_grad(set_to_none=not _keeps_gradients(cfg, built))
     return norm if measure_norm else None
 
 
-def _replays_graphs(built: Built) -> bool:
-    return built.compiled is not None and built.compiled.cudagraphs
+def _keeps_gradients(cfg: RunConfig, built: Built) -> bool:
+    """Whether the gradients keep buffers of their own across steps (_own_gradients): CUDA graphs replayed for
+    micro-batches that accumulate."""
+    return cfg.train.grad_accum > 1 and built.compiled is not None and built.compiled.cudagraphs
 
 
 def _own_gradients(params) -> None:

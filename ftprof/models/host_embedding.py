@@ -14,7 +14,7 @@ the host first: a sync, outside every measured step.
 
 Not a parameter. The table is a plain attribute, not a registered parameter or buffer: ``model.device`` (the first
 parameter's device, which transformers reads), ``.to()`` and DDP's start-up broadcast never see a host tensor.
-``metrics.count_params`` counts it through ``HOST_TABLE``. Tied embeddings (the output layer multiplies by the
+``metrics.count_params`` still counts it (it reads ``host_weight``). Tied embeddings (the output layer multiplies by the
 same table, e.g. Llama 3.2 1B) keep it on the device: there it is a matmul weight, and nothing would be saved.
 """
 
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-
-HOST_TABLE = "host_weight"  # the attribute metrics.count_params reads
 
 
 class HostEmbedding(nn.Module):

@@ -69,12 +69,12 @@ def of_config(cfg: RunConfig) -> Candidate:
 
 
 def option_sets(method: str, kernels: str, compiled: bool, cuda: bool, capability: tuple | None,
-                policy: str = "none", accumulating: bool = False) -> list[tuple]:
-    """Every combination of the declared candidate options for a (method, kernels, compile, checkpointing policy,
-    whether micro-batches accumulate) on this target: the values each option applies with, combinations the
+                policy: str = "none") -> list[tuple]:
+    """Every combination of the declared candidate options for a (method, kernels, compile, checkpointing policy) on
+    this target: the values each option applies with, combinations the
     declarations refuse or the planner avoids left out."""
     values = {"method": method, "kernels": kernels, "compile": compiled, "checkpointing": policy,
-              declarations.SHARDED: False, declarations.ACCUMULATING: accumulating, declarations.SEVERAL: False}
+              declarations.SHARDED: False, declarations.SEVERAL: False}
     choices = []
     for d in declarations.planner_options(values, capability if cuda else None):
         if ("cuda" if cuda else "cpu") not in d.planner_devices:
@@ -109,8 +109,9 @@ def enumerate_candidates(methods: list[str], layer_count: int, batch_size: int, 
             for compiled in compile_options:
                 for policy in policies:
                     layer_counts = [None] + (partial_layers(layer_count) if policy == "full" else [])
+                    sets = option_sets(method, kernels, compiled, cuda, capability, policy)
                     for micro, accum in micro_batches(batch_size, grad_accum):
-                        for options in option_sets(method, kernels, compiled, cuda, capability, policy, accum > 1):
+                        for options in sets:
                             out += [Candidate(method, policy, layers, kernels, compiled, micro, accum, options)
                                     for layers in layer_counts]
     return out

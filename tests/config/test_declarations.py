@@ -56,7 +56,7 @@ def test_every_declaration_names_a_real_field_and_effect():
         assert d.name in fields, d.name
         assert d.effects and d.effects <= declarations.EFFECTS, d.name
         for when in (*d.needs, *d.void_when, *(e.when for e in d.excludes)):
-            assert when.option in fields | {declarations.SHARDED, declarations.ACCUMULATING, declarations.SEVERAL,
+            assert when.option in fields | {declarations.SHARDED, declarations.SEVERAL,
                                             "method", "kernels",
                                             "checkpointing", "attn_implementation"}, (d.name, when.option)
 
