@@ -198,13 +198,16 @@ def nothing_fits(plan) -> str:
 def _verify(plan, sweep_path: Path, out_dir: Path, k: int, request, base: dict, console) -> int:
     from ftprof.bench import verify
     from ftprof.plan import output
+    from ftprof.results.store import write_text_atomic
 
     top = out_dir / "verify-sweep.yaml"
     top.write_text(output.sweep_yaml(plan, k, base))
     run_dirs = verify.run_top(top, out_dir / "verify")
     table, summary, rows = verify.compare(run_dirs)
     if len(table):
-        console.print(frame_table(table, "predicted against measured"))
+        console.print(frame_table(verify_view(table, run_dirs), "predicted against measured"))
+        full = write_text_atomic(out_dir / "verify.csv", table.to_csv(index=False))
+        console.print(f"with each prediction's sources: {full}")
     else:
         console.print("no run finished with a prediction")
     if len(summary):
@@ -213,6 +216,21 @@ def _verify(plan, sweep_path: Path, out_dir: Path, k: int, request, base: dict, 
     for line in failed:
         console.print(f"not ok: {line}")
     return 0 if not failed and len(table) else 1
+
+
+VERIFY_VIEW = {"rank": "#", "run": "run",
+               "predicted_memory_gib": "predicted GiB", "measured_memory_gib": "measured GiB",
+               "memory_error_pct": "memory error_pct",
+               "predicted_tokens_per_s": "predicted tokens/s", "measured_tokens_per_s": "measured tokens/s",
+               "tokens_per_s_error_pct": "tokens/s error_pct"}
+
+
+def verify_view(table, run_dirs: list[Path]):
+    """The comparison as a terminal reads it: the plan's rank, the run, predicted and measured peak and tokens/s
+    with their signed errors; the sources and device columns stay in verify.csv."""
+    ranks = {d.name: i + 1 for i, d in enumerate(run_dirs)}  # the sweep holds the plan's top K in order
+    view = table.assign(rank=table["run_name"].map(ranks))
+    return view[list(VERIFY_VIEW)].rename(columns=VERIFY_VIEW)
 
 
 def _slug(model: str) -> str:

@@ -124,3 +124,16 @@ def test_verify_tables_are_tables_not_frame_dumps():
     text = console.export_text()
     assert "0.372324" not in text and "None" not in text and "+0.4" in text and "13,843" in text
     assert cell("x_pct", -12.34) == "-12.3" and cell("runs", 3) == "3" and cell("x", float("nan")) == "-"
+
+
+def test_verify_view_keeps_rank_and_errors_and_leaves_sources_to_the_csv(tmp_path):
+    import pandas as pd
+
+    from ftprof.cli.plan import verify_view
+    from ftprof.plan.accuracy import COMPARISON_COLUMNS
+
+    row = dict.fromkeys(COMPARISON_COLUMNS) | {"run": "qlora b1", "run_name": "second", "memory_error_pct": 2.4,
+                                               "speed_source": "shipped defaults (a long source)"}
+    view = verify_view(pd.DataFrame([row], columns=COMPARISON_COLUMNS), [tmp_path / "first", tmp_path / "second"])
+    assert view.iloc[0]["#"] == 2 and view.iloc[0]["memory error_pct"] == 2.4
+    assert "speed_source" not in view and "run_name" not in view and "device_name" not in view
