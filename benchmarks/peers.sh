@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 40's peer table on one H200, from the repository root, with the GPU machine's wheels beside it
 # (../shared/tools/gpu-wheels.sh bnb hf fast peers: .whl and .whl-peers):
-#   benchmarks/peers.sh OUT     (SWEEP=benchmarks/peers-budgets.yaml: issue 39's budgets instead of peers.yaml)
+#   benchmarks/peers.sh OUT     (SWEEP=benchmarks/peers-budgets.yaml: issue 39's budgets instead of peers.yaml;
+#                               PEER_TEST=0: without the GPU test of a peer cell)
 # Installs ftprof's GPU packages and TRL into /tmp/site (bench's interpreter), Unsloth's stack into /tmp/peers with
 # an interpreter wrapper (PEERS_PYTHON) that sees only it, runs benchmarks/peers.yaml, then the GPU test of a peer
 # cell, and always ends by packing runs/ into OUT/peers.tgz. Keeps to BUDGET_S seconds; a rerun resumes the sweep.
@@ -26,7 +27,7 @@ sweep=${SWEEP:-benchmarks/peers.yaml}; name=$(basename "$sweep" .yaml)
 timeout -s INT $(( $(left) - ${TEST_S:-75} )) python3 -m ftprof bench "$sweep" --output-dir "runs/$name" \
   > "runs/bench-$name.log" 2>&1
 python3 -m ftprof report "runs/$name" --format md > "runs/report-$name.log" 2>&1
-if [ "$(left)" -gt 50 ]; then
+if [ "${PEER_TEST:-1}" = 1 ] && [ "$(left)" -gt 50 ]; then
   timeout $(( $(left) - 15 )) python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_peers.py \
     > runs/pytest-gpu-peers.log 2>&1
 fi
