@@ -25,6 +25,9 @@ POSITIONAL = {"method"}  # given as a subcommand argument, not an option
 # The names HF's example scripts (run_clm.py, TRL's sft.py) give these options, beside options.HF_ALIASES; read as
 # ours by trainer_spellings (left out of --help, which they would lengthen).
 SCRIPT_SPELLINGS = {"--model-name-or-path": "--model", "--dataset-name": "--dataset"}
+# What people type when they want the fastest configuration for their GPU: a parser's ``intent_hints`` answers them
+# with where that is, not with the nearest spelling (``--fast`` was offered ``--format``).
+FASTEST_WORDS = ("--fast", "--fastest", "--auto", "--best", "--optimize", "--optimise", "--tune", "--autotune")
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -49,6 +52,9 @@ class OneLineErrorParser(argparse.ArgumentParser):
         unknown = next((w.split("=", 1)[0] for w in words if w.startswith("--")), None)
         if unknown is None:
             return ""
+        intent = getattr(self, "intent_hints", {}).get(unknown.lower().replace("_", "-"))
+        if intent:
+            return f" ({intent})"
         known = {o for o in self._option_string_actions if o.startswith("--")}
         return did_you_mean(unknown.replace("_", "-"), known) or did_you_mean(unknown, known)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ftprof.cli.common import add_common_arguments, config_from_args, path_argument
+from ftprof.cli.common import FASTEST_WORDS, add_common_arguments, config_from_args, path_argument
 from ftprof.config import METHODS
 from ftprof.config.declarations import DECLARED
 from ftprof.errors import ConfigError
@@ -53,8 +53,13 @@ def plan_parser(subparsers) -> argparse.ArgumentParser:
                         help="where the plan's files go (default: <output-dir>/plan-<model>-s<seq>-<batch>x<accum>-"
                         "<gpu>[-<budget>g])")
     add_common_arguments(parser)
+    parser.intent_hints = dict.fromkeys(FASTEST_WORDS, FASTEST_HINT)
     parser.set_defaults(func=plan_command)
     return parser
+
+
+FASTEST_HINT = ("the plan ranks every option by predicted speed already: its top row is the fastest predicted to "
+                "fit --memory-limit-gib; --verify K times the top K, --train trains the fastest measured")
 
 
 def parse_methods(text: str) -> tuple[str, ...]:

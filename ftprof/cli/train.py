@@ -8,7 +8,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ftprof.cli.common import add_common_arguments, add_method_subparsers, config_from_args, path_argument
+from ftprof.cli.common import (
+    FASTEST_WORDS,
+    add_common_arguments,
+    add_method_subparsers,
+    config_from_args,
+    path_argument,
+)
 from ftprof.config import METHODS, SECTIONS
 from ftprof.errors import ConfigError
 
@@ -28,8 +34,11 @@ def train_parser(subparsers) -> argparse.ArgumentParser:
     everything = {f for cls in SECTIONS.values() for f in cls.__dataclass_fields__}
     add_common_arguments(parser, hidden=everything)
     subs = add_method_subparsers(parser, "train", train_command, required=False)
-    for sub in subs.values():
+    for method, sub in subs.items():
         sub.add_argument("--config", metavar="FILE", type=path_argument, default=argparse.SUPPRESS, help=CONFIG_HELP)
+        sub.intent_hints = dict.fromkeys(FASTEST_WORDS, f"ftprof train runs the options it is given; `ftprof plan "
+                                         f"{method} --train` tries every option within --memory-limit-gib and "
+                                         "trains the fastest measured")
     parser.set_defaults(func=train_command)
     return parser
 

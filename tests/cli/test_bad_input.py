@@ -112,6 +112,8 @@ def _cases(t):
         # abbreviations stand for nothing (they slipped past the repeat check); unknown options get a suggestion
         (train + ["--max-steps", "3", "--max-step", "4"], "did you mean '--max-steps'"),
         (train + ["--lora-rr", "8"], "did you mean '--lora-r'"),
+        # "the fastest for my GPU": where that is, not the nearest spelling (--fast was offered --format)
+        (["plan", "qlora", "--fast"], "top row is the fastest"), (train + ["--auto"], "--train` tries every option"),
         # repeated options, unknown options
         (["profile", "--active-steps", "2", "--prof-active-steps", "3"], "repeats"),
         (train + ["--packing", "--no-packing"], "repeats"), (train + ["--lr", "1e-3", "--lr=2e-3"], "repeats"),
