@@ -229,14 +229,19 @@ def _speed_point(record: dict) -> tuple[float, float, float] | None:
     return point if all(math.isfinite(x) and x > 0 for x in point) else None
 
 
+def _distance(row: dict, flops_per_token: float, micro_batch_tokens: int) -> float:
+    """How far a record is from what is asked: log-distance in (model FLOPs per token, micro-batch tokens)."""
+    flops, tokens, _ = _speed_point(row)
+    return math.hypot(math.log(flops / flops_per_token), math.log(tokens / micro_batch_tokens))
+
+
 def _nearest(rows: list[dict], flops_per_token: float, micro_batch_tokens: int,
              knobs: dict | None = None) -> list[dict]:
     """The rows of the configuration nearest in (log model FLOPs per token, log micro-batch tokens); among them
     those whose options match ``knobs`` (the candidate's: its compile mode, fused projections) most, then those
     with the fewest options off today's defaults."""
     def distance(row: dict) -> float:
-        flops, tokens, _ = _speed_point(row)
-        return math.hypot(math.log(flops / flops_per_token), math.log(tokens / micro_batch_tokens))
+        return _distance(row, flops_per_token, micro_batch_tokens)
 
     def matches(row: dict) -> int:
         have = row.get("knobs") or {}
@@ -272,14 +277,16 @@ def _describe(rows: list[dict], key: ClassKey) -> str:
 
 def _rate(rows: list[dict], key: ClassKey, flops_per_token: float, micro_batch_tokens: int,
           source: Callable[[list[dict], str], str], scale: float = 1.0, knobs: dict | None = None,
-          origin: str = "local") -> Rate:
+          origin: str = "local", sizes: list[dict] | None = None) -> Rate:
+    """The rate of the runs in ``rows`` nearest to what is asked; ``sizes``: the runs whose times at other
+    micro-batch sizes may give the fixed share (default ``rows``)."""
     chosen = _nearest(rows, flops_per_token, micro_batch_tokens, knobs)
     rate = statistics.median(_speed_point(r)[2] for r in chosen) * scale
     tokens = int(statistics.median(_speed_point(r)[1] for r in chosen))
     # the distance to the model size asked for; the micro-batch's own distance is priced where it is scaled
     distance = abs(math.log(_speed_point(chosen[0])[0] / flops_per_token))
     return Rate(rate, source(chosen, _describe(chosen, key)), len(chosen), tokens, origin, distance,
-                _knobs_matched(chosen, knobs), fixed_share=_fixed_share(rows, chosen))
+                _knobs_matched(chosen, knobs), fixed_share=_fixed_share(rows if sizes is None else sizes, chosen))
 
 
 def _fixed_share(rows: list[dict], chosen: list[dict]) -> float | None:
@@ -331,16 +338,35 @@ def speed_rate(device_name: str, key: ClassKey, flops_per_token: float, micro_ba
     if records is None:
         records = own_records()
     local = _matching(records, key, device_name)
-    if local:
-        return _rate(local, key, flops_per_token, micro_batch_tokens,
-                     lambda rows, what: f"local store: {_runs(len(rows))} on {device_name} ({what})", knobs=knobs)
     defaults = shipped()["speed"]
     same_device = _matching(defaults, key, device_name)
+    # This GPU's runs of the class, the machine's own and the shipped: a fixed share is the class's and model's,
+    # whoever measured the two sizes.
+    sizes = local + same_device
+    if local and not _nearer(same_device, local, flops_per_token, micro_batch_tokens):
+        return _rate(local, key, flops_per_token, micro_batch_tokens,
+                     lambda rows, what: f"local store: {_runs(len(rows))} on {device_name} ({what})", knobs=knobs,
+                     sizes=sizes)
     if same_device:
         return _rate(same_device, key, flops_per_token, micro_batch_tokens,
                      lambda rows, what: f"shipped defaults ({_shipped_origin(rows)}, {device_name}: {what})",
-                     knobs=knobs, origin="shipped")
+                     knobs=knobs, origin="shipped", sizes=sizes)
     return _scaled_rate(defaults, device_name, key, flops_per_token, micro_batch_tokens, knobs)
+
+
+NEARER_BY = 0.05  # log-distance by which shipped runs must be nearer than the local ones to answer instead
+
+
+def _nearer(shipped_rows: list[dict], local: list[dict], flops_per_token: float, micro_batch_tokens: int) -> bool:
+    """Whether the shipped rows hold a run nearer to what is asked than any local one: then they answer. Local
+    learning must not make a prediction worse: a mistral-7b plan at 2,048 tokens per micro-batch took the local
+    store's llama-8b runs at 4,096 over the shipped mistral-7b runs at 2,048, and over-predicted by 13-15% (H200,
+    2026-12-04)."""
+    if not shipped_rows:
+        return False
+    here = min(_distance(r, flops_per_token, micro_batch_tokens) for r in local)
+    there = min(_distance(r, flops_per_token, micro_batch_tokens) for r in shipped_rows)
+    return there < here - NEARER_BY
 
 
 def _scaled_rate(defaults: list[dict], device_name: str, key: ClassKey, flops_per_token: float,

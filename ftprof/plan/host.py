@@ -90,6 +90,13 @@ def _costs(rows: list[dict]) -> tuple[float | None, float | None, float | None]:
     return per_layer, (statistics.median(recomputed) if recomputed else None), full
 
 
+def _ratio(rows: list[dict], plain: float, recompute: float) -> float | None:
+    """The median of each row's host seconds over what ``plain`` and ``recompute`` (another family's costs) give
+    for its layers and recomputed layers."""
+    ratios = [_seconds(r) / (int(r["layers"]) * plain + _checkpointed(r) * recompute) for r in rows]
+    return statistics.median(ratios) if ratios else None
+
+
 def _subsets(options: tuple) -> list[tuple]:
     """The proper subsets of a family's options, largest first (the nearest families first)."""
     return [sub for size in range(len(options) - 1, -1, -1) for sub in itertools.combinations(options, size)]
@@ -113,9 +120,10 @@ def _family_costs(rows: list[dict], family: tuple) -> tuple[tuple, str]:
     if base is None:
         return own, ""
     plain, recompute, _ = costs[base]
-    anchor = next((costs[fam] for fam in nearest if costs[fam][0] is not None or costs[fam][2] is not None), own)
-    ratio = anchor[0] / plain if anchor[0] is not None else anchor[2] / (plain + recompute) \
-        if anchor[2] is not None else 1.0
+    # The family's own rows (or its nearest measured relative's), each against the base's floor for its policy: any
+    # policy answers, partial checkpointing included (FP8 eager, full on 4 and 8 of 32 layers, H200, 2026-12-04)
+    anchor = next((by_family[fam] for fam in nearest[:nearest.index(base)] if by_family.get(fam)), [])
+    ratio = _ratio(anchor, plain, recompute) or 1.0
     words = ", ".join(f"{n}={v}" for n, v in base[4]) or "no options"
     return (plain * ratio, recompute * ratio, (plain + recompute) * ratio), \
         f"; scaled x{ratio:.2f} from the family with {words}"

@@ -92,3 +92,18 @@ def test_a_family_measured_only_under_full_checkpointing_borrows_its_nearest_rel
     key_both = ClassKey("qlora", "full", "liger", True,
                         calibration.speed_class_options({**both, "method": "qlora"}))
     assert host.host_floor(H200, key_both, 32, records, checkpointed=16).seconds == pytest.approx(half.seconds)
+
+
+def test_a_family_measured_only_under_partial_checkpointing_scales_its_relative_by_its_own_rows():
+    """FP8 measured host-bound only with 4 and 8 of 32 layers recomputed (H200, mistral-7b, eager, 2026-12-04: the
+    plan had taken 16 bits' floor as it was and over-predicted by 10-12%): each such row against 16 bits' floor
+    for its policy gives the ratio, and the floor at another policy is 16 bits' times that ratio."""
+    fp8 = {"fp8_base": True}
+    plain, recompute = 0.115 / 16, (0.178 - 0.115) / 16
+    partial = [_with(fp8, micro_tokens=128, tokens_per_s=128 / (ratio * (32 * plain + n * recompute)), busy=0.8,
+                     checkpointed=n) for n, ratio in ((4, 1.30), (8, 1.40))]
+    records = [_run(128, 128 / 0.115, 0.17, key=NONE, layers=16), _run(128, 128 / 0.178, 0.13, layers=16), *partial]
+    key = ClassKey("qlora", "full", "liger", True, calibration.speed_class_options({**fp8, "method": "qlora"}))
+    floor = host.host_floor(H200, key, 32, records, checkpointed=16)
+    assert floor.seconds == pytest.approx((32 * plain + 16 * recompute) * 1.35)  # the median of 1.30 and 1.40
+    assert "scaled x1.35" in floor.source
