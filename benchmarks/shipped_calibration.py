@@ -26,7 +26,8 @@ from ftprof.results.load import OWN_TRAINER  # noqa: E402
 MEASUREMENTS = ROOT / "docs" / "measurements"
 SOURCES = ("*-fast-paths*-raw_summary.csv", "*-h200x2-targets-raw_summary.csv", "*-h200-methods-1b-raw_summary.csv",
            "*-h200x2-mistral-7b-classic-raw_summary.csv", "*-h200-plan-accuracy-*-raw_summary.csv",
-           "*-h200-graphs-accumulation-raw_summary.csv", "*-h200-peers-budgets-raw_summary.csv")
+           "*-h200-graphs-accumulation-raw_summary.csv", "*-h200-peers-budgets-raw_summary.csv",
+           "*-h200-peers-rest-raw_summary.csv")
 # Runs of a few tokens per micro-batch (benchmarks/sweeps/host-floor.yaml): the host floor, not speed rows.
 HOST_SOURCES = ("*-h200-host-floor-raw_summary.csv",)
 MEMORY_MODELS = ("llama-8b",)  # probed here on the CPU (a 2-layer copy): about a minute per method
@@ -186,9 +187,11 @@ def _ratio(entry: dict, planners: dict) -> float | None:
                                          "prediction": pred.to_dict()})
 
 
-def host_rows(rows: list[tuple[dict[str, str], str]]) -> list[dict]:
+def host_rows(rows: list[tuple[dict[str, str], str]], host_bound_only: bool = False) -> list[dict]:
     """Host floors (ftprof/plan/host.py): each ok run of a few tokens per micro-batch, its seconds per micro-batch,
-    the model's layers and how busy NVML saw the GPU."""
+    the model's layers and how busy NVML saw the GPU. ``host_bound_only``: of any runs, those whose GPU waited on
+    the host (NVML busy below host.HOST_BOUND_BUSY, as the local store takes them): FP8 under full checkpointing at
+    1,024 tokens per sequence ran at 70-81% busy (H200, mistral-7b, 2026-12-04)."""
     from ftprof.plan import host
 
     out = []
@@ -197,6 +200,8 @@ def host_rows(rows: list[tuple[dict[str, str], str]]) -> list[dict]:
         if entry is None:
             continue
         busy = _value(row.get("nvml_gpu0_util_mean"))
+        if host_bound_only and not (isinstance(busy, (int, float)) and busy / 100 < host.HOST_BOUND_BUSY):
+            continue
         out.append({**entry, "layers": calibration.model_layers(entry["model"]),
                     "host_floor_s": round(host.micro_batch_seconds(entry), 5),
                     "gpu_busy": None if busy is None else round(busy / 100, 3)})
@@ -207,7 +212,8 @@ def main() -> int:
     rows = read_rows()
     data = {"about": "ftprof plan's shipped calibration, derived by benchmarks/shipped_calibration.py from "
                      "docs/measurements (do not edit by hand)",
-            "speed": speed_rows(rows), "memory": memory_factors(rows), "host": host_rows(read_rows(HOST_SOURCES))}
+            "speed": speed_rows(rows), "memory": memory_factors(rows),
+            "host": host_rows(read_rows(HOST_SOURCES)) + host_rows(rows, host_bound_only=True)}
     OUT.write_text(json.dumps(data, indent=1) + "\n")
     for e in data["speed"]:
         key = calibration.class_key(e)
