@@ -10,9 +10,12 @@
 #                                              the layer inputs and the table in host memory (9,740 tokens/s
 #                                              against 11,037 in 16 bits, round 20), against FP8 without them:
 #                                              ftprof profile of each
+#   benchmarks/memory_levers.sh auto OUT       the GPU test of --offload-embeddings, then --checkpointing auto
+#                                              within 8 GiB (llama-8b QLoRA 4 x 2048, Liger, compiled): what it
+#                                              chose (result.json's checkpointing_auto) and what it measured
 # Each phase keeps to BUDGET_S seconds and packs runs/ into OUT/PHASE.tgz (no traces, no snapshots).
 set -u
-phase=${1:?phase: graphs, snapshot or fp8offload}
+phase=${1:?phase: graphs, snapshot, fp8offload or auto}
 out=${2:?output folder}
 budget=${BUDGET_S:-550}
 . "$(dirname "$0")/common.sh"  # left(), scratch in memory, runs/machine.txt
@@ -39,6 +42,12 @@ case $phase in
       --output-dir runs/profile-fp8-offload > runs/profile-fp8-offload.log 2>&1
     timeout -s INT 150 python3 -m ftprof profile "${cell[@]}" --output-dir runs/profile-fp8 > runs/profile-fp8.log 2>&1
     ;;
+  auto)
+    timeout $(( $(left) / 3 )) python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_memory_levers.py \
+      > runs/pytest-gpu-memory-levers.log 2>&1
+    timeout -s INT $(( $(left) - 15 )) python3 -m ftprof train qlora --model llama-8b --batch-size 4 --seq-len 2048 \
+      --max-steps 9 --measure-warmup-steps 3 --checkpointing auto --kernels liger --compile --memory-limit-gib 8 \
+      --device cuda --output-dir runs/auto-8gib > runs/train-auto-8gib.log 2>&1 ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
 tar czf "$out/$phase.tgz" --exclude='*.pt.trace.json.gz' --exclude='*.pickle' --exclude='*.safetensors' runs

@@ -107,3 +107,14 @@ def test_a_family_measured_only_under_partial_checkpointing_scales_its_relative_
     floor = host.host_floor(H200, key, 32, records, checkpointed=16)
     assert floor.seconds == pytest.approx((32 * plain + 16 * recompute) * 1.35)  # the median of 1.30 and 1.40
     assert "scaled x1.35" in floor.source
+
+
+def test_a_run_gathering_its_embedding_rows_on_the_host_sets_only_its_own_floor():
+    """--offload-embeddings gathers each micro-batch's rows on the host: host work the same run without it does not
+    have (llama-8b QLoRA, CUDA graphs, FP8, 1 x 8 x 1,024 tokens on an H200: 12,118 tokens/s with it, 13,405
+    without), so its floor is its own, not its family's without the gather."""
+    gather = _with({"offload_embeddings": True}, micro_tokens=128, tokens_per_s=128 / 0.2, busy=0.3, key=NONE,
+                   layers=16)
+    records = [_run(128, 128 / 0.115, 0.17, key=NONE, layers=16), gather]
+    assert host.host_floor(H200, NONE, 32, records).seconds == pytest.approx(32 * 0.115 / 16)
+    assert host.host_floor(H200, NONE, 32, records, host_embeddings=True).seconds == pytest.approx(32 * 0.2 / 16)
