@@ -98,13 +98,12 @@ def auto_policy(planner: Planner, cand: Candidate, available: int) -> tuple[Cand
         head = choice.checkpointing if choice.checkpointing != "full" else describe_full(choice, planner.layer_count)
         reason = f"{head}: predicted peak {pred.peak_bytes / GIB:.1f} GiB {fits}" + (f"; {why}" if why else "")
         return choice, pred, _record(choice, reason, predicted, available, margin), True
-    least, least_pred = by_policy["full"], predicted["full"]
-    if offload_applies(planner, least):
-        least_pred = planner.predict(with_offload(least))
-    what = "full " + OFFLOAD_WORDS if least_pred is not predicted["full"] else "full"
-    reason = (f"no policy fits {budget / GIB:.1f} GiB: {what}, the least memory, is predicted at "
-              f"{least_pred.peak_bytes / GIB:.1f} GiB")
-    return least, predicted["full"], _record(least, reason, predicted, available, margin), False
+    least = by_policy["full"]
+    way, least_pred = min(((w, planner.predict(w)) for w in memory_variants(planner, least, (OFFLOAD, EMBED))),
+                          key=lambda pair: pair[1].peak_bytes)
+    reason = (f"no policy fits {budget / GIB:.1f} GiB: {describe_full(way, planner.layer_count)}, the least memory, "
+              f"is predicted at {least_pred.peak_bytes / GIB:.1f} GiB")
+    return way, least_pred, _record(way, reason, predicted, available, margin), False
 
 
 def _without_recomputation(planner: Planner, by_policy: dict[str, Candidate],
@@ -202,7 +201,10 @@ def _speed_then_memory(pair: tuple[Candidate, Prediction]) -> tuple[float, int]:
 
 
 def _neighbours(planner: Planner, cand: Candidate, methods: tuple[str, ...]) -> list[list[Candidate]]:
-    """Candidates by distance from ``cand``: policies, micro-batches, fused kernels (GPU only), methods."""
+    """Candidates by distance from ``cand``: policies, the same with the layer inputs or the embedding table in host
+    memory (where auto may try them), micro-batches, fused kernels (GPU only), methods; from the micro-batches on,
+    each with its host-memory ways too (within 8 GiB, llama-8b QLoRA 4 x 2048 fits only as 2 x 2 with both: auto's
+    refusal had said nothing fits, H200, 2026-12-04)."""
     kernel_sets = (cand.kernels,) if planner.target.device_name == "cpu" else (cand.kernels, "liger")
     batches = micro_batches(cand.batch_size, cand.grad_accum)
     policies = POLICIES
@@ -210,13 +212,18 @@ def _neighbours(planner: Planner, cand: Candidate, methods: tuple[str, ...]) -> 
     def variant(**changes) -> Candidate:
         return dataclasses.replace(cand, checkpoint_layers=None, **changes)
 
+    def ways(group: list[Candidate]) -> list[Candidate]:
+        return [way for c in group for way in memory_variants(planner, c, (OFFLOAD, EMBED))]
+
+    as_asked = [variant(checkpointing=p) for p in policies]
     return [
-        [variant(checkpointing=p) for p in policies],
-        [variant(checkpointing=p, batch_size=b, grad_accum=a) for b, a in batches for p in policies],
-        [variant(checkpointing=p, kernels="liger", batch_size=b, grad_accum=a) for b, a in batches for p in policies
-         if "liger" in kernel_sets],
-        [variant(method=m, checkpointing=p, kernels=k, batch_size=b, grad_accum=a) for m in methods
-         if m != cand.method for k in kernel_sets for b, a in batches for p in policies],
+        as_asked,
+        [way for way in ways(as_asked) if way not in as_asked],
+        ways([variant(checkpointing=p, batch_size=b, grad_accum=a) for b, a in batches for p in policies]),
+        ways([variant(checkpointing=p, kernels="liger", batch_size=b, grad_accum=a) for b, a in batches
+              for p in policies if "liger" in kernel_sets]),
+        ways([variant(method=m, checkpointing=p, kernels=k, batch_size=b, grad_accum=a) for m in methods
+              if m != cand.method for k in kernel_sets for b, a in batches for p in policies]),
     ]
 
 

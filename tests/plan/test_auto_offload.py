@@ -117,3 +117,20 @@ def test_the_calibration_store_records_an_auto_run_s_offload(tmp_path):
             "method": "lora", "checkpointing_policy": "full",
             "checkpointing_auto": {"policy": "full", "offload": offloaded}}))
         assert calibration.run_record(run_dir)["knobs"]["offload_checkpoints"] is offloaded
+
+
+def test_a_refusal_names_what_fits_with_host_memory_at_another_micro_batch(deep):
+    """Within 8 GiB on an H200, llama-8b QLoRA 4 x 2048 fits only as 2 x 2 with the layer inputs and the table in
+    host memory; auto's refusal had said nothing fits (2026-12-04). Below the least memory of every neighbour as
+    asked, the refusal names the one that fits with host memory, as flags."""
+    from ftprof.plan import for_run
+
+    p, cand = _planner(deep)
+    plain = [p.predict(c).peak_bytes for group in budget._neighbours(p, cand, ()) for c in group
+             if not (c.option("offload_checkpoints") or c.option("offload_embeddings"))]
+    ways = [p.predict(c).peak_bytes for group in budget._neighbours(p, cand, ()) for c in group]
+    assert min(ways) < min(plain)  # host memory lowers the least peak
+    full = dataclasses.replace(cand, checkpointing="full")
+    line = for_run._refusal("--checkpointing auto", p, full, p.predict(full), min(plain) - 1)
+    assert "nothing" not in line and "fits either" not in line, line
+    assert "--offload-checkpoints" in line or "--offload-embeddings" in line, line
