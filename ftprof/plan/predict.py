@@ -72,9 +72,10 @@ class Planner:
                                 bool(cand.option("offload_embeddings"))) if rate else None
         if tps is not None and floor is not None:
             gpu_tps, tps = tps, host.tokens_per_s(tps, floor, micro_tokens, self.target.world_size)
-            if tps < gpu_tps:  # host-bound: say so, and where the floor came from
+            if tps < gpu_tps:  # host-bound: say so, where the floor came from, and how much less certain it is
                 rate = dataclasses.replace(rate, source=f"{rate.source}; host-bound at {micro_tokens:,} tokens per "
                                                         f"micro-batch: {floor.source}")
+                band, spread = band + speed.BAND_HOST_BOUND, spread + speed.BAND_HOST_BOUND
         return Prediction(
             peak_bytes=mem.peak_bytes, static_bytes=mem.static_bytes, gradient_bytes=mem.gradients,
             activation_bytes=mem.activation_bytes,

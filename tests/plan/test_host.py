@@ -118,3 +118,28 @@ def test_a_run_gathering_its_embedding_rows_on_the_host_sets_only_its_own_floor(
     records = [_run(128, 128 / 0.115, 0.17, key=NONE, layers=16), gather]
     assert host.host_floor(H200, NONE, 32, records).seconds == pytest.approx(32 * 0.115 / 16)
     assert host.host_floor(H200, NONE, 32, records, host_embeddings=True).seconds == pytest.approx(32 * 0.2 / 16)
+
+
+def test_a_host_bound_row_is_less_certain(tmp_path, monkeypatch):
+    """Where the host floor sets a row's speed its band widens by BAND_HOST_BOUND (FP8 under full checkpointing at
+    1,024 tokens per sequence on an H200 ran p90/p50 1.11-1.28 and 10-30% from its prediction), so the ranking puts
+    it below confident rows its uncertainty overlaps."""
+    from ftprof.config import RunConfig
+    from ftprof.models.source import resolve_model_source
+    from ftprof.plan import speed
+    from ftprof.plan.candidates import of_config
+    from ftprof.plan.predict import Planner, Target
+    from tests.data_files import save_checkpoint
+
+    deep = save_checkpoint(tmp_path / "ckpt", layers=8)
+    cfg = RunConfig.from_flat({"model": deep, "method": "lora", "seq_len": 512, "batch_size": 4,
+                               "checkpointing": "full"})
+    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("bfloat16", preset=True))
+    planner = Planner(cfg, resolve_model_source(deep), "bfloat16", Target("NVIDIA H200", capability=(9, 0)), [])
+    bound = planner.predict(of_config(cfg))
+    assert "host-bound" in bound.speed_source  # a small model's layers: the host sets the pace
+    monkeypatch.setattr(host, "host_floor", lambda *a, **k: None)
+    free = planner.predict(of_config(cfg))
+    assert bound.tokens_per_s < free.tokens_per_s
+    assert bound.tokens_per_s_error == pytest.approx(free.tokens_per_s_error + speed.BAND_HOST_BOUND, abs=1e-3)
+    assert bound.tokens_per_s_spread == pytest.approx(free.tokens_per_s_spread + speed.BAND_HOST_BOUND, abs=1e-3)
