@@ -210,7 +210,13 @@ def _verify(plan, sweep_path: Path, out_dir: Path, k: int, request, base: dict, 
     run_dirs = verify.run_top(top, out_dir / "verify")
     table, summary, rows = verify.compare(run_dirs)
     if len(table):
-        console.print(frame_table(verify_view(table, run_dirs), "predicted against measured"))
+        view = verify_view(table, run_dirs, rows)
+        console.print(frame_table(view, "predicted against measured"))
+        unsteady = view[__import__("pandas").to_numeric(view["p90/p50"], errors="coerce") > UNSTEADY]
+        if len(unsteady):
+            console.print(f"unsteady (p90/p50 above {UNSTEADY}): rank {', '.join(map(str, unsteady['#']))}: their "
+                          "steps varied (a host-bound step, or another process on the GPU), so their error is partly "
+                          "the measurement's; --verify with more --max-steps measures them longer")
         full = write_text_atomic(out_dir / "verify.csv", table.to_csv(index=False))
         console.print(f"with each prediction's sources: {full}")
     else:
@@ -230,12 +236,24 @@ VERIFY_VIEW = {"rank": "#", "run": "run",
                "tokens_per_s_error_pct": "tokens/s error_pct"}
 
 
-def verify_view(table, run_dirs: list[Path]):
+UNSTEADY = 1.05  # p90/p50 step time above this: the measured tokens/s is the median of steps that varied
+
+
+def verify_view(table, run_dirs: list[Path], rows: list[dict] | None = None):
     """The comparison as a terminal reads it: the plan's rank, the run, predicted and measured peak and tokens/s
-    with their signed errors; the sources and device columns stay in verify.csv."""
+    with their signed errors, and how steady the measured steps were (p90/p50 of the step time, from ``rows``: the
+    runs' flat rows); the sources and device columns stay in verify.csv."""
     ranks = {d.name: i + 1 for i, d in enumerate(run_dirs)}  # the sweep holds the plan's top K in order
-    view = table.assign(rank=table["run_name"].map(ranks))
-    return view[list(VERIFY_VIEW)].rename(columns=VERIFY_VIEW)
+    steadiness = {r.get("run_name"): _p90_over_p50(r) for r in rows or ()}
+    view = table.assign(rank=table["run_name"].map(ranks), steadiness=table["run_name"].map(steadiness))
+    return view[[*VERIFY_VIEW, "steadiness"]].rename(columns={**VERIFY_VIEW, "steadiness": "p90/p50"})
+
+
+def _p90_over_p50(row: dict) -> float | None:
+    try:
+        return round(float(row["step_time_p90_s"]) / float(row["step_time_p50_s"]), 3)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
 
 
 def _slug(model: str) -> str:

@@ -134,6 +134,9 @@ def test_verify_view_keeps_rank_and_errors_and_leaves_sources_to_the_csv(tmp_pat
 
     row = dict.fromkeys(COMPARISON_COLUMNS) | {"run": "qlora b1", "run_name": "second", "memory_error_pct": 2.4,
                                                "speed_source": "shipped defaults (a long source)"}
-    view = verify_view(pd.DataFrame([row], columns=COMPARISON_COLUMNS), [tmp_path / "first", tmp_path / "second"])
+    flat = [{"run_name": "second", "step_time_p50_s": 0.5, "step_time_p90_s": 0.64}]
+    view = verify_view(pd.DataFrame([row], columns=COMPARISON_COLUMNS), [tmp_path / "first", tmp_path / "second"],
+                       flat)
     assert view.iloc[0]["#"] == 2 and view.iloc[0]["memory error_pct"] == 2.4
+    assert view.iloc[0]["p90/p50"] == 1.28  # how steady the measured steps were
     assert "speed_source" not in view and "run_name" not in view and "device_name" not in view
