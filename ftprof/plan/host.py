@@ -106,7 +106,8 @@ def _costs(rows: list[dict]) -> tuple[float | None, float | None, float | None]:
 def _ratio(rows: list[dict], plain: float, recompute: float) -> float | None:
     """The median of each row's host seconds over what ``plain`` and ``recompute`` (another family's costs) give
     for its layers and recomputed layers."""
-    ratios = [_seconds(r) / (int(r["layers"]) * plain + _checkpointed(r) * recompute) for r in rows]
+    floors = [(_seconds(r), int(r["layers"]) * plain + _checkpointed(r) * recompute) for r in rows]
+    ratios = [seconds / floor for seconds, floor in floors if floor > 0]  # a noisy relative can give none
     return statistics.median(ratios) if ratios else None
 
 
