@@ -26,6 +26,8 @@ import itertools
 import statistics
 from dataclasses import dataclass
 
+from ftprof.config import declarations
+from ftprof.config.declarations import is_on
 from ftprof.plan import calibration
 
 HOST_BOUND_BUSY = 0.85  # NVML's busy fraction below which a run's GPU waited on its host
@@ -66,22 +68,20 @@ def _host_bound(record: dict) -> bool:
 
 def _family(record: dict) -> tuple:
     """What the host cost depends on besides the policy: method, kernels, compile and its mode, speed classes, and
-    whether the embedding rows are gathered on the host."""
+    the options declared as host work that are on."""
     key = calibration.class_key(record)
     knobs = record.get("knobs") or {}
     mode = knobs.get("compile_mode") or "default"
-    return key.method, key.kernels, key.compile, mode if key.compile else None, \
-        _with_host_gather(key.options, bool(knobs.get("offload_embeddings")))
+    return key.method, key.kernels, key.compile, mode if key.compile else None, _with_host_work(key.options, knobs)
 
 
-HOST_GATHER = ("offload_embeddings", True)
-
-
-def _with_host_gather(options: tuple, host_embeddings: bool) -> tuple:
-    """A family's options with ``--offload-embeddings`` among them where it is on: its rows are gathered on the host
-    each micro-batch, host work the other runs do not have (llama-8b QLoRA, CUDA graphs, FP8, 1 x 8 x 1,024 tokens,
-    H200: 12,118 tokens/s with it, 13,405 without; the floor of the one stood in for the other)."""
-    return tuple(sorted((*options, HOST_GATHER))) if host_embeddings else options
+def _with_host_work(options: tuple, values: dict) -> tuple:
+    """A family's options with the declared host-work options that are on in ``values`` among them: their runs do
+    host work per micro-batch the others do not (--offload-embeddings gathers each micro-batch's rows on the host),
+    so their floors are calibrated apart (the one's floor had stood in for the other: -12%, H200, 2026-12-04)."""
+    extra = [(d.name, values[d.name]) for d in declarations.DECLARED
+             if d.host_work and is_on(values.get(d.name)) and (d.name, values[d.name]) not in options]
+    return tuple(sorted((*options, *extra))) if extra else options
 
 
 def _usable(record: dict) -> bool:
@@ -148,7 +148,7 @@ def _family_costs(rows: list[dict], family: tuple) -> tuple[tuple, str]:
 
 def host_floor(device_name: str, key: calibration.ClassKey, layers: int, records: list[dict],
                checkpointed: int | None = None, compile_mode: str = "default",
-               host_embeddings: bool = False) -> Floor | None:
+               options: dict | None = None) -> Floor | None:
     """The host floor per micro-batch of a run of class ``key`` with ``layers`` decoder layers, ``checkpointed`` of
     them recomputed (default: all under full, none otherwise), on ``device_name``: layers x the cost of a layer plus
     the recomputed layers x the cost of recomputing one, from the local store's host-bound runs of its family (or
@@ -156,7 +156,7 @@ def host_floor(device_name: str, key: calibration.ClassKey, layers: int, records
     needs."""
     checkpointed = (layers if key.policy == "full" else 0) if checkpointed is None else checkpointed
     family = (key.method, key.kernels, key.compile, compile_mode if key.compile else None,
-              _with_host_gather(key.options, host_embeddings))
+              _with_host_work(key.options, options or {}))
     if key.policy not in ("none", "full"):
         return None
     for origin, rows in (("local host-bound run(s)", [r for r in records if _host_bound(r)]),

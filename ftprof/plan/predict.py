@@ -69,7 +69,7 @@ class Planner:
         tps = speed.tokens_per_s(flops, rate.flops_per_s, self.target.world_size) if rate else None
         floor = host.host_floor(self.target.device_name, key, self.layer_count, self.records,
                                 cand.checkpoint_layers, cand.option("compile_mode"),
-                                bool(cand.option("offload_embeddings"))) if rate else None
+                                dict(cand.options)) if rate else None
         if tps is not None and floor is not None:
             gpu_tps, tps = tps, host.tokens_per_s(tps, floor, micro_tokens, self.target.world_size)
             if tps < gpu_tps:  # host-bound: say so, where the floor came from, and how much less certain it is

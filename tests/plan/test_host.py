@@ -117,7 +117,8 @@ def test_a_run_gathering_its_embedding_rows_on_the_host_sets_only_its_own_floor(
                    layers=16)
     records = [_run(128, 128 / 0.115, 0.17, key=NONE, layers=16), gather]
     assert host.host_floor(H200, NONE, 32, records).seconds == pytest.approx(32 * 0.115 / 16)
-    assert host.host_floor(H200, NONE, 32, records, host_embeddings=True).seconds == pytest.approx(32 * 0.2 / 16)
+    embedded = host.host_floor(H200, NONE, 32, records, options={"offload_embeddings": True})
+    assert embedded.seconds == pytest.approx(32 * 0.2 / 16)
 
 
 def test_a_host_bound_row_is_less_certain(tmp_path, monkeypatch):
