@@ -1,12 +1,9 @@
 """``--compile``: torch.compile each decoder block (not the whole model: blocks are identical, so one compiled
 graph serves them all, and the loss, the optimizer and PEFT's wrappers stay eager).
 
-Under full checkpointing the block's children (attention, MLP, norms) are compiled instead of the block.
-transformers (5.x) checkpoints a layer by wrapping its ``forward``, so a compiled block would hold the checkpoint
-inside the compiled graph, where the partitioner, not torch's checkpoint, decides what is kept for backward
-(measured on an H200, llama-8b QLoRA: 29 GiB against eager checkpointing's 9.4). Compiled children leave the
-checkpoint outside, recomputing compiled code. Selective checkpointing keeps the compiled block: its policy is
-traced with it, and op by op it could not see inside compiled children.
+Under full checkpointing a block is compiled inside its checkpoint (engine/compiled_checkpoint.py): torch's
+checkpoint stays outside compiled code, keeping only the layer's input, and recomputes the compiled forward.
+Selective checkpointing keeps the compiled block with the checkpoint inside: its policy is traced with it.
 
 ``--compile-mode`` is torch.compile's mode, applied to each block: max-autotune-no-cudagraphs lets inductor
 benchmark its Triton GEMM templates (which can fuse the elementwise work around a matmul, such as adding LoRA's
@@ -35,6 +32,7 @@ from collections.abc import Callable
 import torch
 
 from ftprof import metrics
+from ftprof.engine import compiled_checkpoint
 from ftprof.results.parts import CompileOutcome  # what --compile did, as result.json records it
 
 
@@ -67,16 +65,10 @@ def compile_kwargs(mode: str, tuning: bool) -> dict:
 
 
 def compile_targets(model, checkpointing: str) -> list[torch.nn.Module]:
-    """The modules to compile: each decoder block, or, for a block that full checkpointing applies to (all of
-    them, or the first --checkpoint-layers), its children."""
-    targets: list[torch.nn.Module] = []
-    for block in metrics.decoder_layers(model):
-        children = list(block.children())
-        if checkpointing == "full" and getattr(block, "gradient_checkpointing", False) and children:
-            targets += children
-        else:
-            targets.append(block)
-    return targets
+    """The decoder blocks to compile as modules: all of them, except those full checkpointing applies to (all, or
+    the first --checkpoint-layers), which are compiled inside their checkpoint instead."""
+    return [block for block in metrics.decoder_layers(model)
+            if not (checkpointing == "full" and compiled_checkpoint.checkpointed(block))]
 
 
 def causal_lm(model) -> torch.nn.Module | None:
@@ -92,14 +84,14 @@ def causal_lm(model) -> torch.nn.Module | None:
 
 
 def _scope(blocks: list[torch.nn.Module], targets: list[torch.nn.Module]) -> str:
-    """What was compiled: "block", "block children", or both ("block children in 8 of 16 blocks")."""
+    """What was compiled: "block", "block inside its checkpoint", or both ("... in 8 of 16 blocks")."""
     whole = {id(t) for t in targets}
-    by_children = sum(1 for block in blocks if id(block) not in whole)
-    if by_children == 0:
+    inside = sum(1 for block in blocks if id(block) not in whole)
+    if inside == 0:
         return "block"
-    if by_children == len(blocks):
-        return "block children"
-    return f"block children in {by_children} of {len(blocks)} blocks"
+    if inside == len(blocks):
+        return "block inside its checkpoint"
+    return f"block inside its checkpoint in {inside} of {len(blocks)} blocks"
 
 
 def _first_line(exc: Exception) -> str:
@@ -126,6 +118,8 @@ def warm_up(model, params, batch: dict, autocast: Callable, log: Callable[[str],
     blocks, targets = metrics.decoder_layers(model), compile_targets(model, checkpointing)
     for module in targets:
         module.compile(**compile_kwargs(mode, tuning))
+    if checkpointing == "full":
+        compiled_checkpoint.attach(model, compile_kwargs(mode, tuning))
     lm = causal_lm(model) if compile_loss else None
     eager_loss = lm.loss_function if lm is not None else None
     if lm is not None:
@@ -152,6 +146,7 @@ def warm_up(model, params, batch: dict, autocast: Callable, log: Callable[[str],
     except Exception as exc:  # noqa: BLE001 - any compiler failure means: run eager, and say so
         for module in targets:
             module._compiled_call_impl = None  # what Module.compile() set: calls go to the eager forward again
+        compiled_checkpoint.detach(model)
         if lm is not None:
             lm.loss_function = eager_loss
         outcome.loss = False

@@ -122,8 +122,43 @@ def _(grad, weight, transposed, scale, ones, quant, blocksize, blocksize2, shape
     return grad.new_empty((grad.shape[0], ones.shape[1]), dtype=torch.bfloat16)
 
 
+@torch.library.custom_op("ftprof::fp8_quantize_rows", mutates_args=())
+def fp8_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An input's rows as e4m3 values and their scales (tokens x 1), as ``fp8_linear`` quantizes them: an op of
+    its own in compiled code, so the compiler's common-subexpression pass quantizes an input that several
+    projections read (q, k and v; gate and up) once."""
+    with _device(x):
+        return _quantize_rows(x, None)
+
+
+@fp8_quantize_rows.register_fake
+def _(x):
+    return x.new_empty(x.shape, dtype=E4M3), x.new_empty((x.shape[0], 1), dtype=torch.float32)
+
+
+@torch.library.custom_op("ftprof::fp8_linear_quantized", mutates_args=())
+def fp8_linear_quantized(x: torch.Tensor, values: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
+                         transposed: torch.Tensor | None, scale: torch.Tensor, ones: torch.Tensor,
+                         quant: list[torch.Tensor], blocksize: int, blocksize2: int, shape: list[int]) -> torch.Tensor:
+    """``fp8_linear`` with its input already quantized (``fp8_quantize_rows``): ``x`` itself is not read, it is
+    there to receive the input gradient."""
+    with _device(values):
+        weight_rows = rows(weight, quant, blocksize, blocksize2, shape)
+        return torch._scaled_mm(values, weight_rows.t(), scale_a=x_scale, scale_b=scale, out_dtype=torch.bfloat16)
+
+
+@fp8_linear_quantized.register_fake
+def _(x, values, x_scale, weight, transposed, scale, ones, quant, blocksize, blocksize2, shape):
+    return values.new_empty((values.shape[0], scale.shape[1]), dtype=torch.bfloat16)
+
+
+# the ops' arguments after the input: weight, transposed, scale, ones, quant, blocksize, blocksize2, shape
+WEIGHT_ARGS = 8
+
+
 def _setup_context(ctx, inputs, output):
-    x, weight, transposed, scale, ones, quant, blocksize, blocksize2, shape = inputs
+    weight, transposed, scale, ones, quant, blocksize, blocksize2, shape = inputs[-WEIGHT_ARGS:]
+    ctx.leading = len(inputs) - WEIGHT_ARGS  # x, or x, values and x_scale
     ctx.dense, ctx.quant_count = transposed is not None, len(quant)
     ctx.blocksize, ctx.blocksize2, ctx.shape = blocksize, blocksize2, shape
     ctx.save_for_backward(weight, scale, ones, *([transposed] if transposed is not None else []), *quant)
@@ -135,7 +170,8 @@ def _backward(ctx, grad):
     grad_in = torch.ops.ftprof.fp8_linear_input_grad(grad, weight, transposed, scale, ones, rest, ctx.blocksize,
                                                       ctx.blocksize2, ctx.shape)
     # the structure of the inputs: the tensor list stays a list (``shape`` is never empty: one leaf)
-    return grad_in, None, None, None, None, [None] * ctx.quant_count, None, None, None
+    return grad_in, *[None] * (ctx.leading - 1), None, None, None, None, [None] * ctx.quant_count, None, None, None
 
 
 fp8_linear.register_autograd(_backward, setup_context=_setup_context)
+fp8_linear_quantized.register_autograd(_backward, setup_context=_setup_context)

@@ -173,7 +173,7 @@ class CompileOutcome(Record):
     compiled: bool = False
     compile_time_s: Optional[float] = None  # the warm-up forward + backward, compilation included
     fallback: Optional[str] = None  # why the run went eager, if it did
-    scope: str = "block"  # what was compiled: "block", or "block children" of the blocks full checkpointing covers
+    scope: str = "block"  # "block", or "block inside its checkpoint" for the blocks full checkpointing covers
     mode: str = "default"  # torch.compile's mode (--compile-mode)
     loss: bool = False  # whether the causal-LM loss was compiled too (--compile-loss; not when a kernel set fuses it)
     tuning: bool = False  # inductor's coordinate-descent tuning of its Triton kernels (--compile-tuning)

@@ -25,7 +25,7 @@ FAST_PATHS = {
     "liger+selective": {"kernels": "liger", "checkpointing": "selective"},
     "compile+liger": {"compile": True, "kernels": "liger"},  # Liger's fused loss outside compiled blocks
     "compile+selective": {"compile": True, "checkpointing": "selective"},
-    "compile+full": {"compile": True, "checkpointing": "full"},  # the blocks' children compiled
+    "compile+full": {"compile": True, "checkpointing": "full"},  # each block compiled inside its checkpoint
     "partial": {"checkpointing": "full", "checkpoint_layers": 8},  # 8 of llama-1b's 16 layers
     "compile+partial": {"compile": True, "checkpointing": "full", "checkpoint_layers": 8},
     "cudnn": {"sdpa_backend": "cudnn"},
