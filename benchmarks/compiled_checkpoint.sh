@@ -17,7 +17,7 @@ if [ -n "$before" ]; then
   cell=(qlora --model llama-8b --batch-size 4 --seq-len 2048 --max-steps 12 --measure-warmup-steps 4 --lora-r 16
         --lora-alpha 32 --lr 2e-4 --checkpointing full --kernels liger --compile --device cuda --quiet)
   for fp8 in "" --fp8-base; do
-    (cd "$before" && timeout -s INT 150 python3 -m ftprof train "${cell[@]}" $fp8 \
+    (cd "$before" && PYTHONPATH="$before:${PYTHONPATH:-}" timeout -s INT 150 python3 -m ftprof train "${cell[@]}" $fp8 \
       --output-dir "$OLDPWD/runs/before") >> runs/train-before.log 2>&1
   done
 fi
