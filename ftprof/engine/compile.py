@@ -25,13 +25,15 @@ eager and says why in one line.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from ftprof import metrics
+from ftprof import metrics, models
 from ftprof.engine import compiled_checkpoint
 from ftprof.results.parts import CompileOutcome  # what --compile did, as result.json records it
 
@@ -62,6 +64,21 @@ def compile_kwargs(mode: str, tuning: bool) -> dict:
     from torch._inductor import list_mode_options
 
     return {"options": {**list_mode_options(mode), "coordinate_descent_tuning": True}}
+
+
+def tag_caches() -> None:
+    """Put a digest of ftprof's model code into torch.compile's cache keys (``torch.compiler.config.cache_key_tag``,
+    added to a tag already set). torch's caches key on the traced graph and torch's own config; the backward of a
+    custom op (models/fp8_kernels.py) is traced from Python those keys do not cover, so after ftprof changed, a
+    cached graph of the old code ran (seen while developing: a changed backward was served from the cache)."""
+    import torch.compiler.config as compiler_config
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(models.__file__).parent.glob("*.py")):
+        digest.update(path.read_bytes())
+    tag = f"ftprof-{digest.hexdigest()[:16]}"
+    if tag not in compiler_config.cache_key_tag:
+        compiler_config.cache_key_tag = "+".join(filter(None, (compiler_config.cache_key_tag, tag)))
 
 
 def compile_targets(model, checkpointing: str) -> list[torch.nn.Module]:
@@ -115,6 +132,7 @@ def warm_up(model, params, batch: dict, autocast: Callable, log: Callable[[str],
     blocks fail, the run is eager. Each fallback is one line through ``log``. Gradients are cleared.
     ``checkpointing`` is the policy in force (none, selective or full): it decides what is compiled; ``mode`` is
     torch.compile's; ``tuning`` adds coordinate-descent kernel tuning to blocks and loss."""
+    tag_caches()
     blocks, targets = metrics.decoder_layers(model), compile_targets(model, checkpointing)
     for module in targets:
         module.compile(**compile_kwargs(mode, tuning))

@@ -114,9 +114,10 @@ def _weight_args(module: nn.Module) -> tuple:
 def _forward(self, x: torch.Tensor) -> torch.Tensor:
     flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)  # (autograd casts the gradient back to x's dtype)
     if torch.compiler.is_compiling():
-        # traced: the input's quantization as an op of its own, which the compiler computes once for every
-        # projection of the same input (q, k, v; gate, up); eager, one op does both (one dispatch, not two)
-        values, x_scale = torch.ops.ftprof.fp8_quantize_rows(flat.detach())
+        # traced: the input's quantization in torch ops, which inductor fuses into the kernel that made the input
+        # (the norm, the SwiGLU product) and computes once for the projections of one input (q, k, v; gate, up);
+        # eager, one op quantizes and multiplies (one dispatch, one Triton kernel)
+        values, x_scale = fp8_kernels.torch_quantize_rows(flat.detach())
         out = torch.ops.ftprof.fp8_linear_quantized(flat, values, x_scale, *_weight_args(self))
     else:
         out = torch.ops.ftprof.fp8_linear(flat, *_weight_args(self))

@@ -39,10 +39,12 @@ def _quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None) -> tuple[
     """``quantize_rows`` inside an op, which has made ``t``'s device the current one."""
     if t.device.type == "cuda":
         return _triton_quantize_rows(t, column_scale)
-    return _torch_quantize_rows(t, column_scale)
+    return torch_quantize_rows(t, column_scale)
 
 
-def _torch_quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def torch_quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_rows`` in torch ops: off CUDA, and in compiled code, where inductor fuses them into the kernel
+    that made ``t`` and computes them once for every projection of the same input."""
     t = t.float()
     if column_scale is not None:
         t = t * column_scale.view(1, -1)
@@ -112,9 +114,15 @@ def fp8_linear_input_grad(grad: torch.Tensor, weight: torch.Tensor, transposed: 
     rows, whose transpose (in x out, contiguous) is the column-major operand; ``ones``: 1 x in."""
     with _device(grad):
         values, grad_scale = _quantize_rows(grad, scale)
-        if transposed is None:
-            transposed = rows(weight, quant, blocksize, blocksize2, shape, transposed=True)
-        return torch._scaled_mm(values, transposed.t(), scale_a=grad_scale, scale_b=ones, out_dtype=torch.bfloat16)
+        return _input_grad_mm(values, grad_scale, weight, transposed, ones, quant, blocksize, blocksize2, shape)
+
+
+def _input_grad_mm(values, grad_scale, weight, transposed, ones, quant, blocksize, blocksize2, shape) -> torch.Tensor:
+    """The input gradient's GEMM from the quantized gradient: its rows times the weight's e4m3 rows, whose
+    transpose is the column-major operand (kept, or dequantized from 4 bits here)."""
+    if transposed is None:
+        transposed = rows(weight, quant, blocksize, blocksize2, shape, transposed=True)
+    return torch._scaled_mm(values, transposed.t(), scale_a=grad_scale, scale_b=ones, out_dtype=torch.bfloat16)
 
 
 @fp8_linear_input_grad.register_fake
@@ -122,26 +130,12 @@ def _(grad, weight, transposed, scale, ones, quant, blocksize, blocksize2, shape
     return grad.new_empty((grad.shape[0], ones.shape[1]), dtype=torch.bfloat16)
 
 
-@torch.library.custom_op("ftprof::fp8_quantize_rows", mutates_args=())
-def fp8_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """An input's rows as e4m3 values and their scales (tokens x 1), as ``fp8_linear`` quantizes them: an op of
-    its own in compiled code, so the compiler's common-subexpression pass quantizes an input that several
-    projections read (q, k and v; gate and up) once."""
-    with _device(x):
-        return _quantize_rows(x, None)
-
-
-@fp8_quantize_rows.register_fake
-def _(x):
-    return x.new_empty(x.shape, dtype=E4M3), x.new_empty((x.shape[0], 1), dtype=torch.float32)
-
-
 @torch.library.custom_op("ftprof::fp8_linear_quantized", mutates_args=())
 def fp8_linear_quantized(x: torch.Tensor, values: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
                          transposed: torch.Tensor | None, scale: torch.Tensor, ones: torch.Tensor,
                          quant: list[torch.Tensor], blocksize: int, blocksize2: int, shape: list[int]) -> torch.Tensor:
-    """``fp8_linear`` with its input already quantized (``fp8_quantize_rows``): ``x`` itself is not read, it is
-    there to receive the input gradient."""
+    """``fp8_linear`` with its input already quantized (``values`` and ``x_scale``, as ``torch_quantize_rows``
+    makes them in compiled code): ``x`` itself is not read, it is there to receive the input gradient."""
     with _device(values):
         weight_rows = rows(weight, quant, blocksize, blocksize2, shape)
         return torch._scaled_mm(values, weight_rows.t(), scale_a=x_scale, scale_b=scale, out_dtype=torch.bfloat16)
@@ -156,6 +150,22 @@ def _(x, values, x_scale, weight, transposed, scale, ones, quant, blocksize, blo
 WEIGHT_ARGS = 8
 
 
+@torch.library.custom_op("ftprof::fp8_input_grad_quantized", mutates_args=())
+def fp8_input_grad_quantized(values: torch.Tensor, grad_scale: torch.Tensor, weight: torch.Tensor,
+                             transposed: torch.Tensor | None, scale: torch.Tensor, ones: torch.Tensor,
+                             quant: list[torch.Tensor], blocksize: int, blocksize2: int,
+                             shape: list[int]) -> torch.Tensor:
+    """``fp8_linear_input_grad`` with the gradient already quantized (``torch_quantize_rows(grad, scale)`` in
+    compiled code)."""
+    with _device(values):
+        return _input_grad_mm(values, grad_scale, weight, transposed, ones, quant, blocksize, blocksize2, shape)
+
+
+@fp8_input_grad_quantized.register_fake
+def _(values, grad_scale, weight, transposed, scale, ones, quant, blocksize, blocksize2, shape):
+    return values.new_empty((values.shape[0], ones.shape[1]), dtype=torch.bfloat16)
+
+
 def _setup_context(ctx, inputs, output):
     weight, transposed, scale, ones, quant, blocksize, blocksize2, shape = inputs[-WEIGHT_ARGS:]
     ctx.leading = len(inputs) - WEIGHT_ARGS  # x, or x, values and x_scale
@@ -167,8 +177,14 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad):
     weight, scale, ones, *rest = ctx.saved_tensors
     transposed = rest.pop(0) if ctx.dense else None
-    grad_in = torch.ops.ftprof.fp8_linear_input_grad(grad, weight, transposed, scale, ones, rest, ctx.blocksize,
-                                                      ctx.blocksize2, ctx.shape)
+    args = (weight, transposed, scale, ones, rest, ctx.blocksize, ctx.blocksize2, ctx.shape)
+    if torch.compiler.is_compiling():
+        # traced into the compiled backward: the gradient's quantization in torch ops, fused into the kernel that
+        # made the gradient (one op call and one launch fewer a linear)
+        values, grad_scale = torch_quantize_rows(grad, scale)
+        grad_in = torch.ops.ftprof.fp8_input_grad_quantized(values, grad_scale, *args)
+    else:
+        grad_in = torch.ops.ftprof.fp8_linear_input_grad(grad, *args)
     # the structure of the inputs: the tensor list stays a list (``shape`` is never empty: one leaf)
     return grad_in, *[None] * (ctx.leading - 1), None, None, None, None, [None] * ctx.quant_count, None, None, None
 

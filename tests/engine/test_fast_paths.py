@@ -2,6 +2,7 @@
 one-line errors for what cannot run here. The GPU numerics against eager are in tests/gpu/test_gpu_fast_paths.py."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -228,3 +229,28 @@ def test_compile_under_full_checkpointing_keeps_the_checkpoint(tmp_path, policy_
 ])
 def test_fast_path_bad_input_is_one_line(tmp_path, capsys, argv, fragment):
     assert_train_refuses(tmp_path, capsys, "lora", argv, fragment)
+
+
+def test_compile_caches_are_keyed_on_ftprofs_model_code(monkeypatch, tmp_path):
+    """torch.compile's cache keys carry a digest of ftprof's model code (a custom op's backward is traced from
+    Python torch's keys do not cover), added once to a tag the user set, and changed by any change to that code."""
+    import shutil
+
+    import torch.compiler.config as compiler_config
+
+    from ftprof import models
+    from ftprof.engine.compile import tag_caches
+
+    with compiler_config.patch(cache_key_tag="mine"):  # (monkeypatch would delete torch's config entry on undo)
+        tag_caches()
+        tag_caches()
+        first = compiler_config.cache_key_tag
+    assert first.startswith("mine+ftprof-") and first.count("ftprof-") == 1
+    copy = tmp_path / "models"
+    shutil.copytree(Path(models.__file__).parent, copy)
+    (copy / "fp8_kernels.py").write_text((copy / "fp8_kernels.py").read_text() + "\n# changed\n")
+    monkeypatch.setattr(models, "__file__", str(copy / "__init__.py"))
+    with compiler_config.patch(cache_key_tag=""):
+        tag_caches()
+        changed = compiler_config.cache_key_tag
+    assert changed.startswith("ftprof-") and changed != first.removeprefix("mine+")

@@ -181,12 +181,15 @@ def test_ddp_leaves_the_e4m3_buffers_alone(tmp_path, method):
 
 
 def test_compiled_fp8_linears_quantize_an_input_shared_by_projections_once(tmp_path, monkeypatch):
-    """Compiled, the input's quantization is an op of its own, and the compiler computes it once for q, k and v
-    and once for gate and up: four quantizations a layer forward, not seven, with eager FP8's numbers."""
+    """Compiled, inputs and gradients are quantized by traced torch ops (no op call of their own), which the
+    compiler computes once for q, k and v and once for gate and up: four e4m3 conversions a layer forward, not
+    seven; the numbers are eager FP8's."""
+    from ftprof.engine.compile import eager_rounding
     from ftprof.models import fp8_kernels
 
-    plan, built = build_run(tiny_config(tmp_path / "compiled", "lora", seq_len=16, fp8_base=True, compile=True,
-                                        compile_loss=False))
+    with eager_rounding(True):  # as a run compiles: the traced quantization reads the norm's bf16 output, as eager
+        plan, built = build_run(tiny_config(tmp_path / "compiled", "lora", seq_len=16, fp8_base=True, compile=True,
+                                            compile_loss=False))
     if not built.compiled.compiled:
         pytest.skip(f"no compiler here: {built.compiled.fallback}")
     calls = {"inputs": 0, "gradients": 0}  # what the ops quantize: inputs forward, gradients (scaled) backward
@@ -201,12 +204,34 @@ def test_compiled_fp8_linears_quantize_an_input_shared_by_projections_once(tmp_p
     with built.autocast():
         loss = built.model(**batch).loss
     loss.backward()
-    layers = len(metrics.decoder_layers(built.model))
-    # the first layer's q, k and v need no input gradient: their input comes from the frozen embedding alone
-    assert calls == {"inputs": 4 * layers, "gradients": 7 * layers - 3}, calls
+    assert calls == {"inputs": 0, "gradients": 0}, calls  # traced: fused into the kernels that made them
     monkeypatch.undo()
     _, eager_loss, eager_grads, _ = loss_and_grads(tmp_path / "eager", "lora", fp8_base=True)
-    assert abs(float(loss) / float(eager_loss) - 1) < 1e-3
+    assert abs(float(loss.detach()) / float(eager_loss) - 1) < 1e-3
     grads = {n: p.grad for n, p in built.model.named_parameters() if p.requires_grad}
-    for name, grad in eager_grads.items():
-        torch.testing.assert_close(grads[name], grad, rtol=0.05, atol=1e-5, msg=name)
+    errors = {name: _relative(grads[name], grad) for name, grad in eager_grads.items() if grad.norm() > 0}
+    assert max(errors.values()) < 1e-4, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+    assert _e4m3_conversions_per_layer_forward(tmp_path / "graph") == 4
+
+
+def _e4m3_conversions_per_layer_forward(tmp_path) -> int:
+    """How many tensors one compiled FP8 decoder layer's forward graph converts to e4m3, after the compiler's
+    common-subexpression pass (AOTAutograd's forward graph as inductor's partitioner leaves it, captured)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    graphs = []
+
+    def capture(gm, _inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    plan, built = build_run(tiny_config(tmp_path, "lora", seq_len=16, fp8_base=True))
+    block = metrics.decoder_layers(built.model)[1]
+    block.compile(backend=aot_autograd(fw_compiler=capture, bw_compiler=lambda gm, _inputs: gm.forward,
+                                       partition_fn=min_cut_rematerialization_partition))
+    with built.autocast():
+        built.model(**next(built.batches)).loss.backward()
+    torch._dynamo.reset()
+    return sum(1 for node in graphs[0].graph.nodes if node.op == "call_function" and node.target != getattr
+               and isinstance(node.meta.get("val"), torch.Tensor) and node.meta["val"].dtype == torch.float8_e4m3fn)
