@@ -27,7 +27,7 @@ MEASUREMENTS = ROOT / "docs" / "measurements"
 SOURCES = ("*-fast-paths*-raw_summary.csv", "*-h200x2-targets-raw_summary.csv", "*-h200-methods-1b-raw_summary.csv",
            "*-h200x2-mistral-7b-classic-raw_summary.csv", "*-h200-plan-accuracy-*-raw_summary.csv",
            "*-h200-graphs-accumulation-raw_summary.csv", "*-h200-peers-budgets-raw_summary.csv",
-           "*-h200-peers-rest-raw_summary.csv")
+           "*-h200-peers-rest-raw_summary.csv", "*-h200-compiled-checkpoint-raw_summary.csv")
 # Runs of a few tokens per micro-batch (benchmarks/sweeps/host-floor.yaml): the host floor, not speed rows.
 HOST_SOURCES = ("*-h200-host-floor-raw_summary.csv",)
 MEMORY_MODELS = ("llama-8b",)  # probed here on the CPU (a 2-layer copy): about a minute per method
