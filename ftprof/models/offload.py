@@ -15,8 +15,9 @@ tensors (``_CheckpointFrame.save_inputs``) under the hooks in scope, while every
 to checkpoint's own hooks (innermost, so ours never see it). So the hooks see exactly the layer input: the pack
 hook copies it to the host, the unpack hook (run when backward reaches the layer and checkpoint asks for its
 inputs to recompute) brings it back. Everything else is torch's checkpoint unchanged: gradients reach frozen-input
-LoRA layers, DDP's hooks, PEFT, Liger's kernels. Under ``--compile`` the compiled modules are the layer's children
-(ftprof/engine/compile.py), inside the checkpoint; the hooks run in the eager layer wrapper, outside them.
+LoRA layers, DDP's hooks, PEFT, Liger's kernels. Under ``--compile`` the layer's forward is compiled inside the
+checkpoint (ftprof/engine/compiled_checkpoint.py, which wraps the checkpoint this wrapper holds); the hooks run
+in this eager wrapper, outside it.
 PEFT's input-grad hook (the embedding output made a leaf that requires grad, for reentrant checkpointing) is
 removed: such a leaf stays on the device, held by its gradient's accumulator, and the first layer's input with it.
 
