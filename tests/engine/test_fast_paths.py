@@ -78,6 +78,9 @@ def test_compile_under_partial_checkpointing_compiles_checkpointed_blocks_inside
     targets = compile_targets(model, "full")
     assert targets == [second]  # the first is compiled inside its checkpoint (engine/compiled_checkpoint.py)
     assert _scope([first, second], targets) == "block inside its checkpoint in 1 of 2 blocks"  # compile.scope
+    graphs = compile_targets(model, "full", "reduce-overhead")  # CUDA graphs: the checkpointed block's children
+    assert second in graphs and all(c in graphs for c in first.children()) and first not in graphs
+    assert _scope([first, second], graphs) == "block children in 1 of 2 blocks"
     apply_policy(model, "none")
     assert compile_targets(model, "none") == [first, second]
 
