@@ -176,6 +176,33 @@ def host_floor(device_name: str, key: calibration.ClassKey, layers: int, records
     return None
 
 
+def measured_ceiling(device_name: str, key: calibration.ClassKey, model: str, layers: int, records: list[dict],
+                     checkpointed: int | None = None, compile_mode: str = "default",
+                     options: dict | None = None) -> float | None:
+    """The least seconds per micro-batch measured by a run of the candidate's own family, model and recomputed
+    layers (the local store's and the shipped speed rows), or None. A micro-batch takes the longer of its GPU time
+    and its floor, so no floor exceeds what such a run measured, at any micro-batch size: a floor scaled from a
+    relative's runs of a few tokens said 841 ms for a configuration measured at 629 (llama-8b FP8 QLoRA, both host
+    levers, H200, 2026-12-04), and put it 25% under its own measurement."""
+    recomputed = (layers if key.policy == "full" else 0) if checkpointed is None else checkpointed
+    family = (key.method, key.kernels, key.compile, compile_mode if key.compile else None,
+              _with_host_work(key.options, options or {}))
+    seconds = [micro_batch_seconds(r) for r in [*records, *calibration.shipped().get("speed", [])]
+               if r.get("device_name") == device_name and r.get("model") == model
+               and calibration.class_key(r).policy == key.policy and _family(r) == family
+               and (r.get("checkpointed_layers") or (layers if r.get("policy") == "full" else 0)) == recomputed]
+    seconds = [s for s in seconds if s]
+    return min(seconds) if seconds else None
+
+
+def bounded(floor: Floor | None, ceiling: float | None) -> Floor | None:
+    """``floor`` no higher than ``ceiling`` (measured_ceiling), saying so where it was lowered."""
+    if floor is None or ceiling is None or floor.seconds <= ceiling:
+        return floor
+    return Floor(ceiling, ceiling * floor.per_layer_s / floor.seconds,
+                 f"{floor.source}; at most {ceiling * 1e3:.0f} ms, as a run of it measured", floor.runs)
+
+
 # Whose host-bound runs may give a family its floor, nearest first: its own; the same method and compile mode with
 # the other kernel set; any method with the same compile mode. What sets a micro-batch's host time is the compile
 # mode above all: CUDA graphs replay a layer in one launch, while compiled blocks without them were host-bound at

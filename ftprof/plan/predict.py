@@ -67,9 +67,7 @@ class Planner:
         spread = speed.spread(rate, micro_tokens) if rate else None
         rate = speed.at_micro_batch(rate, micro_tokens, cand.compile) if rate else None
         tps = speed.tokens_per_s(flops, rate.flops_per_s, self.target.world_size) if rate else None
-        floor = host.host_floor(self.target.device_name, key, self.layer_count, self.records,
-                                cand.checkpoint_layers, cand.option("compile_mode"),
-                                dict(cand.options)) if rate else None
+        floor = self.floor(key, cand) if rate else None
         if tps is not None and floor is not None:
             gpu_tps, tps = tps, host.tokens_per_s(tps, floor, micro_tokens, self.target.world_size)
             if tps < gpu_tps:  # host-bound: say so, where the floor came from, and how much less certain it is
@@ -86,6 +84,15 @@ class Planner:
             tokens_per_s_error=None if band is None else round(band, 3),
             confidence="" if band is None else speed.confidence(band),
             tokens_per_s_spread=None if spread is None else round(spread, 3))
+
+    def floor(self, key, cand: Candidate):
+        """The host floor per micro-batch (plan/host.py), no higher than a run of the candidate's own family
+        measured."""
+        args = (self.target.device_name, key)
+        rest = (cand.checkpoint_layers, cand.option("compile_mode"), dict(cand.options))
+        floor = host.host_floor(*args, self.layer_count, self.records, *rest)
+        return host.bounded(floor, host.measured_ceiling(*args, self.cfg.model.model, self.layer_count,
+                                                         self.records, *rest))
 
     def rate(self, key, flops_per_token: float, micro_tokens: int, knobs: dict | None = None):
         """The class's calibrated rate; for none or full without one, the other's per executed FLOP: the rate

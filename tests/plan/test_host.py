@@ -139,8 +139,35 @@ def test_a_host_bound_row_is_less_certain(tmp_path, monkeypatch):
     planner = Planner(cfg, resolve_model_source(deep), "bfloat16", Target("NVIDIA H200", capability=(9, 0)), [])
     bound = planner.predict(of_config(cfg))
     assert "host-bound" in bound.speed_source  # a small model's layers: the host sets the pace
+    with monkeypatch.context() as patch:  # a run of its own family measured less than the floor: it comes down
+        patch.setattr(host, "measured_ceiling", lambda *a, **k: 2048 / bound.tokens_per_s / 1.5)
+        lowered = planner.predict(of_config(cfg))
+    assert "as a run of it measured" in lowered.speed_source
     monkeypatch.setattr(host, "host_floor", lambda *a, **k: None)
     free = planner.predict(of_config(cfg))
     assert bound.tokens_per_s < free.tokens_per_s
+    assert lowered.tokens_per_s == pytest.approx(min(1.5 * bound.tokens_per_s, free.tokens_per_s))
     assert bound.tokens_per_s_error == pytest.approx(free.tokens_per_s_error + speed.BAND_HOST_BOUND, abs=1e-3)
     assert bound.tokens_per_s_spread == pytest.approx(free.tokens_per_s_spread + speed.BAND_HOST_BOUND, abs=1e-3)
+
+
+def test_no_floor_exceeds_what_a_run_of_its_own_family_measured():
+    """A micro-batch takes the longer of its GPU time and its floor, so a run of the candidate's family, model and
+    recomputed layers bounds the floor at any micro-batch size: a floor scaled from runs of a few tokens said 841 ms
+    for a configuration measured at 629 (H200, 2026-12-04). Runs of another model, another recomputation or
+    without the candidate's host work bound nothing."""
+    floor_rows = [_run(128, 128 / 0.115, 0.17, key=NONE, layers=16), _run(128, 128 / 0.300, 0.13, layers=16)]
+    measured = {**_run(8192, 8192 / 0.45, 0.9), "model": "llama-8b"}  # 0.45 s per micro-batch, GPU 90% busy
+    others = [{**measured, "model": "mistral-7b", "tokens_per_s": 8192 / 0.2},
+              {**measured, "checkpointed_layers": 8, "tokens_per_s": 8192 / 0.2},
+              _with({"offload_embeddings": True}, micro_tokens=8192, tokens_per_s=8192 / 0.2, busy=0.9)]
+    records = floor_rows + [measured] + [{**r, "model": r.get("model", "llama-8b")} for r in others]
+    floor = host.host_floor(H200, QLORA, 32, records)
+    assert floor.seconds == pytest.approx(32 * 0.300 / 16)  # the few-token runs' floor: 0.6 s, over 0.45
+    ceiling = host.measured_ceiling(H200, QLORA, "llama-8b", 32, records)
+    assert ceiling == pytest.approx(0.45)
+    bounded = host.bounded(floor, ceiling)
+    assert bounded.seconds == pytest.approx(0.45) and "at most 450 ms, as a run of it measured" in bounded.source
+    assert host.tokens_per_s(30_000, bounded, 8192, 1) == pytest.approx(8192 / 0.45)  # its own measurement
+    assert host.bounded(floor, 0.9) is floor and host.bounded(floor, None) is floor
+    assert host.measured_ceiling(H200, QLORA, "llama-1b", 32, records) is None
