@@ -153,10 +153,6 @@ def _(x, values, x_scale, weight, transposed, scale, ones, quant, blocksize, blo
     return values.new_empty((values.shape[0], scale.shape[1]), dtype=torch.bfloat16)
 
 
-# the ops' arguments after the input: weight, transposed, scale, ones, quant, blocksize, blocksize2, shape
-WEIGHT_ARGS = 8
-
-
 @torch.library.custom_op("ftprof::fp8_input_grad_quantized", mutates_args=())
 def fp8_input_grad_quantized(values: torch.Tensor, grad_scale: torch.Tensor, weight: torch.Tensor,
                              transposed: torch.Tensor | None, scale: torch.Tensor, ones: torch.Tensor,
@@ -171,6 +167,10 @@ def fp8_input_grad_quantized(values: torch.Tensor, grad_scale: torch.Tensor, wei
 @fp8_input_grad_quantized.register_fake
 def _(values, grad_scale, weight, transposed, scale, ones, quant, blocksize, blocksize2, shape):
     return values.new_empty((values.shape[0], ones.shape[1]), dtype=torch.bfloat16)
+
+
+# the ops' arguments after the input: weight, transposed, scale, ones, quant, blocksize, blocksize2, shape
+WEIGHT_ARGS = 8
 
 
 def _setup_context(ctx, inputs, output):
