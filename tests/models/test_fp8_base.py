@@ -218,17 +218,18 @@ def _e4m3_conversions_per_layer_forward(tmp_path) -> int:
     """How many tensors one compiled FP8 decoder layer's forward graph converts to e4m3, after the compiler's
     common-subexpression pass (AOTAutograd's forward graph as inductor's partitioner leaves it, captured)."""
     from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     graphs = []
 
     def capture(gm, _inputs):
         graphs.append(gm)
-        return gm.forward
+        return make_boxed_func(gm.forward)
 
     plan, built = build_run(tiny_config(tmp_path, "lora", seq_len=16, fp8_base=True))
     block = metrics.decoder_layers(built.model)[1]
-    block.compile(backend=aot_autograd(fw_compiler=capture, bw_compiler=lambda gm, _inputs: gm.forward,
+    block.compile(backend=aot_autograd(fw_compiler=capture, bw_compiler=lambda gm, _inputs: make_boxed_func(gm.forward),
                                        partition_fn=min_cut_rematerialization_partition))
     with built.autocast():
         built.model(**next(built.batches)).loss.backward()
