@@ -141,6 +141,27 @@ def test_a_failed_compile_puts_blocks_and_loss_back_to_eager(tmp_path):
     assert causal_lm(built.model).loss_function is eager_loss
 
 
+def test_a_failed_compile_under_full_checkpointing_puts_the_layers_checkpoint_back(tmp_path):
+    """The same fallback with each layer compiled inside its checkpoint: the layers' checkpoint functions are
+    torch's own again."""
+    import contextlib
+
+    from ftprof.engine import compiled_checkpoint
+    from ftprof.engine.compile import causal_lm, warm_up
+    from ftprof.metrics import decoder_layers
+    from tests.conftest import build_run
+
+    plan, built = build_run(tiny_config(tmp_path, "lora", checkpointing="full"))
+    layers = decoder_layers(built.model)
+    eager = [block._gradient_checkpointing_func for block in layers]
+    vocab = causal_lm(built.model).config.vocab_size
+    bad = {"input_ids": torch.full((1, 8), vocab + 5), "labels": torch.zeros((1, 8), dtype=torch.long)}
+    outcome = warm_up(built.model, built.params, bad, contextlib.nullcontext, lambda _line: None, "full")
+    assert not outcome.compiled and outcome.scope == "block inside its checkpoint", outcome
+    assert [block._gradient_checkpointing_func for block in layers] == eager
+    assert not any(isinstance(f, compiled_checkpoint.CompiledForward) for f in eager)
+
+
 @pytest.mark.slow  # torch.compile: inductor builds C++ kernels (tens of seconds on 2 cores)
 def test_a_loss_that_does_not_compile_runs_eager_and_the_blocks_stay_compiled(tmp_path):
     import contextlib
