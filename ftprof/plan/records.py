@@ -11,6 +11,7 @@ from typing import Any
 from ftprof.config import declarations
 from ftprof.results import run_dir as files
 from ftprof.results.load import config_options, trainer_name
+from ftprof.results.parts import auto_chosen
 from ftprof.results.status import Status
 
 VERSION_PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "gptqmodel")  # and any liger package
@@ -39,11 +40,8 @@ def run_record(run_dir: str | Path) -> dict | None:
         return None
     raw_config = _read_json(run_dir / files.CONFIG)
     cfg = config_options(raw_config)
-    auto = result.get("checkpointing_auto") or {}
-    if auto.get("offload"):  # --checkpointing auto chose the offload: it ran so
-        cfg["offload_checkpoints"] = True
-    if auto.get("host_embeddings"):  # and the embedding table in host memory
-        cfg["offload_embeddings"] = True
+    for option in auto_chosen(result.get("checkpointing_auto")):  # --checkpointing auto chose it: the run ran so
+        cfg[option] = True
     env = _read_json(run_dir / files.ENV)
     compiled = bool((result.get("compile") or {}).get("compiled", cfg.get("compile", False)))
     kernels = cfg.get("kernels") or "eager"

@@ -17,6 +17,7 @@ from typing import Any
 
 from ftprof.config import METHOD_OPTION_GROUPS, SECTIONS, flat_field_owners
 from ftprof.config.declarations import DECLARED, ON, Declared, When, is_on
+from ftprof.results.parts import AUTO_OPTIONS
 
 # Options that say where or how a run was recorded, not what it ran: never part of a configuration.
 # gradient_checkpointing is the yes/no derived from the checkpointing policy (HF's spelling); the policy is the column.
@@ -187,7 +188,7 @@ def effective_frame(df):
         if name in df and mask.any():
             df[name] = df[name].where(~mask, None)
     auto = _is(df, "checkpointing", ("auto",))  # config.json says auto: the offloads are what auto chose
-    for option, key in (("offload_checkpoints", "offload"), ("offload_embeddings", "host_embeddings")):
+    for option, key in AUTO_OPTIONS:
         chose = _auto_chose(df, key) if auto.any() else None
         if chose is not None and (option in df or (chose[auto] == True).any()):  # noqa: E712
             asked = _column(df, option).map(lambda v: normalize_value("bool", v) is True)  # the table: also asked

@@ -142,6 +142,17 @@ class AutoChoice(Record):
     host_embeddings: bool = False  # --offload-embeddings chosen too (CUDA only; files without the key: False)
 
 
+# The memory options --checkpointing auto may choose, each with the AutoChoice field that records the choice: the
+# one vocabulary the store's records (plan/records.py) and the reports' effective configuration read it by.
+AUTO_OPTIONS = (("offload_checkpoints", "offload"), ("offload_embeddings", "host_embeddings"))
+
+
+def auto_chosen(checkpointing_auto: dict | None) -> list[str]:
+    """The options a run's ``checkpointing_auto`` (result.json) says auto chose: it ran with them on."""
+    auto = checkpointing_auto or {}
+    return [option for option, field_name in AUTO_OPTIONS if auto.get(field_name)]
+
+
 @dataclass
 class Prediction(Record):
     """What ftprof.plan predicted for this run before it loaded anything (result.json's ``prediction``): peak memory

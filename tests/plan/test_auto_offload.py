@@ -108,15 +108,30 @@ def test_the_calibration_store_records_an_auto_run_s_offload(tmp_path):
 
     config = {"schema_version": 1, "model": {"model": "tiny", "checkpointing": "auto", "offload_checkpoints": False},
               "method": {"method": "lora"}}
-    for offloaded in (True, False):
-        run_dir = tmp_path / str(offloaded)
+    for offloaded, embedded in ((True, False), (False, False), (True, True), (False, True)):
+        run_dir = tmp_path / f"{offloaded}-{embedded}"
         run_dir.mkdir()
         (run_dir / "config.json").write_text(json.dumps(config))
         (run_dir / "result.json").write_text(json.dumps({
             "status": "ok", "tokens_per_s": 1000.0, "flops_per_token": 1e6, "finished_at": "2026-12-03T00:00:00",
             "method": "lora", "checkpointing_policy": "full",
-            "checkpointing_auto": {"policy": "full", "offload": offloaded}}))
-        assert calibration.run_record(run_dir)["knobs"]["offload_checkpoints"] is offloaded
+            "checkpointing_auto": {"policy": "full", "offload": offloaded, "host_embeddings": embedded}}))
+        knobs = calibration.run_record(run_dir)["knobs"]
+        assert knobs["offload_checkpoints"] is offloaded and knobs["offload_embeddings"] is embedded
+
+
+def test_auto_s_options_are_one_vocabulary_of_declared_options_and_recorded_fields():
+    """The options auto may choose, each with the field result.json records it in: what the store and the
+    reports read (results/parts.AUTO_OPTIONS)."""
+    import dataclasses as dc
+
+    from ftprof.config import declarations
+    from ftprof.results.parts import AUTO_OPTIONS, auto_chosen
+
+    fields = {f.name for f in dc.fields(AutoChoice)}
+    assert all(option in declarations.BY_NAME and name in fields for option, name in AUTO_OPTIONS)
+    assert auto_chosen({"policy": "full", "offload": True, "host_embeddings": False}) == ["offload_checkpoints"]
+    assert auto_chosen(None) == [] and auto_chosen({}) == []
 
 
 def test_a_refusal_names_what_fits_with_host_memory_at_another_micro_batch(deep):
