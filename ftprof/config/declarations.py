@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ftprof.config.options import LORA_METHODS, METHODS
+from ftprof.config.options import CUDA_GRAPH_MODES, LORA_METHODS, METHODS
 
 ON = "on"  # in ``When.values``: any value that is on (True, or a set non-empty value)
 # What an option can change. "activations": what autograd saves (the planner's activation factor is calibrated per
@@ -113,7 +113,7 @@ DECLARED: tuple[Declared, ...] = (
     Declared("compile", "model", frozenset({"speed", "activations"}), False, word="compile",
              planner_values=(False, True)),
     Declared("compile_mode", "model", frozenset({"speed"}), "default", needs=(_COMPILED,),
-             refuse=frozenset({"needs"}), cuda_values=("reduce-overhead", "max-autotune"), word="compile",
+             refuse=frozenset({"needs"}), cuda_values=CUDA_GRAPH_MODES, word="compile",
              planner_values=("default", "reduce-overhead"),  # reduce-overhead: CUDA graphs
              # a class of its own: CUDA graphs take the host off the step (1 x 4 QLoRA, H200: 16,632 tokens/s with
              # them; the default mode's rate stood in for them and the reverse, 2026-12-03)
@@ -164,7 +164,7 @@ DECLARED: tuple[Declared, ...] = (
              planner_values=(False, True), planner_devices=("cuda",),  # on the CPU the offload is a plain copy
              excludes=(Excludes(When(SHARDED, (True,)), "{flag} is not tried under FSDP, whose hooks gather and free "
                                 "each layer's weights around it: use --parallel ddp or leave it off"),
-                       Excludes(When("compile_mode", ("reduce-overhead", "max-autotune")),
+                       Excludes(When("compile_mode", CUDA_GRAPH_MODES),
                                 "{flag} copies on a side stream, outside the CUDA graphs of {other} reduce-overhead "
                                 "and max-autotune: use --compile-mode default or max-autotune-no-cudagraphs"))),
     # the frozen input embedding table in host memory, each micro-batch's rows gathered there (models/host_embedding.py)

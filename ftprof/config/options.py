@@ -26,6 +26,7 @@ KERNELS = ("eager", "liger")
 SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn")  # models/attention.py says what each means
 # torch.compile's modes, by torch's names; engine/compile.py says what each does to a decoder block.
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that replay compiled code as CUDA graphs
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 DEQUANT_KERNELS = ("auto", "bitsandbytes", "triton")
 DATA_FORMATS = ("auto", "text", "instruction", "chat")

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from ftprof import metrics, models
+from ftprof.config.options import CUDA_GRAPH_MODES
 from ftprof.engine import compiled_checkpoint
 from ftprof.results.parts import CompileOutcome  # what --compile did, as result.json records it
 
@@ -80,9 +81,6 @@ def tag_caches() -> None:
     tag = f"ftprof-{digest.hexdigest()[:16]}"
     if tag not in compiler_config.cache_key_tag:
         compiler_config.cache_key_tag = "+".join(filter(None, (compiler_config.cache_key_tag, tag)))
-
-
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # modes that replay compiled code as CUDA graphs
 
 
 def compile_targets(model, checkpointing: str, mode: str = "default") -> list[torch.nn.Module]:

@@ -84,6 +84,12 @@ def _with_host_work(options: tuple, values: dict) -> tuple:
     return tuple(sorted((*options, *extra))) if extra else options
 
 
+def _candidate_family(key: calibration.ClassKey, compile_mode: str, options: dict | None) -> tuple:
+    """``_family`` of a candidate of class ``key`` with ``compile_mode`` and option values ``options``."""
+    return (key.method, key.kernels, key.compile, compile_mode if key.compile else None,
+            _with_host_work(key.options, options or {}))
+
+
 def _usable(record: dict) -> bool:
     try:
         return bool(_seconds(record)) and int(record.get("layers") or 0) > 0
@@ -155,8 +161,7 @@ def host_floor(device_name: str, key: calibration.ClassKey, layers: int, records
     its nearest relative, scaled: _family_costs), else the shipped host rows; None where neither has what it
     needs."""
     checkpointed = (layers if key.policy == "full" else 0) if checkpointed is None else checkpointed
-    family = (key.method, key.kernels, key.compile, compile_mode if key.compile else None,
-              _with_host_work(key.options, options or {}))
+    family = _candidate_family(key, compile_mode, options)
     if key.policy not in ("none", "full"):
         return None
     for origin, rows in (("local host-bound run(s)", [r for r in records if _host_bound(r)]),
@@ -185,8 +190,7 @@ def measured_ceiling(device_name: str, key: calibration.ClassKey, model: str, la
     relative's runs of a few tokens said 841 ms for a configuration measured at 629 (llama-8b FP8 QLoRA, both host
     levers, H200, 2026-12-04), and put it 25% under its own measurement."""
     recomputed = (layers if key.policy == "full" else 0) if checkpointed is None else checkpointed
-    family = (key.method, key.kernels, key.compile, compile_mode if key.compile else None,
-              _with_host_work(key.options, options or {}))
+    family = _candidate_family(key, compile_mode, options)
     seconds = [micro_batch_seconds(r) for r in [*records, *calibration.shipped().get("speed", [])]
                if r.get("device_name") == device_name and r.get("model") == model
                and calibration.class_key(r).policy == key.policy and _family(r) == family

@@ -12,6 +12,8 @@ import copy
 from dataclasses import Field, asdict, dataclass, field, fields
 from typing import Any, ClassVar, Optional
 
+from ftprof.config.options import CUDA_GRAPH_MODES
+
 
 class Record:
     """A result.json object whose keys are fixed, as a dataclass (mixed into one). Keys a reader does not know are
@@ -193,7 +195,7 @@ class CompileOutcome(Record):
     @property
     def cudagraphs(self) -> bool:
         """Whether compiled blocks replay as CUDA graphs (torch's CUDA graph trees then need step marks)."""
-        return self.compiled and self.mode in ("reduce-overhead", "max-autotune")
+        return self.compiled and self.mode in CUDA_GRAPH_MODES
 
 
 @dataclass
