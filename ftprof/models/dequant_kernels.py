@@ -34,6 +34,12 @@ def _kernels():
     return triton_kernels
 
 
+def _kernel(kernel, traced: bool):
+    """``kernel`` as launched eagerly, or wrapped so that a ``triton_op``'s body traces into compiled code (the
+    launch then comes from inductor's generated code, not from Python at each call)."""
+    return torch.library.wrap_triton(kernel) if traced else kernel
+
+
 @torch.library.custom_op("ftprof::dequantize_4bit", mutates_args=())
 def dequantize_4bit(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absmax2: torch.Tensor | None,
                     code2: torch.Tensor | None, offset: torch.Tensor | None, blocksize: int, blocksize2: int,
@@ -53,20 +59,26 @@ def dequantize_4bit(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tens
 
 def launch(data, absmax, code, absmax2, code2, offset, blocksize: int, blocksize2: int, out: torch.Tensor,
            bytes_per_program: int | None = None, warps: int | None = None, columns: int = 0,
-           inverse: torch.Tensor | None = None) -> None:
+           inverse: torch.Tensor | None = None, traced: bool = False) -> None:
     """The kernel over ``data`` (packed bytes, two values each) into ``out``: ``data.numel() * 2`` values, or, with
     ``columns``, rows of that many values written into the left columns of ``out`` (a 2-D view, unit column stride).
     ``inverse`` (one fp32 factor per row of ``columns`` values) scales each row before the rounding to ``out``'s
-    dtype (e4m3 rows for --fp8-base)."""
+    dtype (e4m3 rows for --fp8-base). ``traced``: launched from a ``triton_op`` (see ``_kernel``)."""
     nested = absmax2 is not None
     size = bytes_per_program or BYTES
     strided = bool(columns) and out.stride(0) != columns
-    _kernels().dequantize_4bit_kernel[(-(-data.numel() // size),)](  # programs: ceil(bytes / size)
+    _kernel(_kernels().dequantize_4bit_kernel, traced)[(-(-data.numel() // size),)](  # programs: ceil(bytes / size)
         data, absmax, code, absmax2 if nested else absmax, code2 if nested else code, offset if nested else absmax,
         out, data.numel(), columns or 1, out.stride(0) if strided else 1, inverse if inverse is not None else absmax,
         BLOCKSIZE=blocksize, BLOCKSIZE2=blocksize2 if nested else 1, NESTED=nested, BYTES=size, STRIDED=strided,
-        ROW_SCALED=inverse is not None, num_warps=warps or WARPS,
-        enable_fp_fusion=False)  # bitsandbytes rounds the nested multiply and the add apart
+        ROW_SCALED=inverse is not None, num_warps=warps or WARPS, **_unfused(traced))
+
+
+def _unfused(traced: bool) -> dict:
+    """bitsandbytes rounds the nested absmax's multiply and add apart: eager launches turn off Triton's fused
+    multiply-add. Inductor's launches of a traced kernel take no such option (torch 2.11), so there the nested
+    absmax may round once; that moves an e4m3 weight (--fp8-base, the only traced use) by at most one step, rarely."""
+    return {} if traced else {"enable_fp_fusion": False}
 
 
 @dequantize_4bit.register_fake
@@ -90,46 +102,53 @@ TILE = 128  # rows and columns of the weight per program of the transposing kern
 
 def dequantize_fp8_transposed(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
                               absmax2: torch.Tensor | None, code2: torch.Tensor | None, offset: torch.Tensor | None,
-                              blocksize: int, blocksize2: int, shape: list[int], inverse: torch.Tensor) -> torch.Tensor:
+                              blocksize: int, blocksize2: int, shape: list[int], inverse: torch.Tensor,
+                              traced: bool = False, tie: torch.Tensor | None = None) -> torch.Tensor:
     """``fp8_rows_transposed`` on CUDA: one tiled Triton kernel, the same bits as the rows'. A row must hold whole
-    bytes (an even number of columns)."""
+    bytes (an even number of columns). ``tie``, a tensor of the backward (the quantized gradient), is passed to the
+    kernel unread: traced into compiled code, a dequantization that depends on the weight alone is hoisted by the
+    partitioner into the forward, whose e4m3 result (a byte a parameter, every layer's) is then saved for the
+    backward; depending on the gradient, it stays where it is used."""
     rows, columns = shape
     assert columns % 2 == 0, shape
     nested = absmax2 is not None
     out = torch.empty(columns, rows, dtype=torch.float8_e4m3fn, device=data.device)
     grid = (-(-rows // TILE), -(-columns // TILE))
-    _kernels().dequantize_4bit_transposed_kernel[grid](
+    _kernel(_kernels().dequantize_4bit_transposed_kernel, traced)[grid](
         data, absmax, code, absmax2 if nested else absmax, code2 if nested else code, offset if nested else absmax,
-        inverse, out, rows, columns, BLOCKSIZE=blocksize, BLOCKSIZE2=blocksize2 if nested else 1, NESTED=nested,
-        TILE=TILE, num_warps=8, enable_fp_fusion=False)  # bitsandbytes rounds the nested multiply and the add apart
+        inverse, out, rows, columns, tie if tie is not None else inverse, BLOCKSIZE=blocksize,
+        BLOCKSIZE2=blocksize2 if nested else 1, NESTED=nested, TILE=TILE, num_warps=8, **_unfused(traced))
     return out
 
 
 def fp8_rows(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absmax2: torch.Tensor | None,
              code2: torch.Tensor | None, offset: torch.Tensor | None, blocksize: int, blocksize2: int,
-             shape: list[int], inverse: torch.Tensor) -> torch.Tensor:
+             shape: list[int], inverse: torch.Tensor, traced: bool = False) -> torch.Tensor:
     """The weight of ``shape`` (rows x columns) from its packed bytes (``data``, uint8) as e4m3: each row's values
     times its ``inverse`` scale (fp32), one rounding to e4m3 (--fp8-base; models/fp8_base.py). A plain function,
-    called inside the FP8 custom ops (models/fp8_kernels.py): the Triton kernel on CUDA, torch ops elsewhere."""
+    called inside the FP8 ops (models/fp8_kernels.py): the Triton kernel on CUDA, torch ops elsewhere."""
     if data.device.type != "cuda":
         values = blockwise(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2, shape, torch.float32)
         return (values * inverse.view(-1, 1)).to(torch.float8_e4m3fn)
     out = torch.empty(shape, dtype=torch.float8_e4m3fn, device=data.device)
-    launch(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2, out, columns=shape[1], inverse=inverse)
+    launch(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2, out, columns=shape[1], inverse=inverse,
+           traced=traced)
     return out
 
 
 def fp8_rows_transposed(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absmax2: torch.Tensor | None,
                         code2: torch.Tensor | None, offset: torch.Tensor | None, blocksize: int, blocksize2: int,
-                        shape: list[int], inverse: torch.Tensor) -> torch.Tensor:
+                        shape: list[int], inverse: torch.Tensor, traced: bool = False,
+                        tie: torch.Tensor | None = None) -> torch.Tensor:
     """The transpose (columns x rows, contiguous) of ``fp8_rows``: the input-gradient GEMM's operand
     (models/fp8_kernels.py). On CUDA one tiled kernel writes it straight from the packed bytes (a transposing
-    copy of the rows took ~40 ms a step for llama-8b QLoRA on an H200); elsewhere the rows' transposing copy."""
+    copy of the rows took ~40 ms a step for llama-8b QLoRA on an H200); ``traced`` and ``tie`` as that kernel
+    takes them. Elsewhere the rows' transposing copy."""
     if data.device.type != "cuda" or shape[1] % 2:
         return fp8_rows(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2, shape, inverse) \
             .t().contiguous()
     return dequantize_fp8_transposed(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2, shape,
-                                     inverse)
+                                     inverse, traced=traced, tie=tie)
 
 
 def dequantize_fp8(packed: torch.Tensor, state, inverse: torch.Tensor, transposed: bool = False) -> torch.Tensor:

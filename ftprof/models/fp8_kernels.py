@@ -1,12 +1,12 @@
 """The e4m3 matmul of a frozen weight and its input gradient as torch custom ops (``--fp8-base``;
 models/fp8_base.py says what they compute and why).
 
-The ops are opaque to the compiler (``ftprof::fp8_linear``, ``ftprof::fp8_linear_input_grad``), with every tensor
-they read passed in: traced by inductor on the GPU, an autograd.Function of the same arithmetic trained correctly as
-compiled blocks but lost its LoRA gradients under compiled children with checkpointing and as CUDA graphs (H200,
-2026-12-02; the CPU compiled it correctly). Inside an op the rows of an activation or gradient are quantized by one
-Triton kernel on CUDA (each program one row: its absmax, its scale, its e4m3 values), by torch ops elsewhere: the
-same arithmetic, IEEE divisions in both.
+Eager, the ops are opaque (``ftprof::fp8_linear``, ``ftprof::fp8_linear_input_grad``), with every tensor they read
+passed in, and their autograd is the op's: traced by inductor on the GPU, an autograd.Function of the same
+arithmetic trained correctly as compiled blocks but lost its LoRA gradients under compiled children with
+checkpointing and as CUDA graphs (H200, 2026-12-02; the CPU compiled it correctly). Inside an op the rows of an
+activation or gradient are quantized by one Triton kernel on CUDA (each program one row: its absmax, its scale, its
+e4m3 values), by torch ops elsewhere: the same arithmetic, IEEE divisions in both.
 
 In compiled code the quantization is traced instead (``torch_quantize_rows``), and the ``_quantized`` ops take its
 e4m3 rows: inductor fuses it into the kernel that made the tensor (the norm, the SwiGLU product, the gradient's
@@ -14,6 +14,12 @@ producer) and quantizes an input that q, k and v (gate and up) share once. Under
 host's launches limited an H200, llama-8b QLoRA ran 13,012 tokens/s against 12,264 with the ops quantizing (two
 calls, 2026-12-04); as CUDA graphs, 1 x 4, 15,500 against 15,371 (one call). Compiled runs round where eager rounds
 (engine/compile.eager_rounding), so the traced quantization reads the same bf16 values as the op.
+
+The ops compiled code calls are ``triton_op``s: the compiler sees into them, so a 4-bit weight's dequantization
+kernel launches from the compiled code and the GEMM is aten's ``_scaled_mm``, with no Python op call per linear
+(three a step under full checkpointing: forward, recomputation, backward). The backward's (``fp8_input_grad_traced``)
+is one on CUDA only: there its dequantization kernel is tied to the gradient (see
+dequant_kernels.dequantize_fp8_transposed); off CUDA it stays opaque (``fp8_input_grad_quantized``).
 
 A weight is either dense (its e4m3 rows and their transpose, made once) or a bitsandbytes 4-bit weight (``quant``:
 absmax, table, inverse row scales, then double quantization's absmax, table and offset), dequantized into e4m3 on
@@ -77,17 +83,21 @@ def _triton_quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None) ->
 
 
 def rows(weight: torch.Tensor, quant: list[torch.Tensor], blocksize: int, blocksize2: int, shape: list[int],
-         transposed: bool = False) -> torch.Tensor:
+         transposed: bool = False, traced: bool = False, tie: torch.Tensor | None = None) -> torch.Tensor:
     """The weight's e4m3 rows (out x in), or with ``transposed`` their transpose (in x out, contiguous),
     dequantized from its 4-bit packing, each row scaled by its inverse scale; ``weight`` itself when dense
-    (``quant`` empty, rows only)."""
+    (``quant`` empty, rows only). ``traced``: inside a ``triton_op``; ``tie``: see
+    dequant_kernels.dequantize_fp8_transposed."""
     if not quant:
         return weight
     absmax, code, inverse, *inner = quant
     absmax2, code2, offset = inner or (None, None, None)
-    dequantize = dequant_kernels.fp8_rows_transposed if transposed else dequant_kernels.fp8_rows
-    return dequantize(weight.reshape(-1).view(torch.uint8), absmax, code, absmax2, code2, offset, blocksize,
-                      blocksize2, shape, inverse)
+    data = weight.reshape(-1).view(torch.uint8)
+    if transposed:
+        return dequant_kernels.fp8_rows_transposed(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2,
+                                                   shape, inverse, traced=traced, tie=tie)
+    return dequant_kernels.fp8_rows(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2, shape, inverse,
+                                    traced=traced)
 
 
 def _device(t: torch.Tensor):
@@ -124,11 +134,14 @@ def fp8_linear_input_grad(grad: torch.Tensor, weight: torch.Tensor, transposed: 
         return _input_grad_mm(values, grad_scale, weight, transposed, ones, quant, blocksize, blocksize2, shape)
 
 
-def _input_grad_mm(values, grad_scale, weight, transposed, ones, quant, blocksize, blocksize2, shape) -> torch.Tensor:
+def _input_grad_mm(values, grad_scale, weight, transposed, ones, quant, blocksize, blocksize2, shape,
+                   traced: bool = False) -> torch.Tensor:
     """The input gradient's GEMM from the quantized gradient: its rows times the weight's e4m3 rows, whose
-    transpose is the column-major operand (kept, or dequantized from 4 bits here)."""
+    transpose is the column-major operand (kept, or dequantized from 4 bits here, tied to the gradient when
+    ``traced``)."""
     if transposed is None:
-        transposed = rows(weight, quant, blocksize, blocksize2, shape, transposed=True)
+        transposed = rows(weight, quant, blocksize, blocksize2, shape, transposed=True, traced=traced,
+                          tie=values if traced else None)
     return torch._scaled_mm(values, transposed.t(), scale_a=grad_scale, scale_b=ones, out_dtype=torch.bfloat16)
 
 
@@ -137,20 +150,16 @@ def _(grad, weight, transposed, scale, ones, quant, blocksize, blocksize2, shape
     return grad.new_empty((grad.shape[0], ones.shape[1]), dtype=torch.bfloat16)
 
 
-@torch.library.custom_op("ftprof::fp8_linear_quantized", mutates_args=())
+@torch.library.triton_op("ftprof::fp8_linear_quantized", mutates_args=())
 def fp8_linear_quantized(x: torch.Tensor, values: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
                          transposed: torch.Tensor | None, scale: torch.Tensor, ones: torch.Tensor,
                          quant: list[torch.Tensor], blocksize: int, blocksize2: int, shape: list[int]) -> torch.Tensor:
     """``fp8_linear`` with its input already quantized (``values`` and ``x_scale``, as ``torch_quantize_rows``
-    makes them in compiled code): ``x`` itself is not read, it is there to receive the input gradient."""
+    makes them in compiled code): ``x`` itself is not read, it is there to receive the input gradient. A
+    ``triton_op``: compiled code sees into it (see the module's docstring)."""
     with _device(values):
-        weight_rows = rows(weight, quant, blocksize, blocksize2, shape)
+        weight_rows = rows(weight, quant, blocksize, blocksize2, shape, traced=True)
         return torch._scaled_mm(values, weight_rows.t(), scale_a=x_scale, scale_b=scale, out_dtype=torch.bfloat16)
-
-
-@fp8_linear_quantized.register_fake
-def _(x, values, x_scale, weight, transposed, scale, ones, quant, blocksize, blocksize2, shape):
-    return values.new_empty((values.shape[0], scale.shape[1]), dtype=torch.bfloat16)
 
 
 @torch.library.custom_op("ftprof::fp8_input_grad_quantized", mutates_args=())
@@ -159,7 +168,8 @@ def fp8_input_grad_quantized(values: torch.Tensor, grad_scale: torch.Tensor, wei
                              quant: list[torch.Tensor], blocksize: int, blocksize2: int,
                              shape: list[int]) -> torch.Tensor:
     """``fp8_linear_input_grad`` with the gradient already quantized (``torch_quantize_rows(grad, scale)`` in
-    compiled code)."""
+    compiled code), opaque: off CUDA, where a traced dequantization would depend on the weight alone (see
+    ``fp8_input_grad_traced``)."""
     with _device(values):
         return _input_grad_mm(values, grad_scale, weight, transposed, ones, quant, blocksize, blocksize2, shape)
 
@@ -167,6 +177,17 @@ def fp8_input_grad_quantized(values: torch.Tensor, grad_scale: torch.Tensor, wei
 @fp8_input_grad_quantized.register_fake
 def _(values, grad_scale, weight, transposed, scale, ones, quant, blocksize, blocksize2, shape):
     return values.new_empty((values.shape[0], ones.shape[1]), dtype=torch.bfloat16)
+
+
+@torch.library.triton_op("ftprof::fp8_input_grad_traced", mutates_args=())
+def fp8_input_grad_traced(values: torch.Tensor, grad_scale: torch.Tensor, weight: torch.Tensor,
+                          transposed: torch.Tensor | None, scale: torch.Tensor, ones: torch.Tensor,
+                          quant: list[torch.Tensor], blocksize: int, blocksize2: int, shape: list[int]) -> torch.Tensor:
+    """``fp8_input_grad_quantized`` as a ``triton_op``, on CUDA: compiled code sees into it, and its transposing
+    dequantization kernel is tied to the gradient (dequant_kernels.dequantize_fp8_transposed)."""
+    with _device(values):
+        return _input_grad_mm(values, grad_scale, weight, transposed, ones, quant, blocksize, blocksize2, shape,
+                              traced=True)
 
 
 # the ops' arguments after the input: weight, transposed, scale, ones, quant, blocksize, blocksize2, shape
@@ -189,7 +210,8 @@ def _backward(ctx, grad):
         # traced into the compiled backward: the gradient's quantization in torch ops, fused into the kernel that
         # made the gradient (one op call and one launch fewer a linear)
         values, grad_scale = torch_quantize_rows(grad, scale)
-        grad_in = torch.ops.ftprof.fp8_input_grad_quantized(values, grad_scale, *args)
+        op = torch.ops.ftprof.fp8_input_grad_traced if grad.is_cuda else torch.ops.ftprof.fp8_input_grad_quantized
+        grad_in = op(values, grad_scale, *args)
     else:
         grad_in = torch.ops.ftprof.fp8_linear_input_grad(grad, *args)
     # the structure of the inputs: the tensor list stays a list (``shape`` is never empty: one leaf)

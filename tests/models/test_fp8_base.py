@@ -180,15 +180,16 @@ def test_ddp_leaves_the_e4m3_buffers_alone(tmp_path, method):
     assert result.run.world_size == 2 and result.run.parallel == "ddp"
 
 
-def test_compiled_fp8_linears_quantize_an_input_shared_by_projections_once(tmp_path, monkeypatch):
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_compiled_fp8_linears_quantize_an_input_shared_by_projections_once(tmp_path, monkeypatch, method):
     """Compiled, inputs and gradients are quantized by traced torch ops (no op call of their own), which the
     compiler computes once for q, k and v and once for gate and up: four e4m3 conversions a layer forward, not
-    seven; the numbers are eager FP8's."""
+    seven; the numbers are eager FP8's (4-bit weights included, whose dequantization is traced too)."""
     from ftprof.engine.compile import eager_rounding
     from ftprof.models import fp8_kernels
 
     with eager_rounding(True):  # as a run compiles: the traced quantization reads the norm's bf16 output, as eager
-        plan, built = build_run(tiny_config(tmp_path / "compiled", "lora", seq_len=16, fp8_base=True, compile=True,
+        plan, built = build_run(tiny_config(tmp_path / "compiled", method, seq_len=16, fp8_base=True, compile=True,
                                             compile_loss=False))
     if not built.compiled.compiled:
         pytest.skip(f"no compiler here: {built.compiled.fallback}")
@@ -206,17 +207,18 @@ def test_compiled_fp8_linears_quantize_an_input_shared_by_projections_once(tmp_p
     loss.backward()
     assert calls == {"inputs": 0, "gradients": 0}, calls  # traced: fused into the kernels that made them
     monkeypatch.undo()
-    _, eager_loss, eager_grads, _ = loss_and_grads(tmp_path / "eager", "lora", fp8_base=True)
+    _, eager_loss, eager_grads, _ = loss_and_grads(tmp_path / "eager", method, fp8_base=True)
     assert abs(float(loss.detach()) / float(eager_loss) - 1) < 1e-3
     grads = {n: p.grad for n, p in built.model.named_parameters() if p.requires_grad}
     errors = {name: _relative(grads[name], grad) for name, grad in eager_grads.items() if grad.norm() > 0}
     assert max(errors.values()) < 1e-4, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
-    assert _e4m3_conversions_per_layer_forward(tmp_path / "graph") == 4
+    if method == "lora":  # (a 4-bit weight's dequantization converts to e4m3 too)
+        assert _e4m3_conversions_per_layer_forward(tmp_path / "graph") == 4
 
 
-def _e4m3_conversions_per_layer_forward(tmp_path) -> int:
-    """How many tensors one compiled FP8 decoder layer's forward graph converts to e4m3, after the compiler's
-    common-subexpression pass (AOTAutograd's forward graph as inductor's partitioner leaves it, captured)."""
+def _compiled_layer_forward(tmp_path, method: str):
+    """One compiled FP8 decoder layer's forward graph as AOTAutograd's partitioner leaves it (after the
+    compiler's common-subexpression pass), captured from a step of a tiny run."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
     from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -227,12 +229,37 @@ def _e4m3_conversions_per_layer_forward(tmp_path) -> int:
         graphs.append(gm)
         return make_boxed_func(gm.forward)
 
-    plan, built = build_run(tiny_config(tmp_path, "lora", seq_len=16, fp8_base=True))
+    plan, built = build_run(tiny_config(tmp_path, method, seq_len=16, fp8_base=True))
     block = metrics.decoder_layers(built.model)[1]
     block.compile(backend=aot_autograd(fw_compiler=capture, bw_compiler=lambda gm, _inputs: make_boxed_func(gm.forward),
                                        partition_fn=min_cut_rematerialization_partition))
     with built.autocast():
         built.model(**next(built.batches)).loss.backward()
     torch._dynamo.reset()
-    return sum(1 for node in graphs[0].graph.nodes if node.op == "call_function" and node.target != getattr
-               and isinstance(node.meta.get("val"), torch.Tensor) and node.meta["val"].dtype == torch.float8_e4m3fn)
+    return graphs[0].graph
+
+
+def _e4m3(node) -> bool:
+    value = node.meta.get("val") if hasattr(node, "meta") else None
+    return isinstance(value, torch.Tensor) and value.dtype == torch.float8_e4m3fn
+
+
+def _e4m3_conversions_per_layer_forward(tmp_path) -> int:
+    """How many tensors one compiled FP8 (LoRA) decoder layer's forward converts to e4m3 (views of e4m3 tensors
+    are not conversions)."""
+    graph = _compiled_layer_forward(tmp_path, "lora")
+    return sum(1 for node in graph.nodes if node.op == "call_function" and _e4m3(node)
+               and not any(_e4m3(arg) for arg in node.args))
+
+
+def test_compiled_4bit_fp8_linears_trace_their_dequantization_and_save_no_e4m3_weight(tmp_path):
+    """Compiled, a 4-bit FP8 linear's forward is traced (no ftprof op is left in the graph: on CUDA its Triton
+    kernel launches from the compiled code), and nothing in e4m3 is kept for the backward: neither the forward's
+    rows nor a backward dequantization hoisted into the forward (a byte a parameter, every layer's)."""
+    graph = _compiled_layer_forward(tmp_path, "qlora")
+    calls = [node for node in graph.nodes if node.op == "call_function"]
+    opaque = [str(n.target) for n in calls if "ftprof" in str(n.target)]
+    assert not opaque, opaque
+    assert sum(1 for n in calls if "_scaled_mm" in str(n.target)) == 7  # the seven projections, forward
+    saved = list(graph.nodes)[-1].args[0]
+    assert not [n for n in saved if _e4m3(n)], [n.name for n in saved if _e4m3(n)]
