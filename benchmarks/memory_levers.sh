@@ -10,12 +10,16 @@
 #                                              the layer inputs and the table in host memory (9,740 tokens/s
 #                                              against 11,037 in 16 bits, round 20), against FP8 without them:
 #                                              ftprof profile of each
+#   benchmarks/memory_levers.sh fp8partial OUT mistral-7b QLoRA 4 x 1536, FP8, partial checkpointing (16 and 12 of
+#                                              32 layers, round 23's hold-out plan measured 13,620 and 17,523
+#                                              tokens/s, NVML 70% and 87% busy) again, then ftprof profile of the
+#                                              16-layer cell: where its time goes
 #   benchmarks/memory_levers.sh auto OUT       the GPU test of --offload-embeddings, then --checkpointing auto
 #                                              within 8 GiB (llama-8b QLoRA 4 x 2048, Liger, compiled): what it
 #                                              chose (result.json's checkpointing_auto) and what it measured
 # Each phase keeps to BUDGET_S seconds and packs runs/ into OUT/PHASE.tgz (no traces, no snapshots).
 set -u
-phase=${1:?phase: graphs, snapshot, fp8offload or auto}
+phase=${1:?phase: graphs, snapshot, fp8offload, fp8partial or auto}
 out=${2:?output folder}
 budget=${BUDGET_S:-550}
 . "$(dirname "$0")/common.sh"  # left(), scratch in memory, runs/machine.txt
@@ -42,6 +46,16 @@ case $phase in
       --output-dir runs/profile-fp8-offload > runs/profile-fp8-offload.log 2>&1
     timeout -s INT 150 python3 -m ftprof profile "${cell[@]}" --output-dir runs/profile-fp8 > runs/profile-fp8.log 2>&1
     ;;
+  fp8partial)
+    cell=(qlora --model mistral-7b --batch-size 4 --seq-len 1536 --checkpointing full --kernels liger --compile
+          --fp8-base --device cuda)
+    for layers in 16 12; do
+      timeout -s INT 120 python3 -m ftprof train "${cell[@]}" --checkpoint-layers $layers --max-steps 11 \
+        --measure-warmup-steps 4 --output-dir runs/fp8partial --quiet >> runs/train-fp8partial.log 2>&1
+    done
+    timeout -s INT $(( $(left) - 20 )) python3 -m ftprof profile "${cell[@]}" --checkpoint-layers 16 --max-steps 7 \
+      --prof-wait-steps 3 --prof-warmup-steps 1 --prof-active-steps 2 --output-dir runs/profile-fp8partial \
+      > runs/profile-fp8partial.log 2>&1 ;;
   auto)
     timeout $(( $(left) / 3 )) python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_memory_levers.py \
       > runs/pytest-gpu-memory-levers.log 2>&1
