@@ -20,8 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ftprof.config.options import CUDA_GRAPH_MODES  # noqa: E402
-from ftprof.plan import calibration  # noqa: E402
+from ftprof.plan import calibration, epochs  # noqa: E402
 from ftprof.results.load import OWN_TRAINER  # noqa: E402
 
 MEASUREMENTS = ROOT / "docs" / "measurements"
@@ -36,13 +35,6 @@ SOURCES = ("*-fast-paths*-raw_summary.csv", "*-h200x2-targets-raw_summary.csv", 
 # with steady steps (docs/measurements/HISTORY.md).
 # Runs of a few tokens per micro-batch (benchmarks/sweeps/host-floor.yaml): the host floor, not speed rows.
 HOST_SOURCES = ("*-h200-host-floor-raw_summary.csv",)
-# Rows that measured code since made faster, left out of the speed and host rows (their memory stands): (which rows,
-# measured before, what changed). Until round 23 FP8's ops ran through Python under compiled checkpointing, where the
-# host set the pace (llama-8b QLoRA 4 x 2048: 13,573 tokens/s, NVML 84-88% busy); traced into the compiled code,
-# 14,711 at 98% (H200, one call). Its CUDA-graph rows moved under 1% and stay.
-SUPERSEDED = ((lambda e: bool(e["knobs"].get("fp8_base")) and e["compile"] and e["policy"] != "none"
-               and e["knobs"].get("compile_mode") not in CUDA_GRAPH_MODES,
-               "2026-12-04T15:31:00+00:00", "FP8's ops traced into compiled code"),)
 MEMORY_MODELS = ("llama-8b",)  # probed here on the CPU (a 2-layer copy): about a minute per method
 DEVICE = "H200"  # only this GPU's measurements are shipped
 OUT = calibration.SHIPPED
@@ -116,14 +108,6 @@ def speed_row(row: dict[str, str], csv_name: str) -> dict | None:
     }
 
 
-def superseded(entry: dict) -> str | None:
-    """What made a speed row's configuration faster after it was measured (SUPERSEDED), else None."""
-    for applies, before, change in SUPERSEDED:
-        if str(entry.get("finished_at")) < before and applies(entry):
-            return change
-    return None
-
-
 def read_rows(sources: tuple[str, ...] = SOURCES) -> list[tuple[dict[str, str], str]]:
     paths = sorted({p for pattern in sources for p in MEASUREMENTS.glob(pattern)})
     out = []
@@ -138,7 +122,7 @@ def speed_rows(rows: list[tuple[dict[str, str], str]]) -> list[dict]:
     newest: dict[str, dict] = {}
     for row, name in rows:
         entry = speed_row(row, name)
-        if entry is None or superseded(entry):
+        if entry is None or epochs.stale(entry):
             continue
         identity = json.dumps([entry[k] for k in CONFIGURATION] + [sorted(entry["knobs"].items())])
         if identity not in newest or str(entry["finished_at"]) > str(newest[identity]["finished_at"]):
@@ -218,7 +202,7 @@ def host_rows(rows: list[tuple[dict[str, str], str]], host_bound_only: bool = Fa
     out = []
     for row, name in rows:
         entry = speed_row(row, name)
-        if entry is None or superseded(entry):
+        if entry is None or epochs.stale(entry):
             continue
         busy = _value(row.get("nvml_gpu0_util_mean"))
         if host_bound_only and not (isinstance(busy, (int, float)) and busy / 100 < host.HOST_BOUND_BUSY):

@@ -27,6 +27,7 @@ from typing import Any
 
 from ftprof.config import declarations
 from ftprof.metrics import peak_flops
+from ftprof.plan.epochs import stale
 from ftprof.plan.records import DEFAULT_KNOBS, model_layers, run_knobs, run_record  # noqa: F401 - read as calibration.*
 from ftprof.plan.store import (  # noqa: F401 - the store's I/O, read and written under these names too
     OFF,
@@ -320,8 +321,10 @@ def _shipped_origin(rows: list[dict]) -> str:
 
 
 def _matching(rows: list[dict], key: ClassKey, device_name: str | None = None) -> list[dict]:
+    """The rows of class ``key`` (on ``device_name``) usable for speed: not timed before a change that made them
+    faster (plan/epochs.py)."""
     return [r for r in by_class(rows).get(key, ()) if _speed_point(r) is not None
-            and (device_name is None or r.get("device_name") == device_name)]
+            and (device_name is None or r.get("device_name") == device_name) and stale(r) is None]
 
 
 def speed_rate(device_name: str, key: ClassKey, flops_per_token: float, micro_batch_tokens: int,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ftprof.config import declarations
+from ftprof.plan.epochs import EPOCH
 from ftprof.results import run_dir as files
 from ftprof.results.load import config_options, trainer_name
 from ftprof.results.parts import auto_chosen
@@ -49,7 +50,7 @@ def run_record(run_dir: str | Path) -> dict | None:
     world = result.get("world_size") or 1
     record = {
         "run_key": f"{run_dir}@{result['finished_at']}", "source": "run", "trainer": trainer_name(raw_config),
-        "run_dir": str(run_dir), "finished_at": result["finished_at"],
+        "run_dir": str(run_dir), "finished_at": result["finished_at"], "epoch": EPOCH,  # plan/epochs.py
         "device_name": result.get("device_name") or result.get("device"), "versions": _versions(env),
         "model": result.get("model"), "layers": model_layers(str(result.get("model") or "")),
         "method": result.get("method"), "policy": result.get("checkpointing_policy") or "none",

@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 import ftprof
-from ftprof.plan import calibration, speed
+from ftprof.plan import calibration, epochs, speed
 from ftprof.plan.calibration import ClassKey, Factor
 from tests.conftest import tiny_config
 
@@ -65,6 +65,7 @@ def test_the_engine_records_a_cpu_run_once(tiny_run, monkeypatch):
     assert r["training_peak"] is None  # CPU: no allocator peak
     assert r["prediction"] == result["prediction"] and r["prediction"]["device"] == "cpu"  # the run's own
     assert r["versions"]["torch"] and r["versions"]["transformers"] and r["knobs"]["lora_fused_a"] is True
+    assert r["epoch"] == epochs.EPOCH  # the code that ran (plan/epochs.py)
     monkeypatch.setenv(calibration.STORE_ENV, str(store))
     assert calibration.record_run(run_dir) is False  # recorded already: still one record
     assert len(calibration.load_records(store)) == 1

@@ -1,0 +1,58 @@
+"""What made runs of a kind faster after they were measured: the one list the planner's speed rows are checked
+against (the local store's records and the shipped rows alike).
+
+A calibration row measured before a change that applies to it timed code that no longer runs: the planner would
+predict the configuration, and every configuration it is scaled to, at the old speed (round 23's FP8 cells under
+compiled checkpointing ran 8% faster than the rows before them, and the plan ranked them by the old). Such a row is
+left out of speed, host floors and measured ceilings; its memory stands (none of these changes moved a peak).
+
+A record the store writes carries the epoch of the code that ran (``EPOCH``, records.run_record); a row without one
+(the shipped CSVs' rows, records from before epochs) is dated by when it finished. Add a change here, newest last,
+with the first time a run measured it; benchmarks/shipped_calibration.py reads the same list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ftprof.config.options import CUDA_GRAPH_MODES
+
+
+@dataclass(frozen=True)
+class SpeedChange:
+    epoch: int  # a record of a lower epoch predates it
+    since: str  # ISO 8601, UTC: the first run with it (dates the rows that carry no epoch)
+    what: str
+    applies: Callable[[dict], bool]  # whether a row's configuration is one the change made faster
+
+
+def _fp8_under_compiled_checkpointing(row: dict) -> bool:
+    knobs = row.get("knobs") or {}
+    return (bool(knobs.get("fp8_base")) and bool(row.get("compile")) and row.get("policy") not in (None, "none")
+            and knobs.get("compile_mode") not in CUDA_GRAPH_MODES)
+
+
+CHANGES = (
+    # llama-8b QLoRA 4 x 2048, full checkpointing, FP8, compiled: 13,573 -> 14,711 tokens/s (one call, H200); its
+    # CUDA-graph rows moved under 1% and stay
+    SpeedChange(1, "2026-12-04T15:31:00+00:00", "FP8's forward op traced into compiled code (round 23)",
+                _fp8_under_compiled_checkpointing),
+)
+EPOCH = CHANGES[-1].epoch
+
+
+def stale(row: dict) -> SpeedChange | None:
+    """The change that made ``row``'s configuration faster after it was measured, else None (also for a row that
+    says neither its epoch nor when it finished)."""
+    epoch, finished = row.get("epoch"), row.get("finished_at")
+    for change in CHANGES:
+        before = epoch < change.epoch if isinstance(epoch, int) else bool(finished) and str(finished) < change.since
+        if before and change.applies(row):
+            return change
+    return None
+
+
+def current(rows: list[dict]) -> list[dict]:
+    """``rows`` less the stale ones."""
+    return [r for r in rows if stale(r) is None]
