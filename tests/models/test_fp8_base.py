@@ -189,6 +189,7 @@ def test_compiled_fp8_linears_quantize_an_input_shared_by_projections_once(tmp_p
     from ftprof.engine.compile import eager_rounding
     from ftprof.models import fp8_kernels
 
+    torch._dynamo.reset()  # (see _compiled_layer_forward)
     with eager_rounding(True):  # as a run compiles: the traced quantization reads the norm's bf16 output, as eager
         plan, built = build_run(tiny_config(tmp_path / "compiled", method, seq_len=16, fp8_base=True, compile=True,
                                             compile_loss=False))
@@ -233,6 +234,9 @@ def _compiled_layer_forward(tmp_path, method: str):
         graphs.append(gm)
         return make_boxed_func(gm.forward)
 
+    # the compiler's caches and recompile counts are the process's: earlier tests in this worker may have used up
+    # the layer forward's recompile limit, and this compile would fall back to eager (nothing captured)
+    torch._dynamo.reset()
     plan, built = build_run(tiny_config(tmp_path, method, seq_len=16, fp8_base=True))
     block = metrics.decoder_layers(built.model)[1]
     block.compile(backend=aot_autograd(fw_compiler=capture, bw_compiler=lambda gm, _inputs: make_boxed_func(gm.forward),
