@@ -212,11 +212,8 @@ def _verify(plan, sweep_path: Path, out_dir: Path, k: int, request, base: dict, 
     if len(table):
         view = verify_view(table, run_dirs, rows)
         console.print(frame_table(view, "predicted against measured"))
-        unsteady = view[__import__("pandas").to_numeric(view["p90/p50"], errors="coerce") > UNSTEADY]
-        if len(unsteady):
-            console.print(f"unsteady (p90/p50 above {UNSTEADY}): rank {', '.join(map(str, unsteady['#']))}: their "
-                          "steps varied (a host-bound step, or another process on the GPU), so their error is partly "
-                          "the measurement's; --verify with more --max-steps measures them longer")
+        for line in _measurement_notes(view):
+            console.print(line)
         full = write_text_atomic(out_dir / "verify.csv", table.to_csv(index=False))
         console.print(f"with each prediction's sources: {full}")
     else:
@@ -239,14 +236,47 @@ VERIFY_VIEW = {"rank": "#", "run": "run",
 UNSTEADY = 1.05  # p90/p50 step time above this: the measured tokens/s is the median of steps that varied
 
 
+def _measurement_notes(view) -> list[str]:
+    """What makes a verified row's measured tokens/s partly the measurement's: unsteady steps, a GPU waiting on
+    this machine's host (NVML busy below the planner's host-bound line)."""
+    import pandas as pd
+
+    from ftprof.plan.host import HOST_BOUND_BUSY
+
+    lines = []
+    unsteady = view[pd.to_numeric(view["p90/p50"], errors="coerce") > UNSTEADY]
+    if len(unsteady):
+        lines.append(f"unsteady (p90/p50 above {UNSTEADY}): rank {', '.join(map(str, unsteady['#']))}: their steps "
+                     "varied (a host-bound step, or another process on the GPU), so their error is partly the "
+                     "measurement's; --verify with more --max-steps measures them longer")
+    waiting = view[pd.to_numeric(view["GPU busy %"], errors="coerce") < 100 * HOST_BOUND_BUSY]
+    if len(waiting):
+        lines.append(f"host-bound (GPU busy below {HOST_BOUND_BUSY:.0%}): rank {', '.join(map(str, waiting['#']))}: "
+                     "their speed is this machine's host's as much as the GPU's, and moves with what else the host "
+                     "runs (mistral-7b FP8 cells ran 6-22% apart in two calls on one H200)")
+    return lines
+
+
 def verify_view(table, run_dirs: list[Path], rows: list[dict] | None = None):
     """The comparison as a terminal reads it: the plan's rank, the run, predicted and measured peak and tokens/s
-    with their signed errors, and how steady the measured steps were (p90/p50 of the step time, from ``rows``: the
-    runs' flat rows); the sources and device columns stay in verify.csv."""
+    with their signed errors, how steady the measured steps were (p90/p50 of the step time) and how busy NVML saw
+    the GPU (from ``rows``: the runs' flat rows); the sources and device columns stay in verify.csv."""
     ranks = {d.name: i + 1 for i, d in enumerate(run_dirs)}  # the sweep holds the plan's top K in order
     steadiness = {r.get("run_name"): _p90_over_p50(r) for r in rows or ()}
-    view = table.assign(rank=table["run_name"].map(ranks), steadiness=table["run_name"].map(steadiness))
-    return view[[*VERIFY_VIEW, "steadiness"]].rename(columns={**VERIFY_VIEW, "steadiness": "p90/p50"})
+    busy = {r.get("run_name"): _busy_pct(r) for r in rows or ()}
+    view = table.assign(rank=table["run_name"].map(ranks), steadiness=table["run_name"].map(steadiness),
+                        busy=table["run_name"].map(busy))
+    return view[[*VERIFY_VIEW, "steadiness", "busy"]].rename(
+        columns={**VERIFY_VIEW, "steadiness": "p90/p50", "busy": "GPU busy %"})
+
+
+def _busy_pct(row: dict) -> float | None:
+    """NVML's mean busy percentage of the run's first GPU (None without NVML samples)."""
+    try:
+        value = float(row["nvml_gpu0_util_mean"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return round(value) if value == value else None  # (NaN: no samples)
 
 
 def _p90_over_p50(row: dict) -> float | None:

@@ -134,9 +134,31 @@ def test_verify_view_keeps_rank_and_errors_and_leaves_sources_to_the_csv(tmp_pat
 
     row = dict.fromkeys(COMPARISON_COLUMNS) | {"run": "qlora b1", "run_name": "second", "memory_error_pct": 2.4,
                                                "speed_source": "shipped defaults (a long source)"}
-    flat = [{"run_name": "second", "step_time_p50_s": 0.5, "step_time_p90_s": 0.64}]
+    flat = [{"run_name": "second", "step_time_p50_s": 0.5, "step_time_p90_s": 0.64, "nvml_gpu0_util_mean": 69.57}]
     view = verify_view(pd.DataFrame([row], columns=COMPARISON_COLUMNS), [tmp_path / "first", tmp_path / "second"],
                        flat)
     assert view.iloc[0]["#"] == 2 and view.iloc[0]["memory error_pct"] == 2.4
     assert view.iloc[0]["p90/p50"] == 1.28  # how steady the measured steps were
+    assert view.iloc[0]["GPU busy %"] == 70  # and whether the GPU waited on the host
     assert "speed_source" not in view and "run_name" not in view and "device_name" not in view
+
+
+def test_verify_names_the_rows_whose_measurement_is_partly_the_machines(tmp_path):
+    """Unsteady steps, and a GPU waiting on the host: the rows whose error is partly this machine's (a mistral-7b
+    cell ran 13,620 tokens/s at 70% busy in one call, 16,653 in the next, H200)."""
+    import pandas as pd
+
+    from ftprof.cli.plan import _measurement_notes, verify_view
+    from ftprof.plan.accuracy import COMPARISON_COLUMNS
+
+    names = ["steady", "unsteady", "waiting", "no-nvml"]
+    table = pd.DataFrame([dict.fromkeys(COMPARISON_COLUMNS) | {"run": n, "run_name": n} for n in names],
+                         columns=COMPARISON_COLUMNS)
+    flat = [{"run_name": "steady", "step_time_p50_s": 0.5, "step_time_p90_s": 0.51, "nvml_gpu0_util_mean": 98.0},
+            {"run_name": "unsteady", "step_time_p50_s": 0.5, "step_time_p90_s": 0.6, "nvml_gpu0_util_mean": 97.0},
+            {"run_name": "waiting", "step_time_p50_s": 0.5, "step_time_p90_s": 0.51, "nvml_gpu0_util_mean": 70.0},
+            {"run_name": "no-nvml", "step_time_p50_s": 0.5, "step_time_p90_s": 0.5, "nvml_gpu0_util_mean": None}]
+    notes = _measurement_notes(verify_view(table, [tmp_path / n for n in names], flat))
+    assert len(notes) == 2
+    assert notes[0].startswith("unsteady (p90/p50 above 1.05): rank 2:")
+    assert notes[1].startswith("host-bound (GPU busy below 85%): rank 3:")
