@@ -164,9 +164,10 @@ def host_floor(device_name: str, key: calibration.ClassKey, layers: int, records
     family = _candidate_family(key, compile_mode, options)
     if key.policy not in ("none", "full"):
         return None
-    for origin, rows in (("local host-bound run(s)", [r for r in records if _host_bound(r)]),
+    # (the shipped rows hold no row of older code: benchmarks/shipped_calibration.py leaves them out)
+    for origin, rows in (("local host-bound run(s)", [r for r in epochs.current(records) if _host_bound(r)]),
                          ("shipped runs of a few tokens per micro-batch", calibration.shipped().get("host", []))):
-        rows = [r for r in epochs.current(rows) if r.get("device_name") == device_name and _usable(r)]
+        rows = [r for r in rows if r.get("device_name") == device_name and _usable(r)]
         for borrowed, same in _RELATIVES:  # the family's own runs, else its nearest relatives' (host costs alike)
             matched = [{**r, "method": key.method, "kernels": key.kernels} for r in rows if same(_family(r), family)]
             (per_layer, recompute, full), scaled = _family_costs(matched, family)
@@ -191,7 +192,7 @@ def measured_ceiling(device_name: str, key: calibration.ClassKey, model: str, la
     levers, H200, 2026-12-04), and put it 25% under its own measurement."""
     recomputed = (layers if key.policy == "full" else 0) if checkpointed is None else checkpointed
     family = _candidate_family(key, compile_mode, options)
-    seconds = [micro_batch_seconds(r) for r in epochs.current([*records, *calibration.shipped().get("speed", [])])
+    seconds = [micro_batch_seconds(r) for r in [*epochs.current(records), *calibration.shipped().get("speed", [])]
                if r.get("device_name") == device_name and r.get("model") == model
                and calibration.class_key(r).policy == key.policy and _family(r) == family
                and (r.get("checkpointed_layers") or (layers if r.get("policy") == "full" else 0)) == recomputed]
