@@ -77,8 +77,8 @@ def launch(data, absmax, code, absmax2, code2, offset, blocksize: int, blocksize
 def _unfused(traced: bool) -> dict:
     """bitsandbytes rounds the nested absmax's multiply and add apart: eager launches turn off Triton's fused
     multiply-add. A traced launch is not given the option (inductor's launcher takes backend options only in later
-    torch versions), so there the nested absmax may round once: an e4m3 weight (--fp8-base's forward, the only
-    traced use) may move by one step, rarely. The GPU tests bound compiled FP8 against eager FP8."""
+    torch versions), so there the nested absmax may round once: an e4m3 weight (--fp8-base's compiled forward and
+    backward, the only traced uses) may move by one step, rarely. The GPU tests bound compiled FP8 against eager FP8."""
     return {} if traced else {"enable_fp_fusion": False}
 
 
@@ -103,18 +103,23 @@ TILE = 128  # rows and columns of the weight per program of the transposing kern
 
 def dequantize_fp8_transposed(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
                               absmax2: torch.Tensor | None, code2: torch.Tensor | None, offset: torch.Tensor | None,
-                              blocksize: int, blocksize2: int, shape: list[int], inverse: torch.Tensor) -> torch.Tensor:
+                              blocksize: int, blocksize2: int, shape: list[int], inverse: torch.Tensor,
+                              after: torch.Tensor | None = None) -> torch.Tensor:
     """``fp8_rows_transposed`` on CUDA: one tiled Triton kernel, the same bits as the rows'. A row must hold whole
-    bytes (an even number of columns)."""
+    bytes (an even number of columns). ``after`` (a traced backward's quantized gradient) is passed to the kernel
+    unread and makes the launch traced (see ``_kernel``): it ties the launch to the gradient, without which the
+    compiler's partitioner, which recomputes no user kernel, runs it in the forward and keeps its output, every
+    layer's e4m3 weight, until the backward."""
     rows, columns = shape
     assert columns % 2 == 0, shape
     nested = absmax2 is not None
+    traced = after is not None
     out = torch.empty(columns, rows, dtype=torch.float8_e4m3fn, device=data.device)
     grid = (-(-rows // TILE), -(-columns // TILE))
-    _kernels().dequantize_4bit_transposed_kernel[grid](
+    _kernel(_kernels().dequantize_4bit_transposed_kernel, traced)[grid](
         data, absmax, code, absmax2 if nested else absmax, code2 if nested else code, offset if nested else absmax,
-        inverse, out, rows, columns, BLOCKSIZE=blocksize, BLOCKSIZE2=blocksize2 if nested else 1, NESTED=nested,
-        TILE=TILE, num_warps=8, enable_fp_fusion=False)  # bitsandbytes rounds the nested multiply and the add apart
+        inverse, out, rows, columns, after if traced else inverse, BLOCKSIZE=blocksize,
+        BLOCKSIZE2=blocksize2 if nested else 1, NESTED=nested, TILE=TILE, num_warps=8, **_unfused(traced))
     return out
 
 
@@ -135,15 +140,19 @@ def fp8_rows(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absma
 
 def fp8_rows_transposed(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absmax2: torch.Tensor | None,
                         code2: torch.Tensor | None, offset: torch.Tensor | None, blocksize: int, blocksize2: int,
-                        shape: list[int], inverse: torch.Tensor) -> torch.Tensor:
+                        shape: list[int], inverse: torch.Tensor, after: torch.Tensor | None = None) -> torch.Tensor:
     """The transpose (columns x rows, contiguous) of ``fp8_rows``: the input-gradient GEMM's operand
     (models/fp8_kernels.py). On CUDA one tiled kernel writes it straight from the packed bytes (a transposing
-    copy of the rows took ~40 ms a step for llama-8b QLoRA on an H200); elsewhere the rows' transposing copy."""
+    copy of the rows took ~40 ms a step for llama-8b QLoRA on an H200); elsewhere the rows' transposing copy.
+    ``after``: see ``dequantize_fp8_transposed``; off CUDA the torch ops are tied to it by arithmetic (a factor
+    of exactly 1 unless ``after`` holds a NaN), as the partitioner would otherwise hoist them too."""
     if data.device.type != "cuda" or shape[1] % 2:
+        if after is not None:
+            inverse = inverse * (after.reshape(-1)[:1].float() * 0 + 1)
         return fp8_rows(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2, shape, inverse) \
             .t().contiguous()
     return dequantize_fp8_transposed(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2, shape,
-                                     inverse)
+                                     inverse, after)
 
 
 def dequantize_fp8(packed: torch.Tensor, state, inverse: torch.Tensor, transposed: bool = False) -> torch.Tensor:

@@ -19,7 +19,10 @@ The forward op compiled code calls (``fp8_linear_quantized``) is a ``triton_op``
 4-bit weight's dequantization kernel launches from the compiled code and the GEMM is aten's ``_scaled_mm``, with no
 Python op call per linear forward (two a step under full checkpointing: forward and recomputation). Under full
 checkpointing on an H200 (llama-8b QLoRA 4 x 2048) that took FP8 from 13,573 to 14,711 tokens/s, NVML busy from
-84-88% to 98% (one call, 2026-12-04). The backward stays one opaque op per linear, compiled or not (``_backward``).
+84-88% to 98% (one call, 2026-12-04). Its backward is traced the same way (``_traced_backward``): the gradient's
+quantization in torch ops, the GEMM and the transposing dequantization a ``triton_op`` (``fp8_input_grad_quantized``)
+whose kernel is tied to the gradient, so that the partitioner cannot move it into the forward and keep its output.
+Eager runs keep one opaque op per linear, forward and backward.
 
 A weight is either dense (its e4m3 rows and their transpose, made once) or a bitsandbytes 4-bit weight (``quant``:
 absmax, table, inverse row scales, then double quantization's absmax, table and offset), dequantized into e4m3 on
@@ -83,10 +86,11 @@ def _triton_quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None) ->
 
 
 def rows(weight: torch.Tensor, quant: list[torch.Tensor], blocksize: int, blocksize2: int, shape: list[int],
-         transposed: bool = False, traced: bool = False) -> torch.Tensor:
+         transposed: bool = False, traced: bool = False, after: torch.Tensor | None = None) -> torch.Tensor:
     """The weight's e4m3 rows (out x in), or with ``transposed`` their transpose (in x out, contiguous),
     dequantized from its 4-bit packing, each row scaled by its inverse scale; ``weight`` itself when dense
-    (``quant`` empty, rows only). ``traced``: inside a ``triton_op`` (rows only)."""
+    (``quant`` empty, rows only). ``traced``: inside a ``triton_op``; the transpose's traced launch is tied to
+    ``after`` (dequant_kernels.dequantize_fp8_transposed says why)."""
     if not quant:
         return weight
     absmax, code, inverse, *inner = quant
@@ -94,7 +98,7 @@ def rows(weight: torch.Tensor, quant: list[torch.Tensor], blocksize: int, blocks
     data = weight.reshape(-1).view(torch.uint8)
     if transposed:
         return dequant_kernels.fp8_rows_transposed(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2,
-                                                   shape, inverse)
+                                                   shape, inverse, after)
     return dequant_kernels.fp8_rows(data, absmax, code, absmax2, code2, offset, blocksize, blocksize2, shape, inverse,
                                     traced=traced)
 
@@ -133,11 +137,14 @@ def fp8_linear_input_grad(grad: torch.Tensor, weight: torch.Tensor, transposed: 
         return _input_grad_mm(values, grad_scale, weight, transposed, ones, quant, blocksize, blocksize2, shape)
 
 
-def _input_grad_mm(values, grad_scale, weight, transposed, ones, quant, blocksize, blocksize2, shape) -> torch.Tensor:
+def _input_grad_mm(values, grad_scale, weight, transposed, ones, quant, blocksize, blocksize2, shape,
+                   traced: bool = False) -> torch.Tensor:
     """The input gradient's GEMM from the quantized gradient: its rows times the weight's e4m3 rows, whose
-    transpose is the column-major operand (kept, or dequantized from 4 bits here)."""
+    transpose is the column-major operand (kept, or dequantized from 4 bits here; ``traced``: inside a
+    ``triton_op``, the dequantization tied to the gradient)."""
     if transposed is None:
-        transposed = rows(weight, quant, blocksize, blocksize2, shape, transposed=True)
+        tie = values if traced else None
+        transposed = rows(weight, quant, blocksize, blocksize2, shape, transposed=True, after=tie)
     return torch._scaled_mm(values, transposed.t(), scale_a=grad_scale, scale_b=ones, out_dtype=torch.bfloat16)
 
 
@@ -158,6 +165,18 @@ def fp8_linear_quantized(x: torch.Tensor, values: torch.Tensor, x_scale: torch.T
         return torch._scaled_mm(values, weight_rows.t(), scale_a=x_scale, scale_b=scale, out_dtype=torch.bfloat16)
 
 
+@torch.library.triton_op("ftprof::fp8_input_grad_quantized", mutates_args=())
+def fp8_input_grad_quantized(values: torch.Tensor, grad_scale: torch.Tensor, weight: torch.Tensor,
+                             transposed: torch.Tensor | None, ones: torch.Tensor, quant: list[torch.Tensor],
+                             blocksize: int, blocksize2: int, shape: list[int]) -> torch.Tensor:
+    """``fp8_linear_input_grad`` with its gradient already quantized (``values`` and ``grad_scale``, as
+    ``torch_quantize_rows`` makes them with the weight's row scale as the column scale): the GEMM and a 4-bit
+    weight's transposing dequantization, which compiled code sees into, as it does ``fp8_linear_quantized``."""
+    with _device(values):
+        return _input_grad_mm(values, grad_scale, weight, transposed, ones, quant, blocksize, blocksize2, shape,
+                              traced=True)
+
+
 # the ops' arguments after the input: weight, transposed, scale, ones, quant, blocksize, blocksize2, shape
 WEIGHT_ARGS = 8
 
@@ -170,17 +189,36 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(weight, scale, ones, *([transposed] if transposed is not None else []), *quant)
 
 
-def _backward(ctx, grad):
+def _saved(ctx) -> tuple:
     weight, scale, ones, *rest = ctx.saved_tensors
     transposed = rest.pop(0) if ctx.dense else None
-    # One opaque op, eager and compiled alike: on torch 2.11 AOTAutograd traces an op's backward where
-    # torch.compiler.is_compiling() is False, so a compiled backward always called this op there (measured on an
-    # H200, 2026-12-04); a traced form that torch 2.14 would take is left until it runs on a GPU.
-    grad_in = torch.ops.ftprof.fp8_linear_input_grad(grad, weight, transposed, scale, ones, rest, ctx.blocksize,
-                                                     ctx.blocksize2, ctx.shape)
-    # the structure of the inputs: the tensor list stays a list (``shape`` is never empty: one leaf)
+    return weight, transposed, scale, ones, rest
+
+
+def _gradients(ctx, grad_in) -> tuple:
+    """The op's input gradient in the structure of its inputs: the tensor list stays a list (``shape`` is never
+    empty: one leaf)."""
     return grad_in, *[None] * (ctx.leading - 1), None, None, None, None, [None] * ctx.quant_count, None, None, None
 
 
+def _backward(ctx, grad):
+    """Eager: one opaque op (one dispatch; the gradient quantized by a Triton kernel inside it)."""
+    weight, transposed, scale, ones, quant = _saved(ctx)
+    return _gradients(ctx, torch.ops.ftprof.fp8_linear_input_grad(grad, weight, transposed, scale, ones, quant,
+                                                                  ctx.blocksize, ctx.blocksize2, ctx.shape))
+
+
+def _traced_backward(ctx, grad):
+    """Compiled (the backward of ``fp8_linear_quantized``, which only compiled code calls): the gradient's
+    quantization in torch ops, which inductor fuses into the kernel that made the gradient, and the GEMM with
+    the weight's dequantization as a ``triton_op``. No Python op call per linear: before, each backward called
+    ``fp8_linear_input_grad`` (torch 2.11 traces an op's backward where ``torch.compiler.is_compiling()`` is
+    False, so the choice is made by which op the forward called, not by that flag)."""
+    weight, transposed, scale, ones, quant = _saved(ctx)
+    values, grad_scale = torch_quantize_rows(grad, scale)
+    return _gradients(ctx, torch.ops.ftprof.fp8_input_grad_quantized(values, grad_scale, weight, transposed, ones,
+                                                                     quant, ctx.blocksize, ctx.blocksize2, ctx.shape))
+
+
 fp8_linear.register_autograd(_backward, setup_context=_setup_context)
-fp8_linear_quantized.register_autograd(_backward, setup_context=_setup_context)
+fp8_linear_quantized.register_autograd(_traced_backward, setup_context=_setup_context)

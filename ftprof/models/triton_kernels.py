@@ -49,10 +49,11 @@ def dequantize_4bit_kernel(packed, absmax, code, absmax2, code2, offset, out, n_
 
 @triton.jit
 def dequantize_4bit_transposed_kernel(packed, absmax, code, absmax2, code2, offset, inverse, out, rows, columns,
-                                      BLOCKSIZE: tl.constexpr, BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr,
-                                      TILE: tl.constexpr):
+                                      after, BLOCKSIZE: tl.constexpr, BLOCKSIZE2: tl.constexpr,
+                                      NESTED: tl.constexpr, TILE: tl.constexpr):
     """Each program a TILE x TILE tile of the weight (rows x columns), read as packed bytes row by row and written
-    as its transpose (columns x rows): dequantize_4bit_kernel's ROW_SCALED values (e4m3)."""
+    as its transpose (columns x rows): dequantize_4bit_kernel's ROW_SCALED values (e4m3). ``after`` is not read:
+    a tensor the launch must wait for in a traced graph (see dequant_kernels.dequantize_fp8_transposed)."""
     row = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
     pair = tl.program_id(1).to(tl.int64) * (TILE // 2) + tl.arange(0, TILE // 2)  # byte columns of a row
     inside = (row[:, None] < rows) & (pair[None, :] < columns // 2)
