@@ -34,7 +34,7 @@ def _kernels():
     return triton_kernels
 
 
-def _kernel(kernel, traced: bool):
+def launcher(kernel, traced: bool):
     """``kernel`` as launched eagerly, or wrapped so that a ``triton_op``'s body traces into compiled code (the
     launch then comes from inductor's generated code, not from Python at each call)."""
     return torch.library.wrap_triton(kernel) if traced else kernel
@@ -63,11 +63,11 @@ def launch(data, absmax, code, absmax2, code2, offset, blocksize: int, blocksize
     """The kernel over ``data`` (packed bytes, two values each) into ``out``: ``data.numel() * 2`` values, or, with
     ``columns``, rows of that many values written into the left columns of ``out`` (a 2-D view, unit column stride).
     ``inverse`` (one fp32 factor per row of ``columns`` values) scales each row before the rounding to ``out``'s
-    dtype (e4m3 rows for --fp8-base). ``traced``: launched from a ``triton_op`` (see ``_kernel``)."""
+    dtype (e4m3 rows for --fp8-base). ``traced``: launched from a ``triton_op`` (see ``launcher``)."""
     nested = absmax2 is not None
     size = bytes_per_program or BYTES
     strided = bool(columns) and out.stride(0) != columns
-    _kernel(_kernels().dequantize_4bit_kernel, traced)[(-(-data.numel() // size),)](  # programs: ceil(bytes / size)
+    launcher(_kernels().dequantize_4bit_kernel, traced)[(-(-data.numel() // size),)](  # programs: ceil(bytes / size)
         data, absmax, code, absmax2 if nested else absmax, code2 if nested else code, offset if nested else absmax,
         out, data.numel(), columns or 1, out.stride(0) if strided else 1, inverse if inverse is not None else absmax,
         BLOCKSIZE=blocksize, BLOCKSIZE2=blocksize2 if nested else 1, NESTED=nested, BYTES=size, STRIDED=strided,
@@ -107,7 +107,7 @@ def dequantize_fp8_transposed(data: torch.Tensor, absmax: torch.Tensor, code: to
                               after: torch.Tensor | None = None) -> torch.Tensor:
     """``fp8_rows_transposed`` on CUDA: one tiled Triton kernel, the same bits as the rows'. A row must hold whole
     bytes (an even number of columns). ``after`` (a traced backward's quantized gradient) is passed to the kernel
-    unread and makes the launch traced (see ``_kernel``): it ties the launch to the gradient, without which the
+    unread and makes the launch traced (see ``launcher``): it ties the launch to the gradient, without which the
     compiler's partitioner, which recomputes no user kernel, runs it in the forward and keeps its output, every
     layer's e4m3 weight, until the backward."""
     rows, columns = shape
@@ -116,7 +116,7 @@ def dequantize_fp8_transposed(data: torch.Tensor, absmax: torch.Tensor, code: to
     traced = after is not None
     out = torch.empty(columns, rows, dtype=torch.float8_e4m3fn, device=data.device)
     grid = (-(-rows // TILE), -(-columns // TILE))
-    _kernel(_kernels().dequantize_4bit_transposed_kernel, traced)[grid](
+    launcher(_kernels().dequantize_4bit_transposed_kernel, traced)[grid](
         data, absmax, code, absmax2 if nested else absmax, code2 if nested else code, offset if nested else absmax,
         inverse, out, rows, columns, after if traced else inverse, BLOCKSIZE=blocksize,
         BLOCKSIZE2=blocksize2 if nested else 1, NESTED=nested, TILE=TILE, num_warps=8, **_unfused(traced))

@@ -19,10 +19,10 @@ The forward op compiled code calls (``fp8_linear_quantized``) is a ``triton_op``
 4-bit weight's dequantization kernel launches from the compiled code and the GEMM is aten's ``_scaled_mm``, with no
 Python op call per linear forward (two a step under full checkpointing: forward and recomputation). Under full
 checkpointing on an H200 (llama-8b QLoRA 4 x 2048) that took FP8 from 13,573 to 14,711 tokens/s, NVML busy from
-84-88% to 98% (one call, 2026-12-04). Its backward is traced the same way (``_traced_backward``): the gradient's
-quantization in torch ops, the GEMM and the transposing dequantization a ``triton_op`` (``fp8_input_grad_quantized``)
-whose kernel is tied to the gradient, so that the partitioner cannot move it into the forward and keep its output.
-Eager runs keep one opaque op per linear, forward and backward.
+84-88% to 98% (one call, 2026-12-04). Its backward is traced the same way (``_traced_backward``): the eager op's
+kernels launched from a ``triton_op`` (``fp8_linear_input_grad_traced``), the transposing dequantization tied to
+the gradient, so that the partitioner cannot move it into the forward and keep its output. Eager runs keep one
+opaque op per linear, forward and backward.
 
 A weight is either dense (its e4m3 rows and their transpose, made once) or a bitsandbytes 4-bit weight (``quant``:
 absmax, table, inverse row scales, then double quantization's absmax, table and offset), dequantized into e4m3 on
@@ -51,10 +51,12 @@ def quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None = None) -> 
         return _quantize_rows(t, column_scale)
 
 
-def _quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``quantize_rows`` inside an op, which has made ``t``'s device the current one."""
+def _quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None,
+                   traced: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_rows`` inside an op, which has made ``t``'s device the current one (``traced``: a ``triton_op``,
+    whose kernel launches from compiled code)."""
     if t.device.type == "cuda":
-        return _triton_quantize_rows(t, column_scale)
+        return _triton_quantize_rows(t, column_scale, traced)
     return torch_quantize_rows(t, column_scale)
 
 
@@ -68,7 +70,8 @@ def torch_quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None = Non
     return (t / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
 
 
-def _triton_quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _triton_quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None,
+                          traced: bool) -> tuple[torch.Tensor, torch.Tensor]:
     import triton
 
     from ftprof.models.triton_kernels import quantize_rows_kernel  # Triton only where a kernel launches
@@ -79,9 +82,9 @@ def _triton_quantize_rows(t: torch.Tensor, column_scale: torch.Tensor | None) ->
     scales = torch.empty(rows, 1, dtype=torch.float32, device=t.device)
     block = triton.next_power_of_2(columns)
     scaled = column_scale is not None
-    quantize_rows_kernel[(rows,)](t, column_scale.reshape(-1) if scaled else scales, values, scales, columns,
-                                  t.stride(0), SCALED=scaled, BLOCK=block, TINY=TINY, E4M3_MAX=E4M3_MAX,
-                                  num_warps=16 if block >= 8192 else 8 if block >= 2048 else 4)
+    dequant_kernels.launcher(quantize_rows_kernel, traced)[(rows,)](
+        t, column_scale.reshape(-1) if scaled else scales, values, scales, columns, t.stride(0), SCALED=scaled,
+        BLOCK=block, TINY=TINY, E4M3_MAX=E4M3_MAX, num_warps=16 if block >= 8192 else 8 if block >= 2048 else 4)
     return values, scales
 
 
@@ -132,9 +135,15 @@ def fp8_linear_input_grad(grad: torch.Tensor, weight: torch.Tensor, transposed: 
     """``dy W`` in bf16 as ``(dy * s_W) Wq``: the weight's row scale folded into the gradient before its rows are
     quantized (the GEMM reduces over W's rows, so their scale cannot ride on the output side), times the e4m3
     rows, whose transpose (in x out, contiguous) is the column-major operand; ``ones``: 1 x in."""
+    return _input_grad(grad, weight, transposed, scale, ones, quant, blocksize, blocksize2, shape, traced=False)
+
+
+def _input_grad(grad, weight, transposed, scale, ones, quant, blocksize, blocksize2, shape, traced: bool):
+    """The input-gradient ops' body; ``traced``: inside a ``triton_op``."""
     with _device(grad):
-        values, grad_scale = _quantize_rows(grad, scale)
-        return _input_grad_mm(values, grad_scale, weight, transposed, ones, quant, blocksize, blocksize2, shape)
+        values, grad_scale = _quantize_rows(grad, scale, traced)
+        return _input_grad_mm(values, grad_scale, weight, transposed, ones, quant, blocksize, blocksize2, shape,
+                              traced)
 
 
 def _input_grad_mm(values, grad_scale, weight, transposed, ones, quant, blocksize, blocksize2, shape,
@@ -165,16 +174,13 @@ def fp8_linear_quantized(x: torch.Tensor, values: torch.Tensor, x_scale: torch.T
         return torch._scaled_mm(values, weight_rows.t(), scale_a=x_scale, scale_b=scale, out_dtype=torch.bfloat16)
 
 
-@torch.library.triton_op("ftprof::fp8_input_grad_quantized", mutates_args=())
-def fp8_input_grad_quantized(values: torch.Tensor, grad_scale: torch.Tensor, weight: torch.Tensor,
-                             transposed: torch.Tensor | None, ones: torch.Tensor, quant: list[torch.Tensor],
-                             blocksize: int, blocksize2: int, shape: list[int]) -> torch.Tensor:
-    """``fp8_linear_input_grad`` with its gradient already quantized (``values`` and ``grad_scale``, as
-    ``torch_quantize_rows`` makes them with the weight's row scale as the column scale): the GEMM and a 4-bit
-    weight's transposing dequantization, which compiled code sees into, as it does ``fp8_linear_quantized``."""
-    with _device(values):
-        return _input_grad_mm(values, grad_scale, weight, transposed, ones, quant, blocksize, blocksize2, shape,
-                              traced=True)
+@torch.library.triton_op("ftprof::fp8_linear_input_grad_traced", mutates_args=())
+def fp8_linear_input_grad_traced(grad: torch.Tensor, weight: torch.Tensor, transposed: torch.Tensor | None,
+                                 scale: torch.Tensor, ones: torch.Tensor, quant: list[torch.Tensor], blocksize: int,
+                                 blocksize2: int, shape: list[int]) -> torch.Tensor:
+    """``fp8_linear_input_grad`` as a ``triton_op``: the same kernels (the gradient's rows quantized in one pass,
+    the 4-bit weight's transposing dequantization, the GEMM), launched from the compiled code that calls it."""
+    return _input_grad(grad, weight, transposed, scale, ones, quant, blocksize, blocksize2, shape, traced=True)
 
 
 # the ops' arguments after the input: weight, transposed, scale, ones, quant, blocksize, blocksize2, shape
@@ -209,15 +215,15 @@ def _backward(ctx, grad):
 
 
 def _traced_backward(ctx, grad):
-    """Compiled (the backward of ``fp8_linear_quantized``, which only compiled code calls): the gradient's
-    quantization in torch ops, which inductor fuses into the kernel that made the gradient, and the GEMM with
-    the weight's dequantization as a ``triton_op``. No Python op call per linear: before, each backward called
-    ``fp8_linear_input_grad`` (torch 2.11 traces an op's backward where ``torch.compiler.is_compiling()`` is
-    False, so the choice is made by which op the forward called, not by that flag)."""
+    """Compiled (the backward of ``fp8_linear_quantized``, which only compiled code calls): the eager op's kernels
+    from a ``triton_op``, with no Python op call per linear (torch 2.11 traces an op's backward where
+    ``torch.compiler.is_compiling()`` is False: the choice is made by which op the forward called, not by that
+    flag). The gradient is quantized by the Triton kernel, not by traced torch ops: on an H200 inductor's form of
+    it held a gradient-sized fp32 temporary (+0.88 GiB at the peak, llama-8b 4 x 2048 under full checkpointing)
+    and ran micro-batch 1 5% slower (one call, 2026-12-04)."""
     weight, transposed, scale, ones, quant = _saved(ctx)
-    values, grad_scale = torch_quantize_rows(grad, scale)
-    return _gradients(ctx, torch.ops.ftprof.fp8_input_grad_quantized(values, grad_scale, weight, transposed, ones,
-                                                                     quant, ctx.blocksize, ctx.blocksize2, ctx.shape))
+    return _gradients(ctx, torch.ops.ftprof.fp8_linear_input_grad_traced(grad, weight, transposed, scale, ones, quant,
+                                                                         ctx.blocksize, ctx.blocksize2, ctx.shape))
 
 
 fp8_linear.register_autograd(_backward, setup_context=_setup_context)

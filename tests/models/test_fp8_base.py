@@ -182,9 +182,9 @@ def test_ddp_leaves_the_e4m3_buffers_alone(tmp_path, method):
 
 @pytest.mark.parametrize("method", ["lora", "qlora"])
 def test_compiled_fp8_linears_quantize_an_input_shared_by_projections_once(tmp_path, monkeypatch, method):
-    """Compiled, inputs and gradients are quantized by traced torch ops (no op call of their own), which the compiler
-    computes once for q, k and v and once for gate and up: four e4m3 conversions a layer forward, not seven; the
-    numbers are eager FP8's (4-bit weights included, whose dequantization is traced forward and backward)."""
+    """Compiled, no op's Python body runs in a step: inputs are quantized by traced torch ops, which the compiler
+    computes once for q, k and v and once for gate and up (four e4m3 conversions a layer forward, not seven), the
+    backward's kernels launch from the compiled code; the numbers are eager FP8's (4-bit weights included)."""
     from ftprof.engine.compile import eager_rounding
     from ftprof.models import fp8_kernels
 
@@ -194,23 +194,25 @@ def test_compiled_fp8_linears_quantize_an_input_shared_by_projections_once(tmp_p
                                             compile_loss=False))
     if not built.compiled.compiled:
         pytest.skip(f"no compiler here: {built.compiled.fallback}")
-    calls = {"inputs": 0, "gradients": 0}  # what the ops quantize: inputs forward, gradients (scaled) backward
-    quantize = fp8_kernels._quantize_rows
-
-    def counted(t, column_scale):
-        calls["inputs" if column_scale is None else "gradients"] += 1
-        return quantize(t, column_scale)
-
-    monkeypatch.setattr(fp8_kernels, "_quantize_rows", counted)
     batch = next(built.batches)
     with built.autocast():
         loss = built.model(**batch).loss
-    loss.backward()
-    assert calls == {"inputs": 0, "gradients": 0}, calls  # traced, fused into the kernels that made them
+    loss.backward()  # (compiles: the ops' bodies are traced now, with fake tensors)
+    grads = {n: p.grad.clone() for n, p in built.model.named_parameters() if p.requires_grad}
+    calls = {"inputs": 0, "gradients": 0}  # what the ops quantize: inputs forward, gradients (scaled) backward
+    quantize = fp8_kernels._quantize_rows
+
+    def counted(t, column_scale, traced=False):
+        calls["inputs" if column_scale is None else "gradients"] += 1
+        return quantize(t, column_scale, traced)
+
+    monkeypatch.setattr(fp8_kernels, "_quantize_rows", counted)
+    with built.autocast():
+        built.model(**batch).loss.backward()  # the compiled step: no op's Python body runs
+    assert calls == {"inputs": 0, "gradients": 0}, calls
     monkeypatch.undo()
     _, eager_loss, eager_grads, _ = loss_and_grads(tmp_path / "eager", method, fp8_base=True)
     assert abs(float(loss.detach()) / float(eager_loss) - 1) < 1e-3
-    grads = {n: p.grad for n, p in built.model.named_parameters() if p.requires_grad}
     errors = {name: _relative(grads[name], grad) for name, grad in eager_grads.items() if grad.norm() > 0}
     assert max(errors.values()) < 1e-4, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
     if method == "lora":  # (a 4-bit weight's dequantization converts to e4m3 too)
