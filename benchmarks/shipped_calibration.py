@@ -29,12 +29,12 @@ SOURCES = ("*-fast-paths*-raw_summary.csv", "*-h200x2-targets-raw_summary.csv", 
            "*-h200-graphs-accumulation-raw_summary.csv", "*-h200-peers-budgets-raw_summary.csv",
            "*-h200-peers-rest-raw_summary.csv", "*-h200-compiled-checkpoint-raw_summary.csv",
            "*-h200-traced-fp8-raw_summary.csv", "*-h200-fp8-budgets-raw_summary.csv",
-           "*-h200-fp8-partial-raw_summary.csv")
+           "*-h200-fp8-partial-raw_summary.csv", "*-h200-traced-backward-raw_summary.csv")
 # Not sources: the same-call "before" rows (the code before a change), and round 23's hold-out plan at 24 GiB
 # (...-plan-holdout-r23-...), whose call ran slow: its two cells run again in the next call went 6% and 22% faster,
 # with steady steps (docs/measurements/HISTORY.md).
 # Runs of a few tokens per micro-batch (benchmarks/sweeps/host-floor.yaml): the host floor, not speed rows.
-HOST_SOURCES = ("*-h200-host-floor-raw_summary.csv",)
+HOST_SOURCES = ("*-h200-host-floor-raw_summary.csv", "*-h200-host-floor-fp8-raw_summary.csv")
 MEMORY_MODELS = ("llama-8b",)  # probed here on the CPU (a 2-layer copy): about a minute per method
 DEVICE = "H200"  # only this GPU's measurements are shipped
 OUT = calibration.SHIPPED
@@ -94,6 +94,7 @@ def speed_row(row: dict[str, str], csv_name: str) -> dict | None:
     compiled = bool(cfg["compile_compiled"] if cfg.get("compile_compiled") is not None else cfg.get("compile"))
     recompute, world = cfg.get("recompute_flops_per_token") or 0.0, cfg.get("world_size") or 1
     kernels = cfg.get("kernels") or "eager"
+    busy = _value(row.get("nvml_gpu0_util_mean"))  # percent
     return {
         "source": "shipped", "device_name": cfg["device_name"], "model": cfg["model"], "method": cfg["method"],
         "policy": _policy(cfg), "checkpointed_layers": cfg.get("checkpointed_layers"), "kernels": kernels,
@@ -105,6 +106,7 @@ def speed_row(row: dict[str, str], csv_name: str) -> dict | None:
         "flops_per_s": (flops + recompute) * tokens_per_s / world,  # per GPU, model + recomputed
         "csv": csv_name, "date": csv_name[:10], "finished_at": cfg.get("finished_at"),
         "experiment": cfg.get("experiment"),
+        "gpu_busy": None if busy is None else round(busy / 100, 3),  # (epochs.stale reads it)
     }
 
 
@@ -204,12 +206,11 @@ def host_rows(rows: list[tuple[dict[str, str], str]], host_bound_only: bool = Fa
         entry = speed_row(row, name)
         if entry is None or epochs.stale(entry):
             continue
-        busy = _value(row.get("nvml_gpu0_util_mean"))
-        if host_bound_only and not (isinstance(busy, (int, float)) and busy / 100 < host.HOST_BOUND_BUSY):
+        busy = entry["gpu_busy"]
+        if host_bound_only and not (isinstance(busy, (int, float)) and busy < host.HOST_BOUND_BUSY):
             continue
         out.append({**entry, "layers": calibration.model_layers(entry["model"]),
-                    "host_floor_s": round(host.micro_batch_seconds(entry), 5),
-                    "gpu_busy": None if busy is None else round(busy / 100, 3)})
+                    "host_floor_s": round(host.micro_batch_seconds(entry), 5)})
     return sorted(out, key=lambda e: (e["method"], e["policy"], e["kernels"], e["compile"], e["finished_at"]))
 
 

@@ -29,8 +29,7 @@ from dataclasses import dataclass
 from ftprof.config import declarations
 from ftprof.config.declarations import is_on
 from ftprof.plan import calibration, epochs
-
-HOST_BOUND_BUSY = 0.85  # NVML's busy fraction below which a run's GPU waited on its host
+from ftprof.plan.store import HOST_BOUND_BUSY  # noqa: F401 - read as host.HOST_BOUND_BUSY too
 
 
 @dataclass(frozen=True)

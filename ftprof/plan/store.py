@@ -36,7 +36,7 @@ from ftprof.results.load import OWN_TRAINER
 KEEP = 20  # records kept per configuration: the newest (the planner takes medians over them)
 COMPACT_AT = 1000  # records superseded (beyond KEEP per configuration) that make a read rewrite the store
 UNKNOWN_PEAK = 1e16  # FLOP/s per device believed for the CPU or a GPU without a known peak (10x a B200's bf16)
-HOST_BOUND_BUSY = 0.85  # as ftprof.plan.host (which imports calibration: not imported from here)
+HOST_BOUND_BUSY = 0.85  # NVML's busy fraction below which a run's GPU waited on its host (plan/host.py)
 
 LIMITS = {  # the most a believable record holds
     "flops_per_token": 1e18,  # 6 x 1.6e17 parameters

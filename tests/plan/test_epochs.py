@@ -11,7 +11,9 @@ from ftprof.plan.calibration import ClassKey
 H200 = "NVIDIA H200"
 FP8_FULL = ClassKey("qlora", "full", "liger", True, (("fp8_base", True),))
 CHANGE = epochs.CHANGES[0]  # FP8's forward op traced into compiled code
-BEFORE, AFTER = "2026-12-04T10:00:00+00:00", "2026-12-04T16:00:00+00:00"
+TRACED_BACKWARD = epochs.CHANGES[1]  # FP8's backward traced: host-bound rows only
+BEFORE, AFTER = "2026-12-04T10:00:00+00:00", "2026-12-05T00:00:00+00:00"  # (AFTER: after every change)
+BETWEEN = "2026-12-04T16:00:00+00:00"  # after the forward's change, before the backward's
 
 
 def _row(knobs=None, policy="full", compile=True, **extra) -> dict:
@@ -34,6 +36,20 @@ def _row(knobs=None, policy="full", compile=True, **extra) -> dict:
 ])
 def test_a_row_is_stale_only_where_a_change_applies_and_it_predates_it(row, stale):
     assert (epochs.stale(row) is CHANGE) is stale
+
+
+@pytest.mark.parametrize("row, stale", [
+    (_row(finished_at=BETWEEN, gpu_busy=0.7), True),  # host-bound: one op call less per linear backward
+    (_row(policy="none", finished_at=BETWEEN, gpu_busy=0.7), True),  # (no checkpointing has a backward too)
+    (_row(epoch=1, finished_at=AFTER, gpu_busy=0.7), True),
+    (_row(finished_at=BETWEEN, gpu_busy=0.98), False),  # GPU-bound rows moved under 0.5%
+    (_row(finished_at=BETWEEN), False),  # busy unknown: nothing says the host set its pace
+    (_row({"compile_mode": "reduce-overhead"}, finished_at=BETWEEN, gpu_busy=0.7), False),  # graphs: no host calls
+    (_row(compile=False, finished_at=BETWEEN, gpu_busy=0.7), False),  # eager FP8 keeps its op
+    (_row(finished_at=AFTER, gpu_busy=0.7), False),
+])
+def test_the_traced_backward_makes_only_host_bound_fp8_rows_stale(row, stale):
+    assert (epochs.stale(row) is TRACED_BACKWARD) is stale
 
 
 def test_a_stale_local_run_leaves_the_speed_to_the_shipped_rows():
