@@ -1,13 +1,14 @@
 """The host side of a step: what launching a micro-batch's kernels costs the CPU, and when that, not the GPU, sets the
 step time.
 
-A micro-batch takes the longer of its GPU time and its host floor: the Python, dispatch and launch work of every
-kernel of every decoder layer, forward and backward (recomputation included), whatever the tokens. Small
+A micro-batch takes its GPU time and its host floor combined, about the longer of the two (``tokens_per_s``): the
+floor is the Python, dispatch and launch work of every kernel of every decoder layer, forward and backward
+(recomputation included), whatever the tokens. Small
 micro-batches shrink the GPU time and leave the floor: measured on an H200, llama-8b QLoRA (full checkpointing on 1
 of 32 layers, Liger, compiled) ran 1 x 2048 tokens per micro-batch at 0.272 s, 2 x 2048 at 0.296 s: the host, not
 the GPU, set both (issue 38's 1 x 4 plan row, predicted +95% without this model).
 
-    seconds per micro-batch = max(micro-batch tokens / GPU tokens/s,
+    seconds per micro-batch ~ max(micro-batch tokens / GPU tokens/s,
                                   layers x host cost of a layer + recomputed layers x host cost of recomputing one)
 
 The costs are calibrated per GPU and family of run (method, kernels, compile and its mode, speed-class options),
@@ -38,6 +39,7 @@ class Floor:
     per_layer_s: float
     source: str
     runs: int
+    measured: bool = False  # lowered to a run of the candidate's own family: its whole time (``bounded``)
 
 
 def micro_batch_seconds(record: dict) -> float | None:
@@ -204,7 +206,7 @@ def bounded(floor: Floor | None, ceiling: float | None) -> Floor | None:
     if floor is None or ceiling is None or floor.seconds <= ceiling:
         return floor
     return Floor(ceiling, ceiling * floor.per_layer_s / floor.seconds,
-                 f"{floor.source}; at most {ceiling * 1e3:.0f} ms, as a run of it measured", floor.runs)
+                 f"{floor.source}; at most {ceiling * 1e3:.0f} ms, as a run of it measured", floor.runs, measured=True)
 
 
 # Whose host-bound runs may give a family its floor, nearest first: its own; the same method and compile mode with
@@ -218,10 +220,43 @@ _RELATIVES = (
 )
 
 
-def tokens_per_s(gpu_tokens_per_s: float, floor: Floor | None, micro_batch_tokens: int, world_size: int) -> float:
-    """Global tokens/s once the host floor is taken into account: each GPU's micro-batch takes the longer of its
-    GPU time and the floor."""
+# How sharply a micro-batch's time turns from its GPU time to its host floor where the two are close: seconds =
+# (gpu^P + host^P)^(1/P), within 2% of the longer of the two below a ratio of 0.6 and 19% above it where they are
+# equal. The host launches while the GPU runs, but each step's synchronisation empties the GPU's queue, and a
+# host that barely keeps ahead leaves the GPU waiting at every step's start and after every slow launch. Measured on
+# an H200 (llama-8b FP8 QLoRA, 2 x 2 x 2048, compiled, full on 2 and on 4 of 32 layers, 2026-12-04): 250 and 241 ms
+# per micro-batch where the GPU model said 210 and 215 and the floor 194 and 203 (the longer of the two: 16-18%
+# fast); P = 4 puts both within 3%.
+EDGE_SHARPNESS = 4
+# The least share of a calibration run's measured time that is taken as its GPU's own: below it the run was
+# host-bound, and its GPU time is not known (a llama-8b FP8 run at 1 x 2048 tokens had its GPU 48% busy).
+MIN_GPU_SHARE = 0.7
+
+
+def tokens_per_s(gpu_tokens_per_s: float, floor: Floor | None, micro_batch_tokens: int, world_size: int,
+                 measured_at: int = 0) -> float:
+    """Global tokens/s once the host floor is taken into account: each GPU's micro-batch takes its GPU time and
+    its floor combined (``EDGE_SHARPNESS``). ``measured_at``: the micro-batch tokens of the runs behind
+    ``gpu_tokens_per_s`` (0: it is the GPU's own rate): their measured time held the same loss, which is taken out
+    first (with this candidate's floor standing in for theirs), so that a configuration predicted from its own
+    measurement is predicted at it. A floor bounded by a run of the candidate's own family (``bounded``) is that
+    run's whole time: the longer of the two answers."""
     if floor is None:
         return gpu_tokens_per_s
     gpu_s = micro_batch_tokens * world_size / gpu_tokens_per_s
-    return micro_batch_tokens * world_size / max(gpu_s, floor.seconds)
+    if floor.measured:
+        return micro_batch_tokens * world_size / max(gpu_s, floor.seconds)
+    if measured_at:
+        gpu_s *= _gpu_share(gpu_s * measured_at / micro_batch_tokens, floor.seconds)
+    return micro_batch_tokens * world_size / _combined(gpu_s, floor.seconds)
+
+
+def _combined(gpu_s: float, host_s: float) -> float:
+    return (gpu_s ** EDGE_SHARPNESS + host_s ** EDGE_SHARPNESS) ** (1 / EDGE_SHARPNESS)
+
+
+def _gpu_share(measured_s: float, host_s: float) -> float:
+    """The share of a measured micro-batch time that was its GPU's own: the inverse of ``_combined``."""
+    if measured_s <= host_s:
+        return MIN_GPU_SHARE
+    return max(MIN_GPU_SHARE, (1 - (host_s / measured_s) ** EDGE_SHARPNESS) ** (1 / EDGE_SHARPNESS))

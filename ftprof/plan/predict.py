@@ -29,6 +29,11 @@ class Target:
     capability: tuple | None = None  # CUDA compute capability (None: the CPU, or not known)
 
 
+# Below this share of the calibrated GPU model's speed a prediction is at the host's edge (host.tokens_per_s): it
+# says so and widens its error band.
+HOST_EDGE = 0.97
+
+
 @dataclass
 class Planner:
     """Predictions for one model and shape (a resolved RunConfig, its model source and dtype) on one target."""
@@ -65,12 +70,14 @@ class Planner:
         rate = self.rate(key, flops.model, micro_tokens, dict(cand.options))
         band = speed.error_band(rate, micro_tokens) if rate else None
         spread = speed.spread(rate, micro_tokens) if rate else None
+        measured_at = (rate.micro_batch_tokens or micro_tokens) if rate else 0  # (before the move)
         rate = speed.at_micro_batch(rate, micro_tokens, cand.compile) if rate else None
         tps = speed.tokens_per_s(flops, rate.flops_per_s, self.target.world_size) if rate else None
         floor = self.floor(key, cand) if rate else None
         if tps is not None and floor is not None:
-            gpu_tps, tps = tps, host.tokens_per_s(tps, floor, micro_tokens, self.target.world_size)
-            if tps < gpu_tps:  # host-bound: say so, where the floor came from, and how much less certain it is
+            gpu_tps, tps = tps, host.tokens_per_s(tps, floor, micro_tokens, self.target.world_size, measured_at)
+            if tps < gpu_tps * HOST_EDGE:  # at or near the host's edge: say so, where the floor came from, and how
+                # much less certain it is
                 rate = dataclasses.replace(rate, source=f"{rate.source}; host-bound at {micro_tokens:,} tokens per "
                                                         f"micro-batch: {floor.source}")
                 band, spread = band + speed.BAND_HOST_BOUND, spread + speed.BAND_HOST_BOUND
