@@ -29,7 +29,10 @@ def test_cpu_dequantization_is_right_after_the_check(shape, quant_type):
 
 def test_the_probe_tells_a_wrong_kernel_from_a_right_one(monkeypatch):
     """The check compares with the reference: a kernel that is off fails it (here, one that adds 1 to every
-    value), and the reference passes it."""
+    value), and the reference passes it. The kernel in use is checked first: the check may not have run in this
+    process yet (a test worker that ran none of the others), and a native kernel that is wrong here would add its
+    own error to the one made below."""
+    bnb_cpu.fix_cpu_dequantize()
     reference = bnb_cpu._reference_dequantize
     monkeypatch.setattr(bnb_cpu, "_reference_dequantize", lambda *a: reference(*a) + 1.0)
     assert bnb_cpu.native_dequantize_error() == pytest.approx(1.0)
