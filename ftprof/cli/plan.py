@@ -146,9 +146,9 @@ def plan_command(args: argparse.Namespace) -> int:
     for line in request.notes:  # methods left out, packages this machine lacks
         console.print(line, soft_wrap=True, markup=False)  # pip install 'ftprof[gptq]' is not a style
     console.print(output.table(plan, args.show))
-    note = output.ranking_note(plan)
-    if note:
-        console.print(note)
+    for note in (output.ranking_note(plan), output.margin_note(plan, base)):
+        if note:
+            console.print(note, soft_wrap=True, markup=False)
     for line in output.sources(plan):
         console.print(line)
     for line in output.peer_lines(plan):

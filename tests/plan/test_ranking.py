@@ -77,3 +77,31 @@ def test_equally_certain_rows_further_apart_than_a_near_tie_keep_the_speed_order
     pick on an H200 went to the row with room to spare and ran 21% slower than the one it passed)."""
     rows = [_row(1, 14_260, 0.10, 10.2), _row(2, 15_075, 0.10, 0.96)]
     assert _order(rows) == [2, 1] and not _rank(rows)[0].tie
+
+
+def _plan(rows, usable_gib=24.0, margin_gib=1.9):
+    from ftprof.plan.make import Plan
+
+    return Plan(request=None, target=None, usable_bytes=int(usable_gib * GIB), usable_from="--memory-limit-gib 24",
+                margin_bytes=int(margin_gib * GIB), rows=rows)
+
+
+def _peak_row(name: int, tokens_per_s, band, peak_gib, budget_gib=22.1):
+    row = _row(name, tokens_per_s, band, budget_gib - peak_gib, fits=peak_gib <= budget_gib)
+    row.prediction.peak_bytes = int(peak_gib * GIB)
+    return row
+
+
+def test_a_faster_row_left_out_by_the_margin_alone_is_named_with_its_command():
+    """The user decides whether the margin is worth it: a row over the budget only by the margin, faster than the top
+    row beyond its error, is named with the command that runs it; one over the card, or within the top's error,
+    is not."""
+    from ftprof.plan import output
+
+    top, inside = _peak_row(1, 16_632, 0.05, 14.6), _peak_row(2, 18_788, 0.05, 22.7)
+    note = output.margin_note(_plan([top, inside]), {"model": "llama-8b"})
+    assert note.startswith("inside the margin: #2 is predicted 18,788 tokens/s (+13% over #1) at 22.7 GiB")
+    assert note.endswith("ftprof train qlora --model llama-8b --batch-size 2")
+    assert output.margin_note(_plan([top, _peak_row(2, 18_788, 0.05, 24.5)]), {}) is None  # over the card
+    assert output.margin_note(_plan([top, _peak_row(2, 17_000, 0.05, 22.7)]), {}) is None  # within the error
+    assert output.margin_note(_plan([_peak_row(2, 18_788, 0.05, 22.7)]), {}) is None  # nothing fits
