@@ -78,7 +78,9 @@ class Planner:
             gpu_tps, tps = tps, host.tokens_per_s(tps, floor, micro_tokens, self.target.world_size, measured_at)
             if tps < gpu_tps * HOST_EDGE:  # at or near the host's edge: say so, where the floor came from, and how
                 # much less certain it is
-                rate = dataclasses.replace(rate, source=f"{rate.source}; host-bound at {micro_tokens:,} tokens per "
+                where = "host-bound" if floor.seconds * gpu_tps >= micro_tokens * self.target.world_size \
+                    else "at the host's edge"
+                rate = dataclasses.replace(rate, source=f"{rate.source}; {where} at {micro_tokens:,} tokens per "
                                                         f"micro-batch: {floor.source}")
                 band, spread = band + speed.BAND_HOST_BOUND, spread + speed.BAND_HOST_BOUND
         return Prediction(
