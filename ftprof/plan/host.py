@@ -222,8 +222,9 @@ _RELATIVES = (
 
 # How sharply a micro-batch's time turns from its GPU time to its host floor where the two are close: seconds =
 # (gpu^P + host^P)^(1/P), within 2% of the longer of the two where the shorter is under half of it, 19% over it
-# where they are equal. The host launches while the GPU runs, but each step's synchronisation empties the GPU's queue, and a
-# host that barely keeps ahead leaves the GPU waiting at every step's start and after every slow launch. Measured on
+# where they are equal. The host launches while the GPU runs, but each step's synchronisation empties the GPU's
+# queue, and a host that barely keeps ahead leaves the GPU waiting at every step's start and after every slow
+# launch. Measured on
 # an H200 (llama-8b FP8 QLoRA, 2 x 2 x 2048, compiled, full on 2 and on 4 of 32 layers, 2026-12-04): 250 and 241 ms
 # per micro-batch where the GPU model said 210 and 215 and the floor 194 and 203 (the longer of the two: 16-18%
 # fast); P = 4 gives 242 and 249 ms (within 3.5%).
