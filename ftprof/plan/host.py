@@ -224,10 +224,9 @@ _RELATIVES = (
 # (gpu^P + host^P)^(1/P), within 2% of the longer of the two where the shorter is under half of it, 19% over it
 # where they are equal. The host launches while the GPU runs, but each step's synchronisation empties the GPU's
 # queue, and a host that barely keeps ahead leaves the GPU waiting at every step's start and after every slow
-# launch. Measured on
-# an H200 (llama-8b FP8 QLoRA, 2 x 2 x 2048, compiled, full on 2 and on 4 of 32 layers, 2026-12-04): 250 and 241 ms
-# per micro-batch where the GPU model said 210 and 215 and the floor 194 and 203 (the longer of the two: 16-18%
-# fast); P = 4 gives 242 and 249 ms (within 3.5%).
+# launch. Measured on an H200 (llama-8b FP8 QLoRA, 2 x 2 x 2048, compiled, full on 2 and on 4 of 32 layers,
+# 2026-12-04): 250 and 241 ms per micro-batch where the GPU model said 210 and 215 and the floor 194 and 203 (the
+# longer of the two: 16-18% fast); P = 4 gives 242 and 249 ms (within 3.5%).
 EDGE_SHARPNESS = 4
 # The least share of a calibration run's measured time that is taken as its GPU's own: below it the run was
 # host-bound, and its GPU time is not known (a llama-8b FP8 run at 1 x 2048 tokens had its GPU 48% busy).
