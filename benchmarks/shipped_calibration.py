@@ -206,8 +206,7 @@ def host_rows(rows: list[tuple[dict[str, str], str]], host_bound_only: bool = Fa
         entry = speed_row(row, name)
         if entry is None or epochs.stale(entry):
             continue
-        busy = entry["gpu_busy"]
-        if host_bound_only and not (isinstance(busy, (int, float)) and busy < host.HOST_BOUND_BUSY):
+        if host_bound_only and not host.host_bound(entry):
             continue
         out.append({**entry, "layers": calibration.model_layers(entry["model"]),
                     "host_floor_s": round(host.micro_batch_seconds(entry), 5)})

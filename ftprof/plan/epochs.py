@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ftprof.config.options import CUDA_GRAPH_MODES
-from ftprof.plan.store import HOST_BOUND_BUSY
+from ftprof.plan.store import host_bound
 
 
 @dataclass(frozen=True)
@@ -28,18 +28,19 @@ class SpeedChange:
     applies: Callable[[dict], bool]  # whether a row's configuration is one the change made faster
 
 
-def _fp8_under_compiled_checkpointing(row: dict) -> bool:
+def _compiled_fp8_without_graphs(row: dict) -> bool:
     knobs = row.get("knobs") or {}
-    return (bool(knobs.get("fp8_base")) and bool(row.get("compile")) and row.get("policy") not in (None, "none")
+    return (bool(knobs.get("fp8_base")) and bool(row.get("compile"))
             and knobs.get("compile_mode") not in CUDA_GRAPH_MODES)
+
+
+def _fp8_under_compiled_checkpointing(row: dict) -> bool:
+    return _compiled_fp8_without_graphs(row) and row.get("policy") not in (None, "none")
 
 
 def _fp8_compiled_host_bound(row: dict) -> bool:
     """A compiled FP8 run without CUDA graphs whose GPU waited on its host (the host floors' rows among them)."""
-    knobs, busy = row.get("knobs") or {}, row.get("gpu_busy")
-    graphs = knobs.get("compile_mode") in CUDA_GRAPH_MODES
-    return (bool(knobs.get("fp8_base")) and bool(row.get("compile")) and not graphs
-            and isinstance(busy, (int, float)) and busy < HOST_BOUND_BUSY)
+    return _compiled_fp8_without_graphs(row) and host_bound(row)
 
 
 CHANGES = (

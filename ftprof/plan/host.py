@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from ftprof.config import declarations
 from ftprof.config.declarations import is_on
 from ftprof.plan import calibration, epochs
-from ftprof.plan.store import HOST_BOUND_BUSY  # noqa: F401 - read as host.HOST_BOUND_BUSY too
+from ftprof.plan.store import HOST_BOUND_BUSY, host_bound  # noqa: F401 - read as host.HOST_BOUND_BUSY too
 
 
 @dataclass(frozen=True)
@@ -60,11 +60,6 @@ def _checkpointed(record: dict) -> int:
     if record.get("policy") != "full":
         return 0
     return int(record.get("checkpointed_layers") or record.get("layers") or 0)
-
-
-def _host_bound(record: dict) -> bool:
-    busy = record.get("gpu_busy")
-    return isinstance(busy, (int, float)) and busy < HOST_BOUND_BUSY
 
 
 def _family(record: dict) -> tuple:
@@ -166,7 +161,7 @@ def host_floor(device_name: str, key: calibration.ClassKey, layers: int, records
     if key.policy not in ("none", "full"):
         return None
     # (the shipped rows hold no row of older code: benchmarks/shipped_calibration.py leaves them out)
-    for origin, rows in (("local host-bound run(s)", [r for r in epochs.current(records) if _host_bound(r)]),
+    for origin, rows in (("local host-bound run(s)", [r for r in epochs.current(records) if host_bound(r)]),
                          ("shipped runs of a few tokens per micro-batch", calibration.shipped().get("host", []))):
         rows = [r for r in rows if r.get("device_name") == device_name and _usable(r)]
         for borrowed, same in _RELATIVES:  # the family's own runs, else its nearest relatives' (host costs alike)

@@ -38,6 +38,12 @@ COMPACT_AT = 1000  # records superseded (beyond KEEP per configuration) that mak
 UNKNOWN_PEAK = 1e16  # FLOP/s per device believed for the CPU or a GPU without a known peak (10x a B200's bf16)
 HOST_BOUND_BUSY = 0.85  # NVML's busy fraction below which a run's GPU waited on its host (plan/host.py)
 
+
+def host_bound(record: dict) -> bool:
+    """Whether a record's (or a shipped row's) GPU waited on its host: NVML busy below ``HOST_BOUND_BUSY``."""
+    busy = record.get("gpu_busy")
+    return isinstance(busy, (int, float)) and busy < HOST_BOUND_BUSY
+
 LIMITS = {  # the most a believable record holds
     "flops_per_token": 1e18,  # 6 x 1.6e17 parameters
     "micro_batch_tokens": 1 << 34,
@@ -156,12 +162,11 @@ def configuration(record: dict) -> tuple:
     """What sets which of the planner's look-ups a (valid) record answers, and with which others: its device, class
     and options, model and shape, and whether it can calibrate memory (a CUDA peak) and the host floor (GPU busy
     below ``HOST_BOUND_BUSY``). Records of one configuration differ only in what they measured."""
-    busy = record.get("gpu_busy")
     return (record.get("trainer", OWN_TRAINER), record["device_name"], record["method"], record["policy"],
             record["kernels"], record["compile"],
             json.dumps(record["knobs"], sort_keys=True), record.get("model"), record.get("layers"),
             record.get("seq_len"), record["micro_batch_tokens"], record.get("checkpointed_layers"),
-            record["world_size"], record["flops_per_token"], busy is not None and busy < HOST_BOUND_BUSY,
+            record["world_size"], record["flops_per_token"], host_bound(record),
             bool(record.get("training_peak") and record.get("prediction")))
 
 
