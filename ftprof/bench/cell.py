@@ -108,13 +108,24 @@ def tail(path: Path, lines: int = 20) -> str:
         return ""
 
 
+# Lines Slurm's own tools add to a job's stderr (srun reports the task's exit status after the task's last words,
+# when it gets there first): never the cell's error.
+LAUNCHER_LINE = ("srun: ", "slurmstepd: ")
+
+
+def last_error_line(stderr: str, default: str) -> str:
+    """The last line the cell's own process wrote to stderr (its exception), or ``default``."""
+    return next((ln for ln in reversed(stderr.splitlines()) if ln.strip() and not ln.startswith(LAUNCHER_LINE)),
+                default)
+
+
 def record_no_result(run_dir: Path, cfg: RunConfig, status: Status, reason: str,
                      error_type: str | None = None) -> None:
     """The cell's process ended without writing result.json: record what the launcher knows, keep what the process
     wrote. An ``error`` says the last line of stderr (a recipe's exception); another failure class says ``reason``;
     both keep stderr's tail and a note naming ``reason``."""
     stderr = tail(run_dir / files.STDERR)
-    last = next((ln for ln in reversed(stderr.splitlines()) if ln.strip()), reason)
+    last = last_error_line(stderr, reason)
     res = failure_result(cfg, run_dir, status.value, error_type or status.value,
                          reason if status is not Status.ERROR else last, stderr,
                          f"recorded by ftprof bench: {reason}")
