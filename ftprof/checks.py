@@ -11,12 +11,12 @@ import importlib.util
 import os
 from pathlib import Path
 
-from ftprof.config import RunConfig
+from ftprof.config import RunConfig, alloc_conf
 from ftprof.config.declarations import BY_NAME
 from ftprof.config.evaluation import eval_data_config
 from ftprof.data.source import check_dataset, locate
 from ftprof.errors import ConfigError
-from ftprof.models.modules import lora_target_problem, max_positions
+from ftprof.models.modules import decoder_layers, lora_target_problem, max_positions
 from ftprof.models.source import (
     classify_model_name,
     default_targets_problem,
@@ -49,6 +49,18 @@ def check_model(name: str) -> None:
 
 def check_config(cfg: RunConfig) -> None:
     check_model(cfg.model.model)
+    _check_lora_targets(cfg)
+    check_memory_limit(cfg.output.memory_limit_gib)
+    check_environment_alloc_conf()
+    _check_model_shape(cfg)
+    if cfg.data.dataset != "synthetic":
+        locate(cfg.data)  # a file or save_to_disk folder that exists, or a hub name (its content: check_dataset)
+    if cfg.eval.eval_dataset is not None:
+        locate(eval_data_config(cfg.data, cfg.eval))  # its problems name --eval-dataset
+    _check_profiling(cfg)
+
+
+def _check_lora_targets(cfg: RunConfig) -> None:
     m = cfg.method
     if m.lora_targets is not None and not all(isinstance(t, str) for t in m.lora_targets):
         bad = next(t for t in m.lora_targets if not isinstance(t, str))
@@ -59,14 +71,20 @@ def check_config(cfg: RunConfig) -> None:
             problem = default_targets_problem(cfg.model.model, read_local_config(Path(cfg.model.model).expanduser()))
         if problem:
             raise ConfigError(problem)
-    check_memory_limit(cfg.output.memory_limit_gib)
+
+
+def _check_model_shape(cfg: RunConfig) -> None:
+    """Options bounded by the model's shape, where it is known without torch (a preset, a local config.json)."""
+    layers = decoder_layers(cfg.model.model)
+    if cfg.model.checkpoint_layers is not None and layers and cfg.model.checkpoint_layers > layers:
+        raise ConfigError(f"--checkpoint-layers {cfg.model.checkpoint_layers}: '{cfg.model.model}' has {layers} "
+                          "decoder layers")
     limit = max_positions(cfg.model.model)
     if limit is not None and cfg.data.seq_len > limit:
         raise ConfigError(f"--seq-len {cfg.data.seq_len} exceeds the {limit} positions of model '{cfg.model.model}'")
-    if cfg.data.dataset != "synthetic":
-        locate(cfg.data)  # a file or save_to_disk folder that exists, or a hub name (its content: check_dataset)
-    if cfg.eval.eval_dataset is not None:
-        locate(eval_data_config(cfg.data, cfg.eval))  # its problems name --eval-dataset
+
+
+def _check_profiling(cfg: RunConfig) -> None:
     prof = cfg.profiling
     if prof.profile and "cuda" in prof.activities() and cfg.output.device == "cpu":
         raise ConfigError("--prof-activities cuda: the run is on --device cpu")
@@ -76,6 +94,16 @@ def check_config(cfg: RunConfig) -> None:
         if beyond:
             raise ConfigError(f"--prof-ranks: rank {beyond[0]} does not exist in a run of {world} process(es) "
                               f"(ranks 0..{world - 1})")
+
+
+def check_environment_alloc_conf() -> None:
+    """The environment's allocator settings: torch aborts at import on a value it cannot parse (whatever
+    --alloc-conf says: the process imports torch before it pins the run's setting)."""
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        value = os.environ.get(name)
+        why = alloc_conf.problem(value) if value is not None else None
+        if why:
+            raise ConfigError(f"{name}='{value}' in the environment: {why} (fix or unset it)")
 
 
 MEMORY_LIMIT_MARGIN = 2  # --memory-limit-gib above this many times the largest GPU ftprof knows: a typo
@@ -112,6 +140,8 @@ def cuda_only_problem(cfg: RunConfig) -> str | None:
     if BY_NAME["compile_mode"].needs_cuda(m.compile_mode):  # its CUDA-only values: the declaration's
         return (f"--compile-mode {m.compile_mode} replays blocks as CUDA graphs: it needs a CUDA device "
                 "(max-autotune-no-cudagraphs works on CPU)")
+    if m.sdpa_backend != "auto":
+        return f"--sdpa-backend {m.sdpa_backend} needs a CUDA device; use --sdpa-backend auto on CPU"
     if m.kernels == "liger":
         return ("--kernels liger needs a CUDA device (Liger-Kernel's kernels are Triton GPU kernels); use --kernels "
                 "eager on CPU")
@@ -123,6 +153,21 @@ def cuda_only_problem(cfg: RunConfig) -> str | None:
     return None
 
 
+def cpu_host_memory_problem(cfg: RunConfig) -> str | None:
+    """A CPU run that cannot fit in host memory, refused from the model's config without torch where it is known
+    (a preset, a local config.json); preflight checks the others once the config is read."""
+    from types import SimpleNamespace
+
+    from ftprof.host_memory import refusal
+    from ftprof.models.modules import model_config_dict
+
+    shape = model_config_dict(cfg.model.model)
+    if not shape:
+        return None
+    dtype = "float32" if cfg.model.dtype == "auto" else cfg.model.dtype  # (runtime.resolve_dtype_name on CPU)
+    return refusal(SimpleNamespace(**shape), cfg.method.method, dtype, cfg.data.batch_size, cfg.data.seq_len)
+
+
 def check_device(cfg: RunConfig) -> None:
     """Options that need a GPU, on a run that cannot have one (--device cpu, or no NVIDIA driver here): one line
     before torch. (Where a GPU may be there, preflight checks once torch has found it.)"""
@@ -130,7 +175,7 @@ def check_device(cfg: RunConfig) -> None:
     if device.startswith("cuda") and not gpu_here:
         raise ConfigError(f"--device {device}: this machine has no NVIDIA GPU")
     if device == "cpu" or not gpu_here:
-        problem = cuda_only_problem(cfg)
+        problem = cuda_only_problem(cfg) or cpu_host_memory_problem(cfg)
         if problem:
             raise ConfigError(problem)
     if cfg.profiling.profile and "cuda" in cfg.profiling.activities() and not gpu_here:
@@ -295,7 +340,8 @@ def length_notes(cfg: RunConfig) -> list[str]:
     t, notes = cfg.train, []
     if t.num_train_epochs is None and t.warmup_steps > t.max_steps and t.lr_scheduler_type != "constant":
         notes.append(f"--warmup-steps {t.warmup_steps} is longer than the run (--max-steps {t.max_steps}): the "
-                     f"learning rate rises for the whole run and ends at {t.max_steps / t.warmup_steps:.0%} of --lr; "
+                     f"learning rate rises for the whole run and its last step runs at "
+                     f"{(t.max_steps - 1) / t.warmup_steps:.0%} of --lr; "
                      "lower --warmup-steps to reach it")
     if t.num_train_epochs is not None and t.num_train_epochs > MANY_EPOCHS:
         notes.append(f"--num-train-epochs {t.num_train_epochs:g}: that many passes over the data takes as many "

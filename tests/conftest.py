@@ -1,4 +1,6 @@
+import logging
 import os
+import warnings
 
 import pytest
 
@@ -13,6 +15,21 @@ def _isolated_cache(tmp_path_factory):
     os.environ["HF_DATASETS_CACHE"] = str(tmp_path_factory.mktemp("hf-datasets"))  # read when datasets is imported
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
     yield
+
+
+@pytest.fixture(autouse=True)
+def _restore_process_state():
+    """Each test leaves the process as it found it, so that what one test ran never shapes a later test on the
+    same pytest worker: environment variables (importing peft imports gptqmodel, which sets PYTORCH_ALLOC_CONF,
+    CUDA_DEVICE_ORDER and HF_* cache paths, and runs forward PYTORCH_ALLOC_CONF into their children; --quiet sets
+    library verbosities), logging's disable level and the warnings filters (--quiet turns both off)."""
+    env, disabled, filters = dict(os.environ), logging.root.manager.disable, list(warnings.filters)
+    yield
+    if dict(os.environ) != env:
+        os.environ.clear()
+        os.environ.update(env)
+    logging.disable(disabled)
+    warnings.filters[:] = filters
 
 
 def pytest_collection_modifyitems(config, items):

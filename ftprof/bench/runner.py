@@ -384,13 +384,16 @@ class BenchRunner:
                     self._finish(r)
         except KeyboardInterrupt:
             self.interrupted = True
-            self._stop_all(running)
+            try:
+                self._stop_all(running)
+            except KeyboardInterrupt:  # a second Ctrl-C before _stop_all's handlers were in place: at once
+                self._stop_all(running, hurry=True)
         return self.outcomes
 
-    def _stop_all(self, running: list[Running]) -> None:
+    def _stop_all(self, running: list[Running], hurry: bool = False) -> None:
         """Ctrl-C: ask each child to stop (it records 'interrupted'), kill what does not stop in time. A second
         Ctrl-C (or SIGTERM) while waiting kills the children at once; they are still waited for and recorded."""
-        hurry = [False]
+        hurry = [hurry]
         with _signals_set_flag(hurry):
             for r in running:
                 r.interrupted = True

@@ -7,6 +7,7 @@ fill the rest, so there is exactly one place where a default lives.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 import types
 import typing
@@ -47,16 +48,17 @@ class OneLineErrorParser(argparse.ArgumentParser):
     def _closest_option(self, words: list[str]) -> str:
         """`` (did you mean '--lora-r'?)`` for the first unknown option, over this parser's own options (the
         subcommand's: :meth:`parse_args` hands what the subcommands left over to the one that was chosen)."""
-        from ftprof.errors import did_you_mean
-
         unknown = next((w.split("=", 1)[0] for w in words if w.startswith("--")), None)
         if unknown is None:
             return ""
         intent = getattr(self, "intent_hints", {}).get(unknown.lower().replace("_", "-"))
         if intent:
             return f" ({intent})"
-        known = {o for o in self._option_string_actions if o.startswith("--")}
-        return did_you_mean(unknown.replace("_", "-"), known) or did_you_mean(unknown, known)
+        # compared without the dashes every option shares, which would make any two look alike (--dry-run was
+        # offered --node-rank)
+        known = {o[2:]: o for o in self._option_string_actions if o.startswith("--")}
+        hint = difflib.get_close_matches(unknown[2:].lower().replace("_", "-"), list(known), n=1)
+        return f" (did you mean '{known[hint[0]]}'?)" if hint else ""
 
     def parse_args(self, args=None, namespace=None):
         """As argparse's, but arguments nobody took are reported by the subcommand that was chosen (its name in the

@@ -31,7 +31,11 @@ def build_parser() -> OneLineErrorParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    words = sys.argv[1:] if argv is None else list(argv)
+    if words and words[0].startswith("-") and words[0] not in parser._option_string_actions:
+        parser.error(f"unrecognized arguments: {words[0]}")  # before argparse asks for the COMMAND it lacks
+    args = parser.parse_args(argv)
     try:
         return args.func(args)
     except StorageError as exc:  # a full disk is not bad input: exit 1, files written so far stay

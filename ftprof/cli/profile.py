@@ -148,6 +148,7 @@ def summarize_command(trace: str, baseline: str | None = None) -> int:
     paths = _inputs(trace, "--summarize")  # both sides checked before any trace is read
     base_paths = _inputs(baseline, "--baseline") if baseline else []
     summaries = _load(paths, "--summarize")
+    baselines = _load(base_paths, "--baseline")  # read before anything prints: a bad one is the only output
     console = make_console()
     for path, summary in zip(paths, summaries, strict=True):
         if isinstance(summary, dict):
@@ -159,7 +160,7 @@ def summarize_command(trace: str, baseline: str | None = None) -> int:
     if len(summaries) > 1 and not any(isinstance(s, dict) for s in summaries):
         console.print(summary_output.ranks_table(summaries))
     if base_paths:
-        _compare(console, _load(base_paths, "--baseline"), summaries, base_paths, paths)
+        _compare(console, baselines, summaries, base_paths, paths)
     return 0
 
 

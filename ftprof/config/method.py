@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -113,6 +114,9 @@ class MethodConfig:
         self._check_applicable()
         if self.lora_r is not None:
             require(self.lora_r >= 1, f"--lora-r must be at least 1, got {self.lora_r}")
+        if self.lora_alpha is not None:  # (0 trains nothing, a negative alpha flips every adapter's sign)
+            require(math.isfinite(self.lora_alpha) and self.lora_alpha > 0,
+                    f"--lora-alpha must be a positive number, got {self.lora_alpha}")
         if self.lora_dropout is not None:
             require(0.0 <= self.lora_dropout < 1.0, f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
         if self.lora_targets is not None:

@@ -67,6 +67,9 @@ class ModelConfig:
         one_of("--kernels", self.kernels, KERNELS)
         one_of("--sdpa-backend", self.sdpa_backend, SDPA_BACKENDS)
         one_of("--compile-mode", self.compile_mode, COMPILE_MODES)
+        require(self.sdpa_backend == "auto" or self.attn_implementation == "sdpa",
+                f"--sdpa-backend {self.sdpa_backend} applies to --attn-implementation sdpa, not "
+                f"{self.attn_implementation}")
         if self.checkpointing is not None:
             one_of("--checkpointing", self.checkpointing, CHECKPOINTING)
         # One policy, two spellings: gradient_checkpointing is kept as the derived yes/no (None while auto decides).

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from ftprof.config import alloc_conf
 from ftprof.config.options import MEMORY_LOGGING, MEMORY_LOGGING_ALIASES, TRACKERS, one_of, option, require
 
 
@@ -50,6 +51,9 @@ class OutputConfig:
         require(ok, f"--device: '{dev}' is not auto, cpu, cuda or cuda:N")
         require(self.logging_steps is None or self.logging_steps >= 1,
                 f"--logging-steps must be at least 1, got {self.logging_steps}")
+        if self.alloc_conf is not None:
+            why = alloc_conf.problem(self.alloc_conf)
+            require(why is None, f"--alloc-conf '{self.alloc_conf}': {why}")
         if self.run_name is not None:
             require(bool(self.run_name) and "/" not in self.run_name and self.run_name not in (".", ".."),
                      f"--run-name: '{self.run_name}' is not a plain directory name")

@@ -36,6 +36,8 @@ class ProfilingConfig:
         require(self.prof_repeat >= 1, "--prof-repeat must be at least 1")
         require(self.prof_max_trace_mb > 0, "--prof-max-trace-mb must be positive")
         if self.prof_activities != "auto":
+            require(bool(self.activities()), f"--prof-activities: '{self.prof_activities}' names nothing; give "
+                    "cpu, cuda, both comma-separated, or auto")
             for act in self.activities():
                 one_of("--prof-activities", act, PROFILER_ACTIVITIES)
         if self.prof_ranks != "all":

@@ -57,6 +57,10 @@ class TrainConfig:
                  "--warmup-steps and --warmup-ratio both set a learning-rate warm-up: give one")
         require(self.lr_scheduler_type != "constant" or not (self.warmup_steps or self.warmup_ratio),
                  "--lr-scheduler-type constant has no warm-up (as in transformers): use constant_with_warmup")
+        # the warm-up's first step runs at lr 0 (engine/schedule.py): a one-step run with one trains nothing
+        require(self.num_train_epochs is not None or self.max_steps > 1 or not self.lr_warmup_steps(),
+                "--max-steps 1 with a learning-rate warm-up: the warm-up starts at 0, so the only step would run "
+                "at learning rate 0 and train nothing; run 2 or more steps or leave out the warm-up")
         require(self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}")
         require(self.max_grad_norm >= 0, f"--max-grad-norm must be >= 0, got {self.max_grad_norm}")
         one_of("--optimizer", self.optimizer, OPTIMIZERS)

@@ -94,6 +94,7 @@ def _prepare(data: DataConfig, tokenizer, model: str) -> PreparedData:
     if len(rows) == 0:
         raise ConfigError(f"{data.option('dataset')}: '{data.dataset}' split '{data.dataset_split}' has no rows")
     fmt = resolve_format(data, list(rows.column_names))
+    _check_text_column(data, rows, fmt)
     if fmt == "chat":
         check_chat(data, rows, tokenizer, model)
     procs = min(tokenize_processes(data, len(rows)), len(rows))
@@ -120,6 +121,17 @@ def _prepare(data: DataConfig, tokenizer, model: str) -> PreparedData:
         **sequence_stats(offsets, labels, data.seq_len, data.packing),
     }
     return prepared
+
+
+def _check_text_column(data: DataConfig, rows, fmt: str) -> None:
+    """The column a format reads its text from holds text (a column of numbers or of nulls tokenizes to nothing,
+    and would be reported as rows without a token)."""
+    name = {"text": "text_field", "instruction": "response_field"}.get(fmt)
+    feature = rows.features.get(getattr(data, name)) if name else None
+    dtype = getattr(feature, "dtype", "string")
+    if dtype not in ("string", "large_string"):
+        raise ConfigError(f"{data.option(name)}: column '{getattr(data, name)}' of '{data.dataset}' holds {dtype} "
+                          "values, not text")
 
 
 def _flat(ds, column: str):

@@ -41,9 +41,9 @@ def locate(data: DataConfig) -> DatasetLocation:
     """Classify ``--dataset``; one line naming the problem if it is none of the accepted kinds."""
     name = data.dataset
     if not _looks_like_path(name):
-        if not _HUB_NAME.match(name):
+        if not _HUB_NAME.match(name) or ("/" not in name and did_you_mean(name, ["synthetic"])):
             raise ConfigError(f"{data.option('dataset')}: '{name}' is not 'synthetic', a data file, a save_to_disk "
-                              "folder or a hub dataset name")
+                              f"folder or a hub dataset name{did_you_mean(name, ['synthetic'])}")
         return DatasetLocation("hub", name)
     path = Path(name).expanduser()
     if path.is_dir():
@@ -63,18 +63,37 @@ def check_dataset(data: DataConfig) -> None:
     if data.dataset == "synthetic":
         return
     where = locate(data)
-    if where.kind != "file" or Path(where.name).suffix == ".parquet":
+    if where.kind != "file":
         return
+    if Path(where.name).suffix == ".parquet":
+        return _check_parquet_marker(where.name, data)
     try:
         with open(where.name, encoding="utf-8") as fh:
             if where.name.endswith(".jsonl"):
                 found = _check_jsonl_lines(fh, data.dataset, data.option('dataset'))
             else:
-                found = any(line.strip() for line in fh)
+                found = sum(1 for line in fh if line.strip())
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{data.option('dataset')}: cannot read '{data.dataset}': {exc}") from None
     if not found:
         raise ConfigError(f"{data.option('dataset')}: '{data.dataset}' is empty")
+    if found == 1 and where.name.endswith(".csv"):  # (a CSV's first line is its header)
+        raise ConfigError(f"{data.option('dataset')}: '{data.dataset}' has a header line but no rows")
+
+
+def _check_parquet_marker(path: str, data: DataConfig) -> None:
+    """A Parquet file starts and ends with b'PAR1' (the format's magic): anything else is not one."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+            fh.seek(0, 2)
+            if fh.tell() >= 8:
+                fh.seek(-4, 2)
+            tail = fh.read(4)
+    except OSError as exc:
+        raise ConfigError(f"{data.option('dataset')}: cannot read '{data.dataset}': {exc}") from None
+    if head != b"PAR1" or tail != b"PAR1":
+        raise ConfigError(f"{data.option('dataset')}: '{data.dataset}' is not a Parquet file (no PAR1 marker)")
 
 
 def _check_jsonl_lines(fh, name: str, opt: str = "--dataset") -> bool:
@@ -116,6 +135,9 @@ def load_rows(data: DataConfig):
     except (ValueError, KeyError) as exc:  # a bad split name or slice, a bad config name
         if offline:
             raise _not_cached(data) from None
+        if where.kind == "file" and data.dataset_split.split("[")[0].strip() == "train":  # its one split: content
+            why = "it has no rows" if "corresponds to no data" in str(exc) else _first_line(exc)  # (datasets' words)
+            raise ConfigError(f"{data.option('dataset')}: cannot load '{data.dataset}': {why}") from None
         raise ConfigError(f"{data.option('dataset_split')}: '{data.dataset}' split '{data.dataset_split}': "
                           f"{_first_line(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - unknown dataset, unreadable file, parse error: all user input

@@ -69,11 +69,11 @@ def ensure_quantized(build_model, tokenizer, label: str, key: str, method: Metho
     # wait for it, then use its result, rather than quantize twice and race for the rename.
     lock = target.with_name(target.name + ".lock")
     with _exclusive(lock, log):
-        if (target / "quantize_config.json").is_file():
-            return target
-        _quantize(build_model, tokenizer, label, target, method, calibration, device, log)
+        if not (target / "quantize_config.json").is_file():
+            _quantize(build_model, tokenizer, label, target, method, calibration, device, log)
         # Safe to remove once the checkpoint exists: every process checks for it after taking the lock, so one
-        # that locks this (now unlinked) file, or a new file of the same name, finds the checkpoint and leaves.
+        # that locks this (now unlinked) file, or a new file of the same name, finds the checkpoint and leaves
+        # (removing the file it made: one that came between the first check and the unlink makes a new one).
         lock.unlink(missing_ok=True)
     return target
 

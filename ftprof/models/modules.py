@@ -50,3 +50,9 @@ def lora_target_problem(model: str, targets: tuple[str, ...] | None) -> str | No
 def max_positions(model: str) -> int | None:
     value = (model_config_dict(model) or {}).get("max_position_embeddings")
     return value if isinstance(value, int) else None
+
+
+def decoder_layers(model: str) -> int | None:
+    """A preset's or local checkpoint's decoder layers (num_hidden_layers), read without torch; None if unknown."""
+    value = (model_config_dict(model) or {}).get("num_hidden_layers")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -52,7 +52,7 @@ def test_rows_with_nothing_to_learn_are_dropped_and_none_left_is_an_error(tmp_pa
         prepare_dataset(DataConfig(dataset=write(tmp_path / "e.jsonl", rows[:2]), seq_len=160), build_tokenizer(),
                         progress=False)
     (tmp_path / "blank.csv").write_text("text\n")
-    with pytest.raises(ConfigError, match="split 'train': .*no data"):
+    with pytest.raises(ConfigError, match="--dataset: cannot load .*blank.csv': it has no rows"):
         prepare_dataset(DataConfig(dataset=str(tmp_path / "blank.csv")), build_tokenizer(), progress=False)
 
 

@@ -1,7 +1,6 @@
 """The GPTQ cache: one quantization per model, however many processes ask for it at once."""
 
 import threading
-import time
 
 import pytest
 
@@ -14,10 +13,12 @@ from tests.requires import requires, requires_run
 def test_concurrent_requests_quantize_once_and_share_the_result(tmp_path, monkeypatch):
     monkeypatch.setenv(gptq.CACHE_ENV, str(tmp_path))
     calls, logs = [], []
+    holding, waited = threading.Event(), threading.Event()
 
     def fake_quantize(build, tok, label, target, method, calib, device, log):
         calls.append(label)
-        time.sleep(0.5)  # long enough for the second request to find the lock taken
+        holding.set()
+        waited.wait(timeout=30)  # until the second request has found the lock taken
         target.mkdir(parents=True)
         (target / "quantize_config.json").write_text("{}")
 
@@ -25,13 +26,17 @@ def test_concurrent_requests_quantize_once_and_share_the_result(tmp_path, monkey
     method = MethodConfig(method="gptq-lora").resolved("float32")
     results = []
 
+    def log(line):
+        logs.append(line)
+        waited.set()
+
     def request():
-        results.append(gptq.ensure_quantized(None, None, "tiny", "k1", method, None, None, logs.append))
+        results.append(gptq.ensure_quantized(None, None, "tiny", "k1", method, None, None, log))
 
     threads = [threading.Thread(target=request) for _ in range(2)]
-    for t in threads:
-        t.start()
-        time.sleep(0.1)
+    threads[0].start()
+    assert holding.wait(timeout=30)
+    threads[1].start()
     for t in threads:
         t.join()
     assert calls == ["tiny"]  # the second request waited and reused the first one's checkpoint

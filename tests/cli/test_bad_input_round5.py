@@ -1,0 +1,82 @@
+"""Bad input of the fifth pass (a black-box audit of the CLI): one line naming the problem, exit 2, before torch
+where the check needs none. The command-line cases run in one fresh interpreter (tests/cli/test_bad_input.py's
+RUNNER); the environment's allocator setting in a process of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.cli.test_bad_input import RUNNER
+
+
+def _files(t):
+    (t / "header-only.csv").write_text("text\n")
+    (t / "fake.parquet").write_text("PAR1 junk")
+    (t / "numbers.jsonl").write_text('{"text": 5}\n{"text": 6}\n')
+    (t / "not-a-trace.json").write_text("{not json")
+    (t / "trace.json").write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 10, "pid": 1, "tid": 1}]}))
+
+
+def _cases(t):
+    train = ["train", "lora", "--model", "tiny", "--device", "cpu", "--max-steps", "2", "--output-dir", str(t / "o")]
+    # (argv, words the line must hold, words it must not hold, torch allowed)
+    return [
+        ([*train, "--alloc-conf", "garbage"], ["--alloc-conf", "is not key:value"], [], False),
+        ([*train, "--alloc-conf", "expandable_segment:True"], ["did you mean 'expandable_segments'"], [], False),
+        ([*train, "--alloc-conf", "expandable_segments:maybe"], ["True or False"], [], False),
+        ([*train, "--lora-alpha", "0"], ["--lora-alpha must be a positive number"], [], False),
+        ([*train, "--lora-alpha", "-1"], ["--lora-alpha must be a positive number"], [], False),
+        (["profile", "lora", "--device", "cpu", "--prof-activities", ""], ["--prof-activities", "names nothing"],
+         [], False),
+        ([*train[:-4], "--max-steps", "1", "--warmup-steps", "50"], ["learning rate 0", "train nothing"], [],
+         False),
+        ([*train, "--checkpointing", "full", "--checkpoint-layers", "99"], ["'tiny' has 2 decoder layers"], [],
+         False),
+        ([*train, "--sdpa-backend", "flash"], ["--sdpa-backend flash needs a CUDA device"], [], False),
+        (["train", "full", "--model", "llama-70b", "--device", "cpu", "--output-dir", str(t / "o")],
+         ["host memory", "weights"], [], False),
+        ([*train, "--dataset", "synthetc"], ["did you mean 'synthetic'"], ["cannot reach"], False),
+        ([*train, "--dataset", str(t / "header-only.csv")], ["--dataset", "a header line but no rows"],
+         ["--dataset-split"], False),
+        ([*train, "--dataset", str(t / "fake.parquet")], ["--dataset", "not a Parquet file"], ["--dataset-split"],
+         False),
+        (["--versoin"], ["--versoin", "did you mean '--version'"], ["required"], False),
+        ([*train, "--dry-run"], ["unrecognized arguments: --dry-run"], ["did you mean"], False),
+        # (torch imported: last, as the cases run in one interpreter)
+        ([*train, "--dataset", str(t / "numbers.jsonl")], ["--text-field", "int64", "not text"], [], True),
+        (["profile", "--summarize", str(t / "trace.json"), "--baseline", str(t / "not-a-trace.json")],
+         ["--baseline", "cannot read"], [], True),
+    ]
+
+
+def test_round5_corpus(tmp_path):
+    _files(tmp_path)
+    cases = _cases(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps([argv for argv, *_ in cases])],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    problems = []
+    for (argv, want, unwanted, torch_ok), res in zip(cases, results, strict=True):
+        err = res["stderr"]
+        lines = err.strip().splitlines()
+        if (res["code"] != 2 or len(lines) != 1 or any(w not in err for w in want)
+                or any(w in err for w in unwanted) or (res["torch"] and not torch_ok)):
+            problems.append(f"{' '.join(argv[-3:])}: exit {res['code']}, torch {res['torch']}, stderr {err!r}")
+    assert problems == [], "\n".join(problems)
+    # the baseline was read before the new side's summary printed: the refusal is all that was said
+    assert not (tmp_path / "summaries").exists() or not any((tmp_path / "summaries").iterdir())
+
+
+def test_an_unparsable_allocator_setting_in_the_environment_is_one_line_not_an_abort(tmp_path):
+    # torch aborts at import on it (a C++ stack, exit 134): refused before torch is imported
+    env = {**os.environ, "PYTORCH_ALLOC_CONF": "garbage"}
+    done = subprocess.run([sys.executable, "-m", "ftprof", "train", "lora", "--device", "cpu", "--output-dir",
+                           str(tmp_path / "o")], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-2000:]
+    assert "PYTORCH_ALLOC_CONF='garbage' in the environment" in done.stderr
+    assert not (tmp_path / "o").exists()
