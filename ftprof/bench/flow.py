@@ -7,6 +7,7 @@ its claim), 130 interrupted; bad input and a busy output directory are errors be
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,18 +64,21 @@ def run_sweep(sweep: Sweep | str | Path, output_dir: str | Path | None = None, *
               on_event: Callable[[str, object], None] | None = None,
               on_wait: Callable[[str], None] | None = None,
               on_plan: Callable[[list[Planned]], None] | None = None,
-              launcher: LauncherSettings | None = None, watch: bool = True, cancel: bool = False) -> SweepRun:
+              launcher: LauncherSettings | None = None, watch: bool = True, cancel: bool = False,
+              locked: bool = False) -> SweepRun:
     """Run a sweep in ``output_dir`` (default results/<sweep name>) holding its lock (OutputDirBusy when another
     bench holds it, unless ``wait``). ``on_plan`` sees the plan before anything runs (to set up a display).
     ``launcher`` (default: the sweep file's) picks local child processes or Slurm jobs (a job runs what a child
     process would: ftprof's worker or a peer cell's recipe, in the cell's ``python:``); with Slurm, ``watch=False``
-    returns once the jobs are submitted and ``cancel`` cancels them on Ctrl-C."""
+    returns once the jobs are submitted and ``cancel`` cancels them on Ctrl-C. ``locked``: the caller holds the output
+    directory's OutputLock already (``ftprof bench`` takes it before anything slow, so a busy one is refused at
+    once)."""
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
     launcher = launcher or sweep.launcher
     out_dir = output_dir_for(sweep, output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with OutputLock(out_dir, wait=wait, on_wait=on_wait):
+    with contextlib.nullcontext() if locked else OutputLock(out_dir, wait=wait, on_wait=on_wait):
         if launcher.type == "slurm":
             from ftprof.bench import slurm
 

@@ -403,8 +403,9 @@ class CellState:
 def sweep_status(sweep: Sweep, out_dir: Path, *, reconcile_ended: bool = True) -> list[CellState]:
     """Where each experiment of a submitted sweep stands (``ftprof bench --status``)."""
     run_dirs = [out_dir / e.name for e in sweep.experiments]
-    try:
-        jobs = squeue_jobs()
+    try:  # squeue only when a job may still be out there (an unreachable controller takes seconds to say so)
+        jobs = squeue_jobs() if any(not (read_record(d) or {"reconciled": True}).get("reconciled")
+                                    for d in run_dirs) else {}
     except SlurmError:  # no Slurm here (a local sweep, or a login node without the tools): what the files say
         jobs, reconcile_ended = {}, False
     active = refresh(run_dirs, jobs) if reconcile_ended else {

@@ -185,6 +185,8 @@ def _differing_keys(cells: list[dict[str, Any]]) -> set[str]:
 
 def load_sweep(path: str | Path) -> Sweep:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"'{path}' is a directory, not a sweep file (a YAML file of experiments)")
     if not path.is_file():
         raise ConfigError(f"sweep file '{path}' does not exist")
     try:
@@ -222,7 +224,9 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
     if not 1 <= version <= SCHEMA_VERSION:
         raise _fail(path, "schema_version", f"must be 1 to {SCHEMA_VERSION}, got {version}")
     experiments = _experiments(path, cells, varying, memory, repeats, version)
-    sweep_name = str(data.get("name") or path.stem)
+    sweep_name = data.get("name", path.stem)  # given, it is the name: an empty one is refused, not replaced
+    if not sweep_name:
+        raise _fail(path, "name", f"is empty: give a plain directory name, or leave name out to use '{path.stem}'")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", sweep_name) or sweep_name in (".", ".."):
         raise _fail(path, "name", f"'{sweep_name}' must be a plain directory name")
     return Sweep(sweep_name, path, experiments, memory, timeout, repeats, varying, launcher)
@@ -260,6 +264,11 @@ def _sections(path: Path, data: dict[str, Any]) -> tuple[dict, dict, list, list]
         unknown = [k for k in rule if k not in matrix]
         if unknown:
             raise _fail(path, f"exclude[{i}].{unknown[0]}", "is not a matrix key, so it cannot exclude anything")
+        # the matrix is a full product: a rule matches no cell exactly when one of its values is not in the matrix
+        absent = next((k for k, v in rule.items() if v not in matrix[k]), None)
+        if absent is not None:
+            raise _fail(path, f"exclude[{i}].{absent}", f"{rule[absent]!r} is not one of the matrix's values "
+                        f"({', '.join(map(str, matrix[absent]))}), so this rule excludes nothing")
     return base, matrix, extra, exclude
 
 

@@ -101,23 +101,37 @@ def _num(row: dict, key: str):
 
 def bench_command(args: argparse.Namespace) -> int:
     from ftprof.bench.flow import output_dir_for
-    from ftprof.bench.runner import gpu_slots, plan
+    from ftprof.bench.lock import OutputLock
     from ftprof.bench.sweep import load_sweep
 
+    check_combinations(args)
     sweep = load_sweep(args.sweep)
     launcher = sweep.launcher.merged({key: getattr(args, key) for key in LAUNCHER_OPTIONS}
                                      | {"type": args.launcher, "sbatch": tuple(args.sbatch or ())}, "")
+    check_slurm_only(args, launcher.type, sweep.path)
     out_dir = output_dir_for(sweep, args.output_dir)
     if launcher.type == "local":  # the experiments run here: what this machine cannot run is refused now
         check_devices(sweep)
     console = make_console()
     if args.status:
         return status_command(console, sweep, out_dir)
-    slots = gpu_slots() if launcher.type == "local" else []
     if args.dry_run:
+        from ftprof.bench.runner import gpu_slots, plan
+
         dry_run(console, sweep, out_dir, plan(sweep, out_dir, force=args.force, retry_failed=args.retry_failed),
-                slots)
+                gpu_slots() if launcher.type == "local" else [])
         return 0
+    # held from here to the end: a busy output directory is refused before torch is imported (gpu_slots)
+    with OutputLock(out_dir, wait=args.wait,
+                    on_wait=lambda who: console.print(f"[yellow]waiting[/yellow] for {who} to release {out_dir}")):
+        return _run_locked(console, sweep, out_dir, args, launcher)
+
+
+def _run_locked(console, sweep, out_dir: Path, args: argparse.Namespace, launcher) -> int:
+    """The sweep run (or submitted and watched), holding the output directory; its table and exit status."""
+    from ftprof.bench.runner import gpu_slots
+
+    slots = gpu_slots() if launcher.type == "local" else []
     if launcher.type == "slurm":
         console.print(experiment_table(sweep, out_dir))
     elif not slots:
@@ -129,9 +143,45 @@ def bench_command(args: argparse.Namespace) -> int:
     return code
 
 
+LAUNCHER_OPTIONS = ("partition", "account", "qos", "time", "gpus_per_node", "nodes", "cpus_per_task", "mem",
+                    "constraint", "max_jobs")
+
+
+# Options that mean nothing together: (option, option, why), refused in one line.
+CONFLICTS = (("status", "dry_run", "--status shows a submitted sweep, --dry-run what a run would do"),
+             ("status", "force", "--status runs nothing"), ("status", "retry_failed", "--status runs nothing"),
+             ("status", "wait", "--status never waits for the output directory"),
+             ("force", "retry_failed", "--force reruns every experiment, the failed ones included"))
+# Options for Slurm jobs only: refused when the sweep runs locally (not silently ignored).
+SLURM_ONLY = (*LAUNCHER_OPTIONS, "sbatch", "no_watch", "cancel")
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def check_combinations(args: argparse.Namespace) -> None:
+    """Options given together that cannot both apply: one line naming them (before the sweep is read)."""
+    from ftprof.errors import ConfigError
+
+    for one, other, why in CONFLICTS:
+        if getattr(args, one) and getattr(args, other):
+            raise ConfigError(f"{_flag(one)} and {_flag(other)} cannot be used together: {why}")
+
+
+def check_slurm_only(args: argparse.Namespace, launcher_type: str, sweep_path: Path) -> None:
+    """A Slurm option on a sweep that runs locally would be ignored: one line naming it instead."""
+    from ftprof.errors import ConfigError
+
+    given = [dest for dest in SLURM_ONLY if getattr(args, dest) not in (None, False, [])]
+    if given and launcher_type != "slurm":
+        raise ConfigError(f"{_flag(given[0])} applies to Slurm jobs only, and this sweep runs locally (pass "
+                          f"--launcher slurm, or set launcher: {{type: slurm}} in {sweep_path.name})")
+
+
 def _run_with_display(console, sweep, out_dir: Path, args: argparse.Namespace, slots: list, launcher):
     """Run (or watch) the sweep with its display (live on a terminal, plain lines otherwise), started once the plan
-    is known."""
+    is known; the caller holds the output directory's lock."""
     from ftprof.bench.flow import run_sweep
     from ftprof.cli.bench_display import bench_display
 
@@ -142,10 +192,9 @@ def _run_with_display(console, sweep, out_dir: Path, args: argparse.Namespace, s
         displays[0].start()
 
     try:
-        return run_sweep(sweep, out_dir, force=args.force, retry_failed=args.retry_failed, wait=args.wait,
-                         slots=slots, on_plan=start_display, launcher=launcher, watch=not args.no_watch,
-                         cancel=args.cancel, on_event=lambda kind, p: displays[0].event(kind, p),
-                         on_wait=lambda who: console.print(f"[yellow]waiting[/yellow] for {who} to release {out_dir}"))
+        return run_sweep(sweep, out_dir, force=args.force, retry_failed=args.retry_failed, slots=slots,
+                         on_plan=start_display, launcher=launcher, watch=not args.no_watch, cancel=args.cancel,
+                         on_event=lambda kind, p: displays[0].event(kind, p), locked=True)
     finally:
         if displays:
             displays[0].stop()
@@ -186,10 +235,6 @@ def _print_next_step(console, done, args: argparse.Namespace, launcher_type: str
         how = ("--retry-failed reruns them" if not resumable else "a rerun runs them again (killed from outside)"
                if not kept else f"a rerun runs the {resumable} killed from outside again, --retry-failed all of them")
         console.print(f"[red]{len(done.failed())} experiment(s) failed[/red] (exit status {code}); {how}")
-
-
-LAUNCHER_OPTIONS = ("partition", "account", "qos", "time", "gpus_per_node", "nodes", "cpus_per_task", "mem",
-                    "constraint", "max_jobs")
 
 
 def experiment_table(sweep, out_dir: Path) -> Table:

@@ -24,15 +24,20 @@ def _percent(text: str) -> float:
     return value
 
 
+THRESHOLD_PCT = 5.0
+
+
 def report_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "report", help="turn run directories into tables, CSV, Markdown, plots and an HTML report",
         description="Read every run directory under the given paths (bench sweeps and single runs alike) and write "
                     "raw_summary.csv, summary.csv, summary.md, PNG plots and report.html. With --baseline, compare "
-                    "matching experiments and exit 1 on a regression beyond --threshold percent.")
+                    "matching experiments and exit 1 on a regression beyond --threshold percent, or when no "
+                    "configuration matches one of the baseline (nothing compared).")
     parser.add_argument("paths", nargs="+", help="results directories or run directories")
     parser.add_argument("--baseline", type=path_argument, help="results directory to compare against")
-    parser.add_argument("--threshold", type=_percent, default=5.0, help="regression threshold in percent (default 5)")
+    parser.add_argument("--threshold", type=_percent,
+                        help=f"regression threshold in percent, with --baseline (default {THRESHOLD_PCT:g})")
     parser.add_argument("--format", default="all", choices=("all", "md", "csv"),
                         help="what to write: all (tables, plots, HTML), md or csv (default all)")
     parser.add_argument("--group-by", help="group rows by this column (e.g. method)")
@@ -85,13 +90,17 @@ def choose_table(choice) -> Table | None:
 
 def report_command(args: argparse.Namespace) -> int:
     from ftprof.config import normalize_report_to
+    from ftprof.errors import ConfigError
     from ftprof.exporters import check_exporters
     from ftprof.report.build import build_report
 
+    if args.threshold is not None and args.baseline is None:
+        raise ConfigError("--threshold applies to the comparison with --baseline, and none was given")
+    threshold = THRESHOLD_PCT if args.threshold is None else args.threshold
     trackers = normalize_report_to(args.report_to)  # bad names and missing packages: one line, before any work
     check_exporters(trackers or ())
 
-    report = build_report(args.paths, args.output_dir, baseline=args.baseline, threshold_pct=args.threshold,
+    report = build_report(args.paths, args.output_dir, baseline=args.baseline, threshold_pct=threshold,
                           sort=args.sort, group_by=args.group_by, formats=args.format)
     console = make_console()
     for problem in report.problems:
@@ -113,8 +122,13 @@ def report_command(args: argparse.Namespace) -> int:
                           + (f" [dim](profile: {c.cause})[/dim]" if c.cause else ""))
         for c in cmp.inconclusive:
             console.print(f"[yellow]inconclusive[/yellow] {c.experiment}: {'; '.join(c.reasons)}")
-        if not cmp.failed:
-            console.print(f"[green]no regression beyond {args.threshold:g}%[/green] "
+        if cmp.nothing_compared:  # a gate that compared nothing has not passed
+            from rich.markup import escape
+
+            console.print("[red]nothing compared[/red]: no configuration matches one of the baseline"
+                          + (f" ({escape('; '.join(cmp.differences))})" if cmp.differences else ""))
+        elif not cmp.failed:
+            console.print(f"[green]no regression beyond {threshold:g}%[/green] "
                           f"({len(cmp.configs)} configurations compared"
                           + (f", {len(cmp.inconclusive)} inconclusive" if cmp.inconclusive else "") + ")")
     console.print(f"[dim]wrote {', '.join(sorted(report.files))} to {report.out_dir}[/dim]")

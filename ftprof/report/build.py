@@ -16,7 +16,7 @@ from ftprof.report import compare as compare_mod
 from ftprof.report import eval_loss, plots, prediction, profiles
 from ftprof.report import slow_steps as slow_steps_mod
 from ftprof.report.tables import SummaryTable, load_results, summarize, to_csv_frame, to_markdown
-from ftprof.results.run_dir import ENV
+from ftprof.results.run_dir import CONFIG, ENV
 from ftprof.results.store import write_text_atomic
 
 FORMATS = ("all", "md", "csv")
@@ -65,10 +65,13 @@ def skipped_markdown(problems: list[str]) -> str:
     return "\n".join(["## Skipped run directories", "", *(f"- {p}" for p in problems)]) + "\n"
 
 
-def _check_paths(paths: list[str | Path]) -> None:
-    for p in paths:
+def _check_paths(paths: list[str | Path], baseline: str | Path | None) -> None:
+    for p, where in [(p, "") for p in paths] + ([(baseline, "--baseline: ")] if baseline else []):
         if not Path(p).exists():
-            raise ConfigError(f"'{p}' does not exist")
+            raise ConfigError(f"{where}'{p}' does not exist")
+        if not Path(p).is_dir():  # result.json, config.json, a summary: the run directory holding it is meant
+            hint = f"; its run directory is '{Path(p).parent}'" if (Path(p).parent / CONFIG).is_file() else ""
+            raise ConfigError(f"{where}'{p}' is a file, not a directory (a run directory or a folder of them){hint}")
 
 
 def build_report(paths: list[str | Path], out_dir: str | Path | None = None, *, baseline: str | Path | None = None,
@@ -76,7 +79,7 @@ def build_report(paths: list[str | Path], out_dir: str | Path | None = None, *, 
                  formats: str = "all", plot: bool = True) -> Report:
     if not paths:
         raise ConfigError("give at least one results directory")
-    _check_paths(list(paths) + ([baseline] if baseline else []))
+    _check_paths(list(paths), baseline)
     if formats not in FORMATS:
         raise ConfigError(f"--format: '{formats}' is not one of {', '.join(FORMATS)}")
     if threshold_pct < 0:

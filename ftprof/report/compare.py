@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from ftprof.report import environment, profiles
-from ftprof.report.tables import config_key
+from ftprof.report.tables import config_columns, config_key, effective_frame
 from ftprof.results.run_dir import STEPS
 from ftprof.results.status import Status
 
@@ -69,6 +69,12 @@ class Comparison:
     configs: list[ConfigComparison]
     unmatched_current: list[str]
     unmatched_baseline: list[str]
+    differences: list[str] = field(default_factory=list)  # when nothing matched: the options that differ
+
+    @property
+    def nothing_compared(self) -> bool:
+        """No configuration matched one of the baseline: the gate has nothing to pass."""
+        return not self.configs
 
     @property
     def regressions(self) -> list[ConfigComparison]:
@@ -80,7 +86,7 @@ class Comparison:
 
     @property
     def failed(self) -> bool:
-        return bool(self.regressions)
+        return bool(self.regressions) or self.nothing_compared
 
 
 def _label(row) -> str:
@@ -239,7 +245,24 @@ def compare(current: pd.DataFrame, baseline: pd.DataFrame, threshold_pct: float)
             if c.environment:  # the machine changed too: said beside the verdict, as a possible cause
                 c.reasons.append(f"environment differs: {', '.join(c.environment)}")
     return Comparison(configs, [_label(g.iloc[0]) for k, g in cur_groups.items() if k not in base_groups],
-                      [_label(g.iloc[0]) for k, g in base_groups.items() if k not in cur_groups])
+                      [_label(g.iloc[0]) for k, g in base_groups.items() if k not in cur_groups],
+                      [] if configs else key_differences(cur, base))
+
+
+def key_differences(current: pd.DataFrame, baseline: pd.DataFrame, limit: int = 3) -> list[str]:
+    """Why no configuration matched: the options with no value in common between the two sides (else those whose
+    values differ at all), as "seq_len 1024 here, 2048 in the baseline"."""
+    def shown(values: set[str]) -> str:
+        return ", ".join(sorted(values)[:limit]) + (", ..." if len(values) > limit else "")
+
+    cur, base = effective_frame(current), effective_frame(baseline)
+    found: list[tuple[bool, str]] = []
+    for col in dict.fromkeys(config_columns(cur) + config_columns(base) + ["world_size"]):
+        here, there = ({str(v) for v in df[col]} if col in df else {"None"} for df in (cur, base))
+        if here != there:
+            found.append((not here & there, f"{col} {shown(here)} here, {shown(there)} in the baseline"))
+    disjoint = [text for apart, text in found if apart]
+    return (disjoint or [text for _, text in found])[:limit]
 
 
 def _fmt_test(t: ThroughputTest | None) -> str:
@@ -269,6 +292,9 @@ def to_markdown(cmp: Comparison, threshold_pct: float) -> str:
         lines.append(f"| {c.experiment} | {verdict} | {_fmt_test(t)} | {samples} | {p} | "
                      f"{'-' if p50 is None else f'{p50[2]:+.1f}%'} | {'-' if mem is None else f'{mem[2]:+.1f}%'} | "
                      f"{'; '.join(c.reasons + ([f'profile: {c.cause}'] if c.cause else []))} |")
+    if cmp.nothing_compared:
+        lines += ["", "**No configuration matched the baseline**, so nothing was compared"
+                  + (f" ({'; '.join(cmp.differences)})." if cmp.differences else ".")]
     envs = sorted({d for c in cmp.configs for d in c.environment})
     if envs:
         lines += ["", "The environments differ (env.json), which can explain a change as well as the code: "

@@ -253,3 +253,22 @@ def test_status_shows_each_experiments_job_and_result(tmp_path, capsys, monkeypa
     assert main(["bench", "--status", str(tmp_path / "s.yaml"), "--output-dir", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert "7_0" in out and "gpu-17" in out and "1 ok" in out
+
+
+def test_status_asks_squeue_only_when_a_submitted_job_may_still_be_out_there(tmp_path, capsys, monkeypatch):
+    """A sweep never submitted has nothing for squeue to tell (and a stopped controller takes seconds to say so)."""
+    from ftprof.cli.main import main
+
+    bin_dir, asked = tmp_path / "fakebin", tmp_path / "squeue-asked"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\ntouch {asked}\nexit 1\n")  # an unreachable controller, at once
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    _sweep(tmp_path, f"base: {{{TINY}}}\nmatrix: {{method: [full]}}\n")
+    argv = ["bench", "--status", str(tmp_path / "s.yaml"), "--output-dir", str(tmp_path / "out")]
+    assert main(argv) == 0
+    assert "1 not submitted" in capsys.readouterr().out and not asked.exists()
+    run_dir = _submitted(tmp_path)  # now a job was submitted and not yet seen to end: squeue is asked
+    assert main(argv) == 0
+    assert asked.exists() and "7_0" in capsys.readouterr().out
+    assert "reconciled" not in json.loads((run_dir / "slurm.json").read_text())  # squeue could not say it ended

@@ -87,6 +87,13 @@ BAD_FILES = [
     ("matrix: {method: [full]}\nbase: {output_dir: x}\n", "base.output_dir: is set by bench"),
     ("matrix: {method: [full]}\nname: a/b\n", "name: 'a/b' must be a plain directory name"),
     ("experiments: [{method: full}, {method: full}]\n", "experiments[1]: duplicates experiments[0]"),
+    # a rule that matches no cell is a typo, not a no-op
+    ("matrix: {method: [full, lora], batch_size: [1, 2]}\n"
+     "exclude: [{method: full, batch_size: 1}, {method: qlora}]\n",
+     "exclude[1].method: 'qlora' is not one of the matrix's values (full, lora), so this rule excludes nothing"),
+    ("matrix: {method: [full], batch_size: [1, 2]}\nexclude: [{method: full, batch_size: 4}]\n",
+     "exclude[0].batch_size: 4 is not one of the matrix's values (1, 2)"),
+    ("name: ''\nmatrix: {method: [full]}\n", "name: is empty: give a plain directory name, or leave name out"),
 ]
 
 
@@ -101,6 +108,9 @@ def test_bad_sweep_files_are_one_line_errors(tmp_path, text, fragment):
 def test_missing_sweep_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_sweep(tmp_path / "none.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_sweep(tmp_path)
+    assert str(info.value).startswith(f"'{tmp_path}' is a directory, not a sweep file")
 
 
 def test_ten_thousand_cells_expand_in_about_ten_times_a_thousands_time(tmp_path):

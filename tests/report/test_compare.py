@@ -109,3 +109,15 @@ def test_memory_growth_and_a_run_that_stopped_succeeding_are_regressions(tmp_pat
     failed = _repeats(tmp_path, "f", [None], status="oom_device")
     c = compare(failed, base, threshold_pct=5).configs[0]
     assert c.verdict == REGRESSION and c.reasons == ["status ok -> oom_device"]
+
+
+def test_nothing_matched_is_a_failed_gate_naming_the_options_apart(tmp_path):
+    base = pd.DataFrame([{**_run(tmp_path / "b", f"r{b}", 1000), "batch_size": b} for b in (1, 2)])
+    cur = pd.DataFrame([{**_run(tmp_path / "c", f"r{b}", 1000), "batch_size": b, "seq_len": 2048} for b in (2, 4)])
+    cmp = compare(cur, base, threshold_pct=5)
+    assert cmp.configs == [] and cmp.nothing_compared and cmp.failed and not cmp.regressions
+    # batch_size 2 is on both sides: seq_len, with no value in common, is why nothing matched
+    assert cmp.differences == ["seq_len 2048 here, 1024 in the baseline"]
+    assert "**No configuration matched the baseline**, so nothing was compared (seq_len 2048" in to_markdown(cmp, 5)
+    matched = compare(base, base, threshold_pct=5)
+    assert not matched.nothing_compared and not matched.failed and matched.differences == []
