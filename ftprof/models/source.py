@@ -139,6 +139,27 @@ def _largest_memory() -> tuple[float, str]:
     return max(best, (float(host), f"this machine's {host / 2**30:.0f} GiB"))
 
 
+def known_model_types() -> frozenset[str]:
+    """The model types the installed transformers knows (CONFIG_MAPPING_NAMES' keys), read from its source text:
+    importing the mapping imports torch. transformers 5 keeps the mapping in models/auto/auto_mappings.py, earlier
+    versions in configuration_auto.py. Empty where neither can be read (then no type is refused)."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return frozenset()
+    auto = Path(next(iter(spec.submodule_search_locations))) / "models" / "auto"
+    types: set[str] = set()
+    for name in ("auto_mappings.py", "configuration_auto.py"):
+        try:
+            text = (auto / name).read_text()
+        except OSError:
+            continue
+        types.update(re.findall(r'"([\w-]+)"\s*[:,]\s*"\w+Config"', text))
+    return frozenset(types) if len(types) > 50 else frozenset()  # (a layout this reader does not know: no check)
+
+
 def local_config_problem(name: str, data: dict) -> str | None:
     """Why the model directory ``name`` with config.json ``data`` cannot be probed or trained (one line naming the
     fields and their values), or None. Read before transformers: a config it would complete with another model's
@@ -147,6 +168,10 @@ def local_config_problem(name: str, data: dict) -> str | None:
     model_type = data.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         return f"{where} has no model_type (e.g. \"llama\"): transformers cannot tell what architecture it is"
+    known = known_model_types()
+    if known and model_type not in known and "auto_map" not in data:  # (auto_map: the checkpoint's own code)
+        return (f"{where}: model_type '{model_type}' is not an architecture the installed transformers knows"
+                f"{did_you_mean(model_type, known)}")
     archs = data.get("architectures") if isinstance(data.get("architectures"), list) else []
     causal = any(isinstance(a, str) and a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
     if model_type.lower() in ENCODERS or (data.get("is_encoder_decoder") is True and not causal):

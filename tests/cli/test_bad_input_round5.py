@@ -17,6 +17,8 @@ def _files(t):
     (t / "fake.parquet").write_text("PAR1 junk")
     (t / "numbers.jsonl").write_text('{"text": 5}\n{"text": 6}\n')
     (t / "not-a-trace.json").write_text("{not json")
+    (t / "typo-model").mkdir()
+    (t / "typo-model" / "config.json").write_text(json.dumps({"model_type": "lamma", "hidden_size": 64}))
     (t / "trace.json").write_text(json.dumps({"traceEvents": [
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 10, "pid": 1, "tid": 1}]}))
 
@@ -39,6 +41,8 @@ def _cases(t):
         ([*train, "--sdpa-backend", "flash"], ["--sdpa-backend flash needs a CUDA device"], [], False),
         (["train", "full", "--model", "llama-70b", "--device", "cpu", "--output-dir", str(t / "o")],
          ["host memory", "weights"], [], False),
+        ([*train[:2], "--model", str(t / "typo-model"), *train[4:]], ["model_type 'lamma' is not an architecture",
+                                                                      "did you mean 'llama'"], ["defaults"], False),
         ([*train, "--dataset", "synthetc"], ["did you mean 'synthetic'"], ["cannot reach"], False),
         ([*train, "--dataset", str(t / "header-only.csv")], ["--dataset", "a header line but no rows"],
          ["--dataset-split"], False),
