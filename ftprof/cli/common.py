@@ -97,9 +97,11 @@ class OneLineErrorParser(argparse.ArgumentParser):
             action = self._option_string_actions.get(word.split("=", 1)[0])
             if action is None or action.dest in ("help", "version"):
                 continue
+            flag = word.split("=", 1)[0]
             if action.dest in given:
-                self.error(f"{word.split('=', 1)[0]} repeats {given[action.dest]} (give each option once)")
-            given[action.dest] = word.split("=", 1)[0]
+                both = f"; both set --{action.dest.replace('_', '-')}" if flag != given[action.dest] else ""
+                self.error(f"{flag} repeats {given[action.dest]}{both} (give each option once)")
+            given[action.dest] = flag
 
 
 BOOL_WORDS = {"true": True, "t": True, "yes": True, "y": True, "1": True,

@@ -57,8 +57,12 @@ def _hideable(action: argparse.Action, keep: frozenset[str]) -> bool:
     if not action.option_strings or action.help is argparse.SUPPRESS or \
             isinstance(action, argparse._HelpAction | argparse._VersionAction | HelpAllAction):
         return False
-    own_flag = action.option_strings[0] == "--" + str(action.dest).replace("_", "-")
-    return action.dest not in keep or not own_flag
+    return action.dest not in keep or not _own_flag(action)
+
+
+def _own_flag(action: argparse.Action) -> bool:
+    """The option is spelled by its own name (not --bf16, which sets --dtype)."""
+    return bool(action.option_strings) and action.option_strings[0] == "--" + str(action.dest).replace("_", "-")
 
 
 def _one_line(action: argparse.Action) -> str:
@@ -71,7 +75,7 @@ def short_help(parser: argparse.ArgumentParser, keep: frozenset[str] = SHORT_OPT
     """``parser``'s help with only the ``keep`` options, one line of text each where the full text is long, and a
     line saying how many more --help-all shows."""
     hidden = [a for a in parser._actions if _hideable(a, keep)]
-    shortened = [a for a in parser._actions if a.dest in SHORT_TEXT and a not in hidden and a.option_strings]
+    shortened = [a for a in parser._actions if a.dest in SHORT_TEXT and a not in hidden and _own_flag(a)]
     saved = [(a, a.help) for a in hidden + shortened]
     saved_usage = parser.usage
     for action in hidden:

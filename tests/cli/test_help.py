@@ -45,3 +45,11 @@ def test_an_option_left_out_of_the_short_help_still_parses():
 
     args = build_parser().parse_args(["train", "lora", "--lora-dropout", "0.1", "--fsdp-cpu-offload"])
     assert args.lora_dropout == 0.1 and args.fsdp_cpu_offload is True
+
+
+def test_another_spelling_of_an_option_is_not_given_the_options_short_text():
+    # `ftprof train --help` (no method yet) lists --bf16 and --fp16: each with its own words, not --dtype's
+    lines = [ln for ln in _help("train", "--help").splitlines() if ln.strip().startswith(("--bf16", "--fp16"))]
+    assert all("float32 on CPU" not in ln for ln in lines), lines
+    assert all("the HF Trainer's flag" in ln for ln in _help("train", "lora", "--help-all").splitlines()
+               if ln.strip().startswith(("--bf16 ", "--fp16 "))), "--bf16/--fp16 lost their own help"
