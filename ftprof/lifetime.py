@@ -14,6 +14,20 @@ import threading
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
+_stop_requested: list[bool] = []
+
+
+def request_stop() -> None:
+    """This process was asked to stop (Ctrl-C, SIGTERM): what fails after it is the stop's doing."""
+    _stop_requested.append(True)
+
+
+def stop_requested() -> bool:
+    """Whether this process was asked to stop. A rank of a distributed run that is stopped while its peer is
+    inside a collective can see the peer's leaving first, as gloo's connection error: that run was interrupted,
+    not broken."""
+    return bool(_stop_requested)
+
 
 def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> bool:
     """Ask the kernel to send ``sig`` to this process when its parent exits; True if it could. If the parent is

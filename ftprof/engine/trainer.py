@@ -30,6 +30,7 @@ from ftprof.engine.result import Recorded, assemble
 from ftprof.engine.save import load_checkpoint, prune_checkpoints, save_merged, save_trained, write_checkpoint
 from ftprof.engine.trackers import FirstStepMemory, NvmlTracker, StepLog
 from ftprof.errors import ConfigError
+from ftprof.lifetime import stop_requested
 from ftprof.models import attention, kernels
 from ftprof.profiling.memory import MemoryTracker
 from ftprof.profiling.noop import NullProfiler
@@ -52,7 +53,7 @@ CPU_ALLOC_FAILED = "DefaultCPUAllocator: can't allocate memory"  # torch's host 
 def classify_exception(exc: BaseException) -> Status:
     if isinstance(exc, torch.OutOfMemoryError):
         return Status.OOM_DEVICE
-    if isinstance(exc, KeyboardInterrupt):
+    if isinstance(exc, KeyboardInterrupt) or stop_requested():  # (a peer's leaving, once asked to stop)
         return Status.INTERRUPTED
     if isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and CPU_ALLOC_FAILED in str(exc)):
         return Status.OOM_HOST

@@ -13,7 +13,7 @@ import signal
 import sys
 
 from ftprof.errors import FtprofError
-from ftprof.lifetime import answer_ctrl_c
+from ftprof.lifetime import answer_ctrl_c, request_stop
 
 
 def run_config_file(path: str) -> int:
@@ -52,6 +52,7 @@ def _interrupt(signum, frame) -> None:
     if _stopping:
         return
     _stopping.append(True)
+    request_stop()
     try:
         import psutil
 

@@ -49,6 +49,19 @@ def test_host_allocation_failure_is_oom_host():
     assert classify_exception(RuntimeError("other")) is Status.ERROR
 
 
+def test_what_fails_once_the_process_was_asked_to_stop_is_an_interruption(monkeypatch):
+    # a rank stopped while its peer is inside a collective can see the peer leave first, as gloo's error
+    from ftprof import lifetime
+    from ftprof.engine.trainer import classify_exception
+    from ftprof.results.status import Status
+
+    monkeypatch.setattr(lifetime, "_stop_requested", [])
+    gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+    assert classify_exception(gloo) is Status.ERROR
+    lifetime.request_stop()
+    assert classify_exception(gloo) is Status.INTERRUPTED
+
+
 @pytest.fixture
 def hub_unreachable(monkeypatch):
     """The hub does not answer; HF_HUB_OFFLINE and the libraries' copies of it are restored afterwards."""
