@@ -32,10 +32,13 @@ SAVED_DIRS = ("adapter", "model", "base")  # what --save writes under its root (
 
 
 def check_model(name: str) -> None:
-    """Presets and directories are checked now; hub ids are left to the run (it reads their config)."""
+    """Presets and directories are checked now; a hub id only for whether it can be had at all (in the local cache,
+    or the hub reachable): the run reads its config."""
     kind = classify_model_name(name)
     if kind is None:
         raise ConfigError(f"--model: {unknown_model_message(name)}")
+    if kind == "hub":
+        _check_hub_model(name)
     if kind == "local":
         path = Path(name).expanduser()
         if not path.is_dir():
@@ -45,6 +48,24 @@ def check_model(name: str) -> None:
         problem = local_config_problem(name, read_local_config(path))
         if problem:
             raise ConfigError(problem)
+
+
+def _check_hub_model(name: str) -> None:
+    """A hub id that is neither in the local cache nor reachable: refused before torch (it was refused after the
+    run had imported torch and transformers)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    from ftprof.data.hub import OFFLINE_HINT, found_unreachable, offline_unless_reachable
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except Exception:  # noqa: BLE001 - a name the cache cannot hold: the run's own load says what is wrong
+        return
+    if isinstance(cached, str) or not offline_unless_reachable():
+        return
+    why = OFFLINE_HINT if found_unreachable() else "HF_HUB_OFFLINE is set"
+    raise ConfigError(f"--model: hub id '{name}' is not in the local cache ({why}); give a preset, a checkpoint "
+                      "directory, or run where the hub is reachable")
 
 
 def check_config(cfg: RunConfig) -> None:

@@ -84,3 +84,16 @@ def test_an_unparsable_allocator_setting_in_the_environment_is_one_line_not_an_a
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-2000:]
     assert "PYTORCH_ALLOC_CONF='garbage' in the environment" in done.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_hub_id_that_cannot_be_had_is_refused_before_torch(tmp_path):
+    # HF_HUB_OFFLINE=1 and an empty cache: nothing to load, said before torch and transformers are imported
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hub")}
+    code = ("import sys; from ftprof.cli.main import main; code = main(sys.argv[1:]); "
+            "print('torch' in sys.modules); sys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", code, "train", "lora", "--model", "some-org/not-cached", "--device",
+                           "cpu", "--output-dir", str(tmp_path / "o")], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 2 and done.stdout.strip() == "False", (done.stdout, done.stderr)
+    assert "hub id 'some-org/not-cached' is not in the local cache (HF_HUB_OFFLINE is set)" in done.stderr
+    assert done.stderr.count("\n") == 1
