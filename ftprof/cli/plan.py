@@ -13,6 +13,18 @@ from ftprof.config.declarations import DECLARED
 from ftprof.errors import ConfigError
 
 PLAN_OPTIONS = {"gpu", "gpus", "top", "show", "verify", "plan_dir", "methods", "train", "trial_steps"}
+TRIAL_STEPS = 8
+# The options each candidate sets, which the plan chooses among: given, they pin its candidates to their value
+CANDIDATE_OPTIONS = frozenset({"checkpointing", "gradient_checkpointing", "checkpoint_layers", "kernels", "compile",
+                               *(d.name for d in DECLARED if d.planner_values)})
+# Options that act only in some plans: (where they act, what they do). Given where they would not act, they would be
+# ignored, or run rows planned for another machine here, so they are refused. HERE: this machine, and any --gpu plans
+# for another (even for this machine's model: its budget is then the card's memory, not what is free here); TRAIN:
+# --train (its trials; its full run, which alone takes a run's name: bench names each row's run itself).
+HERE, TRAIN = "here", "train"
+ACTS_ONLY = {"verify": (HERE, "runs the plan's top rows"), "train": (HERE, "trains"),
+             "device": (HERE, "picks the device"), "trial_steps": (TRAIN, "times --train's trials"),
+             "run_name": (TRAIN, "names --train's run"), "quiet": (TRAIN, "quiets --train's run")}
 
 
 def _positive(text: str) -> int:
@@ -47,8 +59,8 @@ def plan_parser(subparsers) -> argparse.ArgumentParser:
                         help="from the plan to a training run: time the top K (--verify K, default 3) for "
                         "--trial-steps steps each, then train the full run (--max-steps) with the fastest measured; "
                         "its result.json records the plan, the trials and the choice")
-    parser.add_argument("--trial-steps", type=_positive, default=8,
-                        help="steps each trial of --train runs (default 8: 3 warm-up, 5 timed)")
+    parser.add_argument("--trial-steps", type=_positive,
+                        help=f"steps each trial of --train runs (default {TRIAL_STEPS}: 3 warm-up, 5 timed)")
     parser.add_argument("--plan-dir", type=path_argument,
                         help="where the plan's files go (default: <output-dir>/plan-<model>-s<seq>-<batch>x<accum>-"
                         "<gpu>[-<budget>g])")
@@ -84,6 +96,9 @@ def plan_request(args: argparse.Namespace):
     from ftprof.gpus import gpu_named
     from ftprof.plan.make import PlanRequest
 
+    misplaced = _misplaced_option(args)
+    if misplaced:
+        raise ConfigError(misplaced)
     methods = parse_methods(args.methods)
     if args.gpu is not None:
         gpu_named(args.gpu)
@@ -96,7 +111,71 @@ def plan_request(args: argparse.Namespace):
     cfg = config_from_args(argparse.Namespace(**given, method=(lora_like or list(methods))[0]))
     check_before_load(cfg, method_packages=cfg.method.method not in {m for m, _ in needs_here})
     check_cache_dir()  # the probes' cache and the calibration store live there
-    return PlanRequest(cfg, methods, args.gpu, args.gpus, args.top, notes, needs_here), given
+    _check_budget(cfg)
+    request = PlanRequest(cfg, methods, args.gpu, args.gpus, args.top, notes, needs_here, _pins(cfg, given))
+    _check_pins(request)
+    return request, given
+
+
+def _misplaced_option(args: argparse.Namespace) -> str | None:
+    """The first option given where it does not act (ACTS_ONLY), as one line; None when each one acts."""
+    for name, (where, does) in ACTS_ONLY.items():
+        if getattr(args, name, None) in (None, False):  # not given
+            continue
+        flag = "--" + name.replace("_", "-")
+        if where == HERE and args.gpu is not None:
+            return (f"{flag} {does} on this machine, but --gpu {args.gpu} plans for another (any --gpu does: the plan "
+                    "then takes the card's memory, not what is free here); leave out --gpu to plan for this machine")
+        if where == TRAIN and not args.train:
+            return f"{flag} {does}: give --train too, or leave {flag} out"
+    return None
+
+
+def _check_budget(cfg) -> None:
+    """--memory-limit-gib at or below the budget's margin leaves nothing to plan for: said before the probe."""
+    from ftprof.metrics import BUDGET_MARGIN_MIN_BYTES, BUDGET_MARGIN_WORDS, GIB, budget_margin
+
+    limit = cfg.output.memory_limit_gib
+    if limit is not None and int(limit * GIB) <= budget_margin(int(limit * GIB)):
+        raise ConfigError(f"--memory-limit-gib {limit:g} leaves no budget: the plan keeps a margin of it free "
+                          f"({BUDGET_MARGIN_WORDS}), so give more than {BUDGET_MARGIN_MIN_BYTES / GIB:g} GiB")
+
+
+def _pins(cfg, given: dict) -> tuple:
+    """(option, value) of the candidate options given (CANDIDATE_OPTIONS): the plan compares only candidates with
+    those values. --gradient-checkpointing is --checkpointing full; auto pins nothing (it chooses among the policies,
+    as the plan does)."""
+    values = cfg.to_flat()
+    names = {"checkpointing" if n == "gradient_checkpointing" else n for n in given.keys() & CANDIDATE_OPTIONS}
+    if values["checkpointing"] == "auto":
+        names.discard("checkpointing")
+    if values["checkpoint_layers"] is not None and values["checkpointing"] == "selective":
+        raise ConfigError("--checkpoint-layers with --checkpointing selective: the plan checkpoints part of the "
+                          "layers under full checkpointing only (give --checkpointing full)")
+    return tuple((n, values[n]) for n in sorted(names))
+
+
+def _check_pins(request) -> None:
+    """Pins that no candidate of the target has, refused before the probe where the target is known without torch
+    (--gpu NAME, or this machine's CPU); for this machine's GPU make_plan says it once torch knows the GPU."""
+    from ftprof.checks import host_has_cuda
+    from ftprof.gpus import gpu_named
+    from ftprof.plan import candidates
+
+    if not request.pins:
+        return
+    if request.gpu is not None:
+        gpu = gpu_named(request.gpu)
+        cuda, capability, target = True, gpu.capability, gpu.name
+    elif request.cfg.output.device == "cpu" or not host_has_cuda():
+        cuda, capability, target = False, None, "cpu"
+    else:
+        return
+    pins, cfg = dict(request.pins), request.cfg
+    layers = 2  # the model's are the probe's to tell; they only place the partial-checkpointing candidates
+    if not candidates.for_target(list(request.methods), layers, cfg.data.batch_size, cfg.train.grad_accum, cuda,
+                                 capability, pins):
+        raise ConfigError(candidates.nothing_pinned(pins, request.methods, target, cuda, capability))
 
 
 def settle_packages(methods: tuple[str, ...], args: argparse.Namespace):
@@ -139,8 +218,7 @@ def plan_command(args: argparse.Namespace) -> int:
         raise ConfigError(nothing_fits(plan))  # one line, exit 2
     from ftprof.bench.sweep import SWEEP_ONLY
 
-    per_experiment = {"method", "checkpointing", "checkpoint_layers", "kernels", "compile", "batch_size", "grad_accum",
-                      *(d.name for d in DECLARED if d.planner_values)}  # the candidates' own options
+    per_experiment = {"method", "batch_size", "grad_accum", *CANDIDATE_OPTIONS}  # the candidates' own options
     base = {k: v for k, v in given.items() if k not in per_experiment | SWEEP_ONLY}
     paths = output.write(plan, out_dir.expanduser(), request.top, base)
     for line in request.notes:  # methods left out, packages this machine lacks
@@ -158,20 +236,22 @@ def plan_command(args: argparse.Namespace) -> int:
     console.print(f"{len(plan.fitting)} of {len(plan.rows)} configurations fit; plan in {plan.seconds:.1f} s "
                   f"(probes {plan.probe_seconds:.1f} s); files: {paths['json']}, {paths['csv']}, {paths['sweep']}")
     if args.train:
-        return _train(plan, out_dir, args.verify or 3, args.trial_steps, base, paths["json"], console)
+        run_own = {k: given[k] for k in SWEEP_ONLY - {"output_dir"} if k in given}  # --run-name, --quiet: its own
+        return _train(plan, out_dir, args.verify or 3, args.trial_steps or TRIAL_STEPS, base, paths["json"], console,
+                      run_own)
     if args.verify:
         return _verify(plan, paths["sweep"], out_dir, args.verify, request, base, console)
     return 0
 
 
-def _train(plan, out_dir: Path, k: int, trial_steps: int, base: dict, plan_json: Path, console) -> int:
-    """--train: the trials, the choice and the full run (ftprof/bench/autotune.py)."""
+def _train(plan, out_dir: Path, k: int, trial_steps: int, base: dict, plan_json: Path, console,
+           run_own: dict) -> int:
+    """--train: the trials, the choice and the full run (ftprof/bench/autotune.py); ``run_own``: the full run's own
+    options (its name, --quiet), which the trials' sweep may not set."""
     from rich.table import Table
 
     from ftprof.bench import autotune
 
-    if plan.request.gpu is not None:
-        raise ConfigError("--train trains on this machine: plan for it (leave out --gpu)")
     trials = autotune.run_trials(plan, k, base, trial_steps, out_dir)
     table = Table(title=f"trials: the plan's top {len(trials)}, {trial_steps} steps each", header_style="bold")
     for name in ("#", "configuration", "predicted tokens/s", "measured tokens/s", "status"):
@@ -186,17 +266,21 @@ def _train(plan, out_dir: Path, k: int, trial_steps: int, base: dict, plan_json:
         console.print(f"ftprof plan --train: {exc}")
         return 1
     console.print(f"training {chosen.label}: {why}")
-    result, _ = autotune.train_chosen(chosen, trials, why, base, plan_json, str(plan.request.cfg.output.output_dir))
+    result, _ = autotune.train_chosen(chosen, trials, why, {**base, **run_own}, plan_json,
+                                      str(plan.request.cfg.output.output_dir))
     console.print(f"{result.status}: {result.run_dir} (result.json's selection says how it was chosen)")
     return 0 if result.status == "ok" else 1
 
 
 def nothing_fits(plan) -> str:
     from ftprof.console import fmt_gib_digits as gib
+    from ftprof.metrics import BUDGET_MARGIN_WORDS
 
     least = min(plan.rows, key=lambda r: r.prediction.peak_bytes)
-    return (f"no configuration of {', '.join(plan.request.methods)} fits {gib(max(0, plan.budget_bytes))} GiB per GPU "
-            f"({plan.usable_from}, less a {gib(plan.margin_bytes)} GiB margin): the least memory is "
+    budget = (f"fits {gib(plan.budget_bytes)} GiB per GPU ({plan.usable_from}, less a {gib(plan.margin_bytes)} GiB "
+              "margin)" if plan.budget_bytes > 0 else f"fits: {plan.usable_from} ({gib(plan.usable_bytes)} GiB) "
+              f"leaves nothing after the {gib(plan.margin_bytes)} GiB margin ({BUDGET_MARGIN_WORDS})")
+    return (f"no configuration of {', '.join(plan.request.methods)} {budget}: the least memory is "
             f"{least.candidate.label} at {gib(least.prediction.peak_bytes)} GiB predicted")
 
 

@@ -10,8 +10,11 @@ prediction all speak the same option names.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from ftprof.config import RunConfig, declarations
 
@@ -44,6 +47,10 @@ class Candidate:
         """A declared option's value in this candidate (its default when the candidate leaves it)."""
         return dict(self.options).get(name, declarations.BY_NAME[name].default)
 
+    def value(self, name: str):
+        """Any option's value in this candidate: its own fields (checkpointing, kernels, ...) or a declared one."""
+        return getattr(self, name) if name in FIELDS else self.option(name)
+
     @property
     def label(self) -> str:
         ckpt = self.checkpointing if self.checkpoint_layers is None else f"full x{self.checkpoint_layers}"
@@ -53,6 +60,9 @@ class Candidate:
         parts += [declarations.BY_NAME[n].spell(v) for n, v in self.options]
         parts.append(f"{self.batch_size}x{self.grad_accum}")
         return " ".join(parts)
+
+
+FIELDS = frozenset(f.name for f in dataclasses.fields(Candidate)) - {"options"}
 
 
 def of_config(cfg: RunConfig) -> Candidate:
@@ -115,6 +125,49 @@ def enumerate_candidates(methods: list[str], layer_count: int, batch_size: int, 
                             out += [Candidate(method, policy, layers, kernels, compiled, micro, accum, options)
                                     for layers in layer_counts]
     return out
+
+
+def for_target(methods: list[str], layer_count: int, batch_size: int, grad_accum: int, cuda: bool,
+               capability: tuple | None, pins: Mapping[str, Any]) -> list[Candidate]:
+    """The candidates a plan predicts on its target (on the CPU: eager kernels, uncompiled, no CUDA-only option),
+    pinned to the options the user gave (``pinned``)."""
+    pool = enumerate_candidates(methods, layer_count, batch_size, grad_accum,
+                                kernel_sets=KERNEL_SETS if cuda else ("eager",),
+                                compile_options=(False, True) if cuda else (False,), cuda=cuda, capability=capability)
+    return pinned(pool, pins)
+
+
+def pinned(pool: list[Candidate], pins: Mapping[str, Any]) -> list[Candidate]:
+    """The candidates with each option of ``pins`` at its value: an option the plan chooses among, given on the
+    command line, is the user's choice, and the plan compares the others. A pinned layer count is every full
+    checkpointing candidate's (the pool lists partial checkpointing at a few shares of the layers only)."""
+    layers = pins.get("checkpoint_layers")
+    if layers is not None:
+        pool = [dataclasses.replace(c, checkpoint_layers=layers) for c in pool if c.checkpointing == "full"]
+    return [c for c in dict.fromkeys(pool) if all(c.value(name) == value for name, value in pins.items())]
+
+
+def pin_words(pins: Mapping[str, Any]) -> str:
+    """The pinned options as flags: --checkpointing full --no-compile."""
+    words = []
+    for name, value in pins.items():
+        flag = "--" + name.replace("_", "-")
+        words.append(flag if value is True else f"--no-{flag[2:]}" if value is False else f"{flag} {value}")
+    return " ".join(words)
+
+
+def nothing_pinned(pins: Mapping[str, Any], methods: tuple[str, ...], target: str, cuda: bool,
+                   capability: tuple | None) -> str:
+    """The one line refusing pins that no candidate of the plan's target has, with why where it is the target's."""
+    newer = [d for d in map(declarations.BY_NAME.get, pins) if d and d.min_capability and capability
+             and tuple(capability) < d.min_capability]
+    why = (" (on a CPU it tries eager kernels, uncompiled, without the options that need a GPU; plan for one with "
+           "--gpu NAME)" if not cuda else f" ({newer[0].flag} needs compute capability "
+           f"{'.'.join(map(str, newer[0].min_capability))}; the target has {'.'.join(map(str, capability))})"
+           if newer else "")
+    return (f"{pin_words(pins)}: ftprof plan tries no configuration of {', '.join(methods)} on {target} with "
+            f"{'that' if len(pins) == 1 else 'those together'}{why}; leave {'it' if len(pins) == 1 else 'some'} "
+            "out, and the plan compares every value")
 
 
 def partial_layers(layer_count: int) -> list[int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ftprof.config import RunConfig
 from ftprof.errors import ConfigError
@@ -31,6 +32,7 @@ class PlanRequest:
     top: int = 5  # the sweep file's configurations
     notes: tuple[str, ...] = ()  # lines for the plan's header: methods left out, packages this machine lacks
     needs_here: tuple[tuple[str, str], ...] = ()  # (method, package): rows kept for --gpu that need it installed
+    pins: tuple[tuple[str, Any], ...] = ()  # (option, value): candidate options given, the only value planned
 
     def needs(self, method: str) -> str:
         """The package a run of ``method`` needs that this machine lacks ('' when none is missing)."""
@@ -76,14 +78,15 @@ def make_plan(req: PlanRequest) -> Plan:
     p = planner(cfg, source, dtype, target, records)
     margin = budget.margin_for(usable)
     plan = Plan(req, target, usable, usable_from, margin, layer_count=p.layer_count)
-    on_gpu = target.device_name != "cpu"
-    pool = candidates.enumerate_candidates(list(req.methods), p.layer_count, cfg.data.batch_size,
-                                           cfg.train.grad_accum, kernel_sets=candidates.KERNEL_SETS if on_gpu
-                                           else ("eager",), compile_options=(False, True) if on_gpu else (False,),
-                                           cuda=on_gpu, capability=target.capability)
+    on_gpu, pins = target.device_name != "cpu", dict(req.pins)
+    pool = candidates.for_target(list(req.methods), p.layer_count, cfg.data.batch_size, cfg.train.grad_accum,
+                                 on_gpu, target.capability, pins)
     if not p.host_embedding_bytes:  # tied embeddings: --offload-embeddings would save nothing
         pool = [c for c in pool if not c.option("offload_embeddings")]
-    pool += _fewest_layers(p, pool, plan.budget_bytes)
+    if not pool:  # what the CLI could not tell without torch: this machine's GPU, the model's tied embeddings
+        raise ConfigError(candidates.nothing_pinned(pins, req.methods, target.device_name, on_gpu, target.capability))
+    if "checkpoint_layers" not in pins:  # a pinned layer count is the only one
+        pool += _fewest_layers(p, pool, plan.budget_bytes)
     plan.rows = _rank([_row(p, c, plan.budget_bytes) for c in dict.fromkeys(pool)])
     plan.peers = calibration.peer_records(target.device_name, cfg.model.model, cfg.data.seq_len,
                                           cfg.data.batch_size * cfg.train.grad_accum, req.methods, records)

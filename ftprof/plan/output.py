@@ -12,6 +12,7 @@ from pathlib import Path
 from ftprof.config.declarations import BY_NAME
 from ftprof.console import fmt_gib_digits as gib
 from ftprof.metrics import BUDGET_MARGIN_WORDS, GIB
+from ftprof.plan.candidates import pin_words
 from ftprof.plan.make import Plan, Row
 from ftprof.results.store import write_text_atomic
 
@@ -123,10 +124,11 @@ def header(plan: Plan) -> str:
     cfg = plan.request.cfg
     seqs = cfg.data.batch_size * cfg.train.grad_accum
     gpus = f" x{plan.target.world_size}" if plan.target.world_size > 1 else ""
+    pins = f"; only {pin_words(dict(plan.request.pins))}, as given" if plan.request.pins else ""
     return (f"ftprof plan: {cfg.model.model}, seq {cfg.data.seq_len}, {seqs} sequences ({seqs * cfg.data.seq_len:,} "
             f"tokens) per optimizer step per GPU, on {plan.target.device_name}{gpus}; budget "
             f"{plan.budget_bytes / GIB:.1f} GiB per GPU ({plan.usable_from}, less a {plan.margin_bytes / GIB:.1f} GiB "
-            "margin)")
+            f"margin){pins}")
 
 
 def command(plan: Plan, row: Row, base: dict) -> str:

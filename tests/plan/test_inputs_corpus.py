@@ -41,6 +41,8 @@ def test_plan_input_corpus(tmp_path):
     problems = []
     for case, extra, env, words in CASES:  # one process each: environments differ, and torch is checked per case
         base = BASE if "--model" not in extra else [a for a in BASE if a not in ("--model", "tiny")]
+        if "--gpu" in extra:  # a plan for another machine: this one's --device is refused beside it
+            base = [a for a in base if a not in ("--device", "cpu")]
         argv = [a.replace("{tmp}", str(tmp_path)) for a in [*base, *extra]]
         if "--plan-dir" not in extra:
             argv += ["--plan-dir", str(tmp_path / "plan")]

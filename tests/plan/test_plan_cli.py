@@ -73,7 +73,7 @@ def test_a_gpu_this_machine_lacks_is_planned_from_the_shipped_calibration(tmp_pa
 @pytest.mark.parametrize("argv, fragment", [
     (["qlora", "--gpu", "h2000"], "unknown GPU 'h2000' (did you mean h200?)"),
     (["qlora,dora"], "unknown method 'dora'"),
-    (["qlora", "--model", "tiny", "--gpu", "h100", "--memory-limit-gib", "0.5"], "no configuration of qlora fits"),
+    (["qlora", "--model", "tiny", "--gpu", "h100", "--memory-limit-gib", "1.0005"], "no configuration of qlora fits"),
     (["qlora", "--top", "0"], "must be at least 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, fragment):
