@@ -34,7 +34,7 @@ def _tracker_missing(tmp_path, monkeypatch):
 
 CASES = {
     "chat row without an assistant turn": (_no_chat_assistant, "chat row 1 of"),
-    "corrupt parquet": (_corrupt_parquet, "Parquet magic bytes not found"),
+    "corrupt parquet": (_corrupt_parquet, "is not a Parquet file"),
     "csv without the text column": (_csv_without_text, "has no column 'text'"),
     "tracker package missing": (_tracker_missing, "--report-to wandb needs the 'wandb' package"),
     "cuda profiling on cpu": (lambda tmp_path: {"prof_activities": "cuda", "profile": True},
