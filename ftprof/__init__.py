@@ -25,16 +25,32 @@ __all__ = ["ConfigError", "DataConfig", "FtprofError", "MethodConfig", "ModelCon
 
 
 def train(cfg: RunConfig, **kwargs):
-    """Run one fine-tuning measurement; returns a RunResult (status 'ok' or a failure class)."""
+    """Run one fine-tuning measurement; returns a RunResult (status 'ok' or a failure class). A run_name whose
+    directory holds a finished run raises ConfigError unless cfg.output.overwrite_output_dir, as on the CLI."""
     from ftprof.engine.run import train as _train
+    from ftprof.results.run_dir import replace_named_run
 
+    cfg = _checked(cfg)
+    replace_named_run(cfg.output.output_dir, cfg.output.run_name, cfg.output.overwrite_output_dir)
     return _train(cfg, **kwargs)
+
+
+def _checked(cfg) -> RunConfig:
+    """``cfg`` as a RunConfig: one, or a dict of option names (RunConfig.from_flat); anything else is a ConfigError
+    naming what was passed."""
+    if isinstance(cfg, RunConfig):
+        return cfg
+    if isinstance(cfg, dict):
+        return RunConfig.from_flat(cfg)
+    raise ConfigError(f"ftprof.train and ftprof.profile take a RunConfig (or a dict of option names, as "
+                      f"RunConfig.from_flat reads them), got {type(cfg).__name__}")
 
 
 def profile(cfg: RunConfig, **kwargs):
     """``train`` under torch.profiler (cfg.profiling says how); artifacts and summary land in <run dir>/profile."""
     import dataclasses
 
+    cfg = _checked(cfg)
     return train(dataclasses.replace(cfg, profiling=dataclasses.replace(cfg.profiling, profile=True)), **kwargs)
 
 

@@ -220,9 +220,9 @@ def check_host(cfg: RunConfig) -> None:
 
 
 def save_root(cfg: RunConfig) -> Path | None:
-    """Where --save writes (its adapter/, model/, base/): --save-dir, else the run directory (None: not known
-    before the run names it, or no --save)."""
-    if not cfg.save.save:
+    """Where --save and --save-merged write (adapter/, model/, base/, merged/): --save-dir, else the run directory
+    (None: not known before the run names it, or neither option)."""
+    if not (cfg.save.save or cfg.save.save_merged):
         return None
     if cfg.save.save_dir:
         return Path(cfg.save.save_dir).expanduser()

@@ -22,6 +22,11 @@ def request_stop() -> None:
     _stop_requested.append(True)
 
 
+def clear_stop() -> None:
+    """The stop is over (an in-process run returned): what fails later is not its doing."""
+    _stop_requested.clear()
+
+
 def stop_requested() -> bool:
     """Whether this process was asked to stop. A rank of a distributed run that is stopped while its peer is
     inside a collective can see the peer's leaving first, as gloo's connection error: that run was interrupted,

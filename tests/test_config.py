@@ -1,6 +1,6 @@
 import pytest
 
-from ftprof.config import DEFAULT_LORA_TARGETS, MethodConfig, RunConfig, flat_field_owners
+from ftprof.config import DEFAULT_LORA_TARGETS, MethodConfig, RunConfig, TrainConfig, flat_field_owners
 from ftprof.errors import ConfigError
 
 
@@ -93,3 +93,31 @@ def test_newer_schema_is_rejected():
     data["schema_version"] = 999
     with pytest.raises(ConfigError, match="newer"):
         RunConfig.from_dict(data)
+
+
+@pytest.mark.parametrize("build, words", [
+    (lambda: TrainConfig(max_steps="3"), "option 'max_steps' must be int, got str"),
+    (lambda: MethodConfig(method="lora", lora_r="8"), "option 'lora_r' must be int"),
+    (lambda: RunConfig(model="tiny"), "RunConfig's model is a ModelConfig, got str"),
+    (lambda: RunConfig.from_flat(None), "takes a dict of option names"),
+    (lambda: RunConfig.from_dict("x"), "a run configuration is a JSON object"),
+    (lambda: RunConfig.from_dict({"train": [1, 2]}), "config section 'train' is an object of options"),
+    (lambda: RunConfig.from_flat({"learning_rate": 1e-3}), "did you mean 'lr'"),
+    (lambda: RunConfig.from_flat({"method": "lora", "lora_targets": [1, 2]}), "module names (strings)"),
+    (lambda: TrainConfig(max_steps=10**30), "--max-steps must be from 1 to"),
+])
+def test_configs_built_in_python_with_wrong_values_raise_one_config_error(build, words):
+    # not a TypeError or AttributeError from deep inside a section's checks
+    with pytest.raises(ConfigError) as info:
+        build()
+    assert words in str(info.value)
+
+
+def test_the_python_api_names_what_it_was_given():
+    import ftprof
+
+    for given in (None, "x", 5):
+        with pytest.raises(ConfigError, match="take a RunConfig"):
+            ftprof.train(given)
+    with pytest.raises(ConfigError, match="take a RunConfig"):
+        ftprof.profile("x")

@@ -221,8 +221,10 @@ def profile_command(args: argparse.Namespace) -> int:
 
         silence_third_party()
     from ftprof.engine.run import train
+    from ftprof.engine.worker import sigterm_stops_the_run
     from ftprof.results.status import exit_code
 
-    result = train(cfg)
+    with sigterm_stops_the_run():
+        result = train(cfg)
     print_open_hints(result, quiet=bool(cfg.output.quiet))
     return exit_code(result.status)

@@ -64,33 +64,10 @@ def config_with_file(args: argparse.Namespace):
 
 
 def finished_run(cfg) -> Path | None:
-    """The directory --run-name names, when it holds a finished run (its result.json: ok or failed). A run that was
-    killed before its result (bench reruns such cells under their names) is not finished."""
-    from ftprof.results.run_dir import RESULT
+    """The directory --run-name names, when it holds a finished run (results/run_dir.finished_run)."""
+    from ftprof.results.run_dir import finished_run as finished
 
-    if not cfg.output.run_name:
-        return None  # a default name never collides (make_run_dir)
-    path = Path(cfg.output.output_dir).expanduser() / cfg.output.run_name
-    return path if (path / RESULT).is_file() else None
-
-
-def replace_finished_run(cfg) -> None:
-    """A reused --run-name never replaces a finished run silently: refused in one line, or with
-    --overwrite-output-dir the old run's files are removed first (its checkpoints too, which would otherwise pass
-    for the new run's)."""
-    import shutil
-
-    path = finished_run(cfg)
-    if path is None:
-        return
-    if not cfg.output.overwrite_output_dir:
-        raise ConfigError(f"--run-name {cfg.output.run_name}: {path} holds a finished run; give "
-                          "--overwrite-output-dir to replace it, or another --run-name")
-    for entry in path.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
+    return finished(cfg.output.output_dir, cfg.output.run_name)
 
 
 def train_command(args: argparse.Namespace) -> int:
@@ -103,7 +80,9 @@ def train_command(args: argparse.Namespace) -> int:
     from ftprof.engine.run import resolve_resume
 
     cfg = resolve_resume(cfg)  # before the run dir it names could be emptied by --overwrite-output-dir
-    replace_finished_run(cfg)
+    from ftprof.results.run_dir import replace_named_run
+
+    replace_named_run(cfg.output.output_dir, cfg.output.run_name, cfg.output.overwrite_output_dir)
     for note in length_notes(cfg):
         print(f"ftprof: note: {note}", file=sys.stderr, flush=True)
     if cfg.output.quiet:
@@ -111,11 +90,12 @@ def train_command(args: argparse.Namespace) -> int:
 
         silence_third_party()  # before torch, transformers and peft are imported
     from ftprof.engine.run import train
-    from ftprof.engine.worker import exit_worker
+    from ftprof.engine.worker import exit_worker, sigterm_stops_the_run
     from ftprof.ranks import under_torchrun
     from ftprof.results.status import exit_code
 
-    code = exit_code(train(cfg).status)
+    with sigterm_stops_the_run():
+        code = exit_code(train(cfg).status)
     if under_torchrun():  # started by the user's own torchrun
         exit_worker(code)
     return code

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
-from ftprof.config.options import DATA_FORMATS, TRAIN_ON, one_of, option, require
+from ftprof.config.options import DATA_FORMATS, TRAIN_ON, check_types, one_of, option, require
 from ftprof.errors import ConfigError
 
 
@@ -45,6 +45,7 @@ class DataConfig:
         return self.RENAMED.get(name) or "--" + name.replace("_", "-")
 
     def __post_init__(self) -> None:
+        check_types(self)
         require(self.seq_len >= 2, f"--seq-len must be at least 2, got {self.seq_len}")
         require(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
         require(bool(self.dataset), "--dataset must not be empty")

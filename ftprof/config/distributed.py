@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ftprof.config.options import PARALLEL, RDZV_BACKENDS, one_of, option, require
+from ftprof.config.options import PARALLEL, RDZV_BACKENDS, check_types, one_of, option, require
 
 
 @dataclass
@@ -25,6 +25,7 @@ class DistributedConfig:
                                     "(on one GPU too: FSDP2 then runs in the one process)")
 
     def __post_init__(self) -> None:
+        check_types(self)
         require(self.nproc_per_node >= 1, f"--nproc-per-node must be at least 1, got {self.nproc_per_node}")
         require(self.nnodes >= 1, f"--nnodes must be at least 1, got {self.nnodes}")
         require(0 <= self.node_rank < self.nnodes, f"--node-rank {self.node_rank} must be in [0, --nnodes)")

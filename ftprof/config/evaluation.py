@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Optional
 
 from ftprof.config.data import DataConfig
-from ftprof.config.options import option, require
+from ftprof.config.options import check_types, option, require
 
 
 @dataclass
@@ -26,6 +26,7 @@ class EvalConfig:
         "data: 4)", metavar="N")
 
     def __post_init__(self) -> None:
+        check_types(self)
         for name in ("eval_dataset", "eval_split"):
             value = getattr(self, name)
             require(value is None or bool(value.strip()), f"--{name.replace('_', '-')} must not be empty")

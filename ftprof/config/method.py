@@ -14,6 +14,7 @@ from ftprof.config.options import (
     DTYPES,
     LORA_METHODS,
     METHODS,
+    check_types,
     one_of,
     option,
     require,
@@ -106,6 +107,7 @@ class MethodConfig:
         choices=("gptq", "rtn"))
 
     def __post_init__(self) -> None:
+        check_types(self)
         one_of("method", self.method, METHODS)
         if isinstance(self.lora_targets, str):
             self.lora_targets = tuple(t.strip() for t in self.lora_targets.split(",") if t.strip())
@@ -121,6 +123,9 @@ class MethodConfig:
             require(0.0 <= self.lora_dropout < 1.0, f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
         if self.lora_targets is not None:
             require(len(self.lora_targets) > 0, "--lora-targets must name at least one module")
+            bad = next((t for t in self.lora_targets if not isinstance(t, str)), None)
+            require(bad is None, f"--lora-targets: module names (strings), got {type(bad).__name__} {bad!r} among "
+                    "them")
         for problem in declarations.problems(dataclasses.asdict(self), sections=("method",)):
             raise ConfigError(problem)
         if self.gptq_group_size is not None:

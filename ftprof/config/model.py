@@ -7,7 +7,17 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ftprof.config import declarations
-from ftprof.config.options import CHECKPOINTING, COMPILE_MODES, DTYPES, KERNELS, SDPA_BACKENDS, one_of, option, require
+from ftprof.config.options import (
+    CHECKPOINTING,
+    COMPILE_MODES,
+    DTYPES,
+    KERNELS,
+    SDPA_BACKENDS,
+    check_types,
+    one_of,
+    option,
+    require,
+)
 from ftprof.errors import ConfigError
 
 
@@ -62,6 +72,7 @@ class ModelConfig:
                                "sdpa_backend_used says which one ran", choices=SDPA_BACKENDS)
 
     def __post_init__(self) -> None:
+        check_types(self)
         require(bool(self.model), "--model must not be empty")
         one_of("--dtype", self.dtype, DTYPES)
         one_of("--kernels", self.kernels, KERNELS)

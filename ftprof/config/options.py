@@ -34,6 +34,7 @@ TRAIN_ON = ("completion", "prompt")
 PARALLEL = ("fsdp", "ddp")
 RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")  # torchrun's
 PROFILER_ACTIVITIES = ("cpu", "cuda")
+MAX_STEPS = 10**8  # more optimizer steps than any fine-tuning takes: a typo (a run that would never end)
 
 # The HF Trainer's (and TRL's) spellings, accepted as aliases where they mean the same thing as ours.
 HF_ALIASES = {"lr": "--learning-rate", "batch_size": "--per-device-train-batch-size",
@@ -49,6 +50,52 @@ def option(default: Any = None, help: str = "", *, choices: tuple | None = None,
     if default_factory is not None:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def checked_value(key: str, hint: Any, value: Any) -> Any:
+    """``value`` for option ``key`` of type ``hint``: the right type, or one line naming the option (ConfigError).
+    Values from YAML or Python callers: ints pass as floats, lists and strings as tuples (their sections split
+    them), bools are not ints."""
+    import math
+    import types
+    import typing
+
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if value is None and type(None) in args:
+        return value
+    base = next(a for a in args if a is not type(None))
+    base = tuple if typing.get_origin(base) is tuple else base
+    if base is tuple and isinstance(value, (list, tuple, str)):
+        return value
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if base is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"--{key.replace('_', '-')} must be a finite number, got {value}")
+    if isinstance(base, type) and isinstance(value, base) and not (base is int and isinstance(value, bool)):
+        return value
+    name = getattr(base, "__name__", str(base))
+    raise ConfigError(f"option '{key}' must be {name}, got {type(value).__name__} ({value!r})")
+
+
+def check_types(section: Any) -> None:
+    """Each field of a config section (a dataclass) holds its option's type, coerced as ``checked_value`` does:
+    a section built in Python with a wrong type is one line naming the option, not a TypeError from a comparison
+    deep inside its checks. Called first in each section's __post_init__."""
+    import dataclasses
+    import typing
+
+    hints = _hints(type(section), typing)
+    for f in dataclasses.fields(section):
+        setattr(section, f.name, checked_value(f.name, hints[f.name], getattr(section, f.name)))
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type, typing) -> dict[str, Any]:
+    if cls not in _HINTS:  # (typing.get_type_hints is slow; sweeps build thousands of sections)
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
 
 
 def require(cond: bool, message: str) -> None:

@@ -7,7 +7,15 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ftprof.config import alloc_conf
-from ftprof.config.options import MEMORY_LOGGING, MEMORY_LOGGING_ALIASES, TRACKERS, one_of, option, require
+from ftprof.config.options import (
+    MEMORY_LOGGING,
+    MEMORY_LOGGING_ALIASES,
+    TRACKERS,
+    check_types,
+    one_of,
+    option,
+    require,
+)
 
 
 @dataclass
@@ -40,6 +48,7 @@ class OutputConfig:
         "(default none)", metavar="NAMES")
 
     def __post_init__(self) -> None:
+        check_types(self)
         self.report_to = normalize_report_to(self.report_to)
         self.memory_logging = MEMORY_LOGGING_ALIASES.get(self.memory_logging, self.memory_logging)
         one_of("--memory-logging", self.memory_logging, MEMORY_LOGGING)

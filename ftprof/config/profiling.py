@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ftprof.config.options import PROFILER_ACTIVITIES, one_of, option, require
+from ftprof.config.options import MAX_STEPS, PROFILER_ACTIVITIES, check_types, one_of, option, require
 
 
 @dataclass
@@ -30,11 +30,14 @@ class ProfilingConfig:
     prof_max_trace_mb: float = option(512.0, "trace size budget per cycle; past it the costly options are turned off")
 
     def __post_init__(self) -> None:
+        check_types(self)
         require(self.prof_wait_steps >= 0, "--prof-wait-steps must be >= 0")
         require(self.prof_warmup_steps >= 0, "--prof-warmup-steps must be >= 0")
         require(self.prof_active_steps >= 1, "--prof-active-steps must be at least 1")
         require(self.prof_repeat >= 1, "--prof-repeat must be at least 1")
         require(self.prof_max_trace_mb > 0, "--prof-max-trace-mb must be positive")
+        require(self.total_steps <= MAX_STEPS, f"--prof-wait-steps, --prof-warmup-steps, --prof-active-steps and "
+                f"--prof-repeat ask for {self.total_steps:,} steps, more than any fine-tuning takes ({MAX_STEPS:,})")
         if self.prof_activities != "auto":
             require(bool(self.activities()), f"--prof-activities: '{self.prof_activities}' names nothing; give "
                     "cpu, cuda, both comma-separated, or auto")

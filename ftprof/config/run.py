@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -15,7 +14,7 @@ from ftprof.config.distributed import DistributedConfig
 from ftprof.config.evaluation import EvalConfig
 from ftprof.config.method import MethodConfig
 from ftprof.config.model import ModelConfig
-from ftprof.config.options import SCHEMA_VERSION, require
+from ftprof.config.options import SCHEMA_VERSION, checked_value, require
 from ftprof.config.output import OutputConfig
 from ftprof.config.profiling import ProfilingConfig
 from ftprof.config.saving import SaveConfig
@@ -43,6 +42,10 @@ class RunConfig:
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
+        for name, cls in SECTIONS.items():  # RunConfig(model="tiny"): a section, not an option's value
+            given = getattr(self, name)
+            require(isinstance(given, cls), f"RunConfig's {name} is a {cls.__name__}, got {type(given).__name__} "
+                    f"({given!r:.40}); RunConfig.from_flat({{...}}) builds one from option names")
         if self.model.checkpointing == "auto" and self.distributed.parallel == "fsdp" and \
                 (self.distributed.world_size > 1 or self.distributed.fsdp_cpu_offload):
             raise ConfigError("--checkpointing auto estimates one unsharded process's memory: use it on one GPU "
@@ -79,10 +82,12 @@ class RunConfig:
     @classmethod
     def from_flat(cls, values: dict[str, Any]) -> RunConfig:
         """Build from option names (snake_case long names, as in sweep files and argparse namespaces)."""
+        require(isinstance(values, dict), f"RunConfig.from_flat takes a dict of option names, got "
+                f"{type(values).__name__}")
         owner = flat_field_owners()
         unknown = [k for k in values if k not in owner]
         if unknown:
-            raise ConfigError(f"unknown option '{unknown[0]}'{did_you_mean(unknown[0], owner)}")
+            raise ConfigError(f"unknown option '{unknown[0]}'{_nearest_option(str(unknown[0]), owner)}")
         parts: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
         for key, value in values.items():
             parts[owner[key]][key] = _check_type(key, value)
@@ -105,12 +110,17 @@ class RunConfig:
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         """A config.json's content, read with the meaning its schema_version gave it (files without one are
         version 1)."""
+        require(isinstance(data, dict), f"a run configuration is a JSON object (config.json), got "
+                f"{type(data).__name__}")
         version = data.get("schema_version", 1)
         require(version <= SCHEMA_VERSION, f"config schema_version {version} is newer than this ftprof "
                  f"({SCHEMA_VERSION})")
         flat: dict[str, Any] = {}
         for section in SECTIONS:
-            flat.update(data.get(section, {}))
+            part = data.get(section, {})
+            require(isinstance(part, dict), f"config section '{section}' is an object of options, got "
+                    f"{type(part).__name__}")
+            flat.update(part)
         flat = migrate_flat(flat, version)
         if isinstance(flat.get("lora_targets"), list):
             flat["lora_targets"] = tuple(flat["lora_targets"])
@@ -176,25 +186,15 @@ def _field_types() -> dict[str, Any]:
 
 def _check_type(key: str, value: Any) -> Any:
     """Values from YAML or Python callers: the right type, or one line naming the option (ints pass as floats)."""
-    import types
-    import typing
+    return checked_value(key, _field_types()[key], value)
 
-    hint = _field_types()[key]
-    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    if value is None and type(None) in args:
-        return value
-    base = next(a for a in args if a is not type(None))
-    base = tuple if typing.get_origin(base) is tuple else base
-    if base is tuple and isinstance(value, (list, tuple, str)):
-        return value
-    if base is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if base is float and isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"--{key.replace('_', '-')} must be a finite number, got {value}")
-    if isinstance(value, base) and not (base is int and isinstance(value, bool)):
-        return value
-    name = getattr(base, "__name__", str(base))
-    raise ConfigError(f"option '{key}' must be {name}, got {type(value).__name__} ({value!r})")
+
+def _nearest_option(name: str, owner: dict) -> str:
+    """`` (did you mean 'lr'?)``: the HF Trainer's spelling (learning_rate) first, else the closest option name."""
+    from ftprof.config.options import HF_ALIASES
+
+    ours = {flag[2:].replace("-", "_"): key for key, flag in HF_ALIASES.items()}
+    return f" (did you mean '{ours[name]}'?)" if name in ours else did_you_mean(name, owner)
 
 
 def flat_field_owners() -> dict[str, str]:

@@ -6,9 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ftprof.config.options import option, require
+from ftprof.config.options import check_types, option, require
 
 CHECKPOINT_PREFIX = "checkpoint-"  # <run dir>/checkpoint-<step>/, as the HF Trainer names them
+# A saved run's and a checkpoint's folders and files (engine/save.py writes them; resolve_resume checks a checkpoint
+# has them before anything loads; the report does not take them for runs)
+ADAPTER, MODEL, BASE, MERGED = "adapter", "model", "base", "merged"
+TRAINER_STATE = "trainer_state.pt"  # optimizer, scheduler, RNG states (torch.save)
 CHECKPOINT_STATE = "ftprof_checkpoint.json"  # in each checkpoint: its step, data position and the run's options
 
 
@@ -33,6 +37,7 @@ class SaveConfig:
         "the run writes its own run directory, its steps numbered on from the checkpoint's", metavar="PATH")
 
     def __post_init__(self) -> None:
+        check_types(self)
         require(self.save_dir is None or bool(self.save_dir.strip()), "--save-dir must not be empty")
         require(self.save_dir is None or self.save or self.save_merged, "--save-dir needs --save or --save-merged")
         require(self.save_steps is None or self.save_steps >= 1,

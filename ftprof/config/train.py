@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from ftprof.config.options import LR_SCHEDULERS, OPTIMIZERS, one_of, option, require
+from ftprof.config.options import LR_SCHEDULERS, MAX_STEPS, OPTIMIZERS, check_types, one_of, option, require
 
 
 @dataclass
@@ -42,8 +42,9 @@ class TrainConfig:
                               "time); 0 = Python's automatic collection, which can pause any step")
 
     def __post_init__(self) -> None:
+        check_types(self)
         require(self.grad_accum >= 1, f"--grad-accum must be at least 1, got {self.grad_accum}")
-        require(self.max_steps >= 1, f"--max-steps must be at least 1, got {self.max_steps}")
+        require(1 <= self.max_steps <= MAX_STEPS, f"--max-steps must be from 1 to {MAX_STEPS:,}, got {self.max_steps}")
         if self.num_train_epochs is not None:
             require(math.isfinite(self.num_train_epochs) and self.num_train_epochs > 0,
                      f"--num-train-epochs must be a positive number, got {self.num_train_epochs}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ftprof import ranks
 from ftprof.config import RunConfig
-from ftprof.config.saving import CHECKPOINT_PREFIX, CHECKPOINT_STATE
+from ftprof.config.saving import ADAPTER, CHECKPOINT_PREFIX, CHECKPOINT_STATE, MODEL, TRAINER_STATE
 from ftprof.results import run_dir as files
 from ftprof.results.schema import RunResult, failure_result
 from ftprof.results.status import Status
@@ -221,7 +221,20 @@ def resolve_resume(cfg: RunConfig) -> RunConfig:
     if cfg.output.run_name and (parent / cfg.output.run_name).resolve() == path.parent:
         raise ConfigError(f"--resume-from-checkpoint {path}: a resumed run writes a run directory of its own; give "
                           "another --run-name (or none)")
+    _check_checkpoint_files(path, cfg.method.method)
     return cfg.replace(resume_from_checkpoint=str(path))
+
+
+def _check_checkpoint_files(path: Path, method: str) -> None:
+    """A checkpoint holds its weights and its optimizer state: one that lacks them (copied in part, or damaged) is
+    refused before anything loads (it failed after the model was built)."""
+    from ftprof.errors import ConfigError
+
+    weights = MODEL if method == "full" else ADAPTER
+    missing = [name for name in (TRAINER_STATE, weights) if not (path / name).exists()]
+    if missing:
+        raise ConfigError(f"--resume-from-checkpoint {path}: the checkpoint has no {' or '.join(missing)} (copied in "
+                          "part, or damaged); resume from another checkpoint")
 
 
 def progress_line(record, max_steps: int) -> str:

@@ -24,12 +24,10 @@ from pathlib import Path
 
 import torch
 
-from ftprof.config.saving import CHECKPOINT_PREFIX, CHECKPOINT_STATE
+from ftprof.config.saving import ADAPTER, BASE, CHECKPOINT_PREFIX, CHECKPOINT_STATE, MERGED, MODEL, TRAINER_STATE
 from ftprof.models.dequant import dequantize, is_4bit_linear
 from ftprof.results.parts import Saved
 from ftprof.results.store import partial_dir
-
-ADAPTER, MODEL, BASE, MERGED = "adapter", "model", "base", "merged"
 
 
 def save_trained(resolved, built, run_dir: Path, log: Callable[[str], None], root: Path | None = None) -> Saved:
@@ -165,7 +163,6 @@ def _save_base(config, state: dict[str, torch.Tensor], tokenizer, where: Path) -
 
 
 # --- checkpoints during the run (--save-steps) and resuming from one (--resume-from-checkpoint) -----------------
-TRAINER_STATE = "trainer_state.pt"  # optimizer, scheduler, RNG states (torch.save)
 
 
 def write_checkpoint(resolved, built, run_dir: Path, step: int, log: Callable[[str], None]) -> Path:
@@ -226,7 +223,13 @@ def load_checkpoint(resolved, built, path: Path, log: Callable[[str], None]) -> 
         _load_full(model, path / MODEL)
     else:
         _load_adapter(model, path / ADAPTER)
-    state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)  # our own file
+    try:
+        state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)  # our own file
+    except Exception as exc:  # noqa: BLE001 - truncated, overwritten: the checkpoint is damaged, said as that
+        from ftprof.errors import ConfigError
+
+        raise ConfigError(f"--resume-from-checkpoint {path}: cannot read {TRAINER_STATE} ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}); resume from another checkpoint") from None
     built.optimizer.load_state_dict(state["optimizer"])
     if built.scheduler is not None and state["scheduler"] is not None:
         built.scheduler.load_state_dict(state["scheduler"])

@@ -8,12 +8,14 @@ appears only in ``command.sh``, for people to read and replay.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import threading
 
 from ftprof.errors import FtprofError
-from ftprof.lifetime import answer_ctrl_c, request_stop
+from ftprof.lifetime import answer_ctrl_c, clear_stop, request_stop
 
 
 def run_config_file(path: str) -> int:
@@ -61,6 +63,23 @@ def _interrupt(signum, frame) -> None:
     except Exception:  # noqa: BLE001 - psutil missing or a child already gone: stopping matters more
         pass
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigterm_stops_the_run():
+    """For the duration, SIGTERM (timeout, scancel, docker stop, a batch system) stops the run as Ctrl-C does, as it
+    does a bench worker's: recorded 'interrupted' with the steps it ran (its default action killed `ftprof train`
+    without a result.json). The handler and the stop's record are put back after, for a process that goes on."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _stopping.clear()
+        clear_stop()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -96,3 +96,36 @@ def steps_recorded(run_dir: Path) -> int:
         except OSError:
             continue
     return 0
+
+
+def finished_run(output_dir: str | Path, run_name: str | None) -> Path | None:
+    """The directory ``run_name`` names under ``output_dir`` when it holds a finished run (its result.json: ok or
+    failed). A run that was killed before its result (bench reruns such cells under their names) is not finished."""
+    if not run_name:
+        return None  # a default name never collides (make_run_dir)
+    path = Path(output_dir).expanduser() / run_name
+    return path if (path / RESULT).is_file() else None
+
+
+def replace_named_run(output_dir: str | Path, run_name: str | None, overwrite: bool) -> None:
+    """A reused run name never replaces a finished run silently: refused in one line (ConfigError), or with
+    ``overwrite`` (--overwrite-output-dir) the directory is emptied first, finished or not: its checkpoints would
+    otherwise pass for the new run's (``--resume-from-checkpoint latest`` takes the newest under the output
+    directory)."""
+    import shutil
+
+    from ftprof.errors import ConfigError
+
+    path = Path(output_dir).expanduser() / run_name if run_name else None
+    if path is None or not path.is_dir():
+        return
+    if finished_run(output_dir, run_name) and not overwrite:
+        raise ConfigError(f"--run-name {run_name}: {path} holds a finished run; give --overwrite-output-dir to "
+                          "replace it, or another --run-name")
+    if not overwrite:
+        return
+    for entry in path.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()

@@ -17,6 +17,9 @@ def _files(t):
     (t / "fake.parquet").write_text("PAR1 junk")
     (t / "numbers.jsonl").write_text('{"text": 5}\n{"text": 6}\n')
     (t / "not-a-trace.json").write_text("{not json")
+    (t / "a-file").write_text("x")
+    (t / "ckpt").mkdir()  # a checkpoint copied in part: its state file, not its weights or optimizer state
+    (t / "ckpt" / "ftprof_checkpoint.json").write_text(json.dumps({"step": 1, "options": {"method": "lora"}}))
     (t / "typo-model").mkdir()
     (t / "typo-model" / "config.json").write_text(json.dumps({"model_type": "lamma", "hidden_size": 64}))
     (t / "trace.json").write_text(json.dumps({"traceEvents": [
@@ -43,6 +46,8 @@ def _cases(t):
          ["host memory", "weights"], [], False),
         ([*train[:2], "--model", str(t / "typo-model"), *train[4:]], ["model_type 'lamma' is not an architecture",
                                                                       "did you mean 'llama'"], ["defaults"], False),
+        ([*train, "--save-merged", "--save-dir", str(t / "a-file")], ["--save-dir", "a-file"], [], False),
+        ([*train, "--resume-from-checkpoint", str(t / "ckpt")], ["has no trainer_state.pt or adapter"], [], False),
         ([*train, "--dataset", "synthetc"], ["did you mean 'synthetic'"], ["cannot reach"], False),
         ([*train, "--dataset", str(t / "header-only.csv")], ["--dataset", "a header line but no rows"],
          ["--dataset-split"], False),

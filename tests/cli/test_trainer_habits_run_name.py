@@ -54,13 +54,36 @@ def test_an_unfinished_run_dir_is_reused(tmp_path):
 def test_overwrite_output_dir_replaces_the_finished_run(tmp_path):
     from ftprof.cli.common import config_from_args
     from ftprof.cli.main import build_parser
-    from ftprof.cli.train import replace_finished_run
+    from ftprof.results.run_dir import replace_named_run
 
     run = _finished(tmp_path)
     cfg = config_from_args(build_parser().parse_args(["train", "lora", "--output_dir", str(tmp_path),
                                                       "--run_name", "r", "--overwrite_output_dir", "true"]))
-    replace_finished_run(cfg)
+    replace_named_run(cfg.output.output_dir, cfg.output.run_name, cfg.output.overwrite_output_dir)
     assert run.is_dir() and list(run.iterdir()) == []
+
+
+def test_overwrite_output_dir_empties_an_unfinished_run_too(tmp_path):
+    # a killed run's checkpoint would pass for the new run's (--resume-from-checkpoint latest takes the newest)
+    from ftprof.results.run_dir import replace_named_run
+
+    run = tmp_path / "r"
+    (run / "checkpoint-9").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    replace_named_run(tmp_path, "r", overwrite=False)  # unfinished, no --overwrite-output-dir: reused as it is
+    assert (run / "checkpoint-9").is_dir()
+    replace_named_run(tmp_path, "r", overwrite=True)
+    assert run.is_dir() and list(run.iterdir()) == []
+
+
+def test_the_python_api_refuses_a_finished_run_as_the_cli_does(tmp_path):
+    import ftprof
+    from ftprof.errors import ConfigError
+
+    _finished(tmp_path)
+    with pytest.raises(ConfigError, match="holds a finished run; give --overwrite-output-dir"):
+        ftprof.train({"method": "lora", "device": "cpu", "output_dir": str(tmp_path), "run_name": "r"})
+    assert (tmp_path / "r" / "result.json").is_file()  # untouched
 
 
 @pytest.mark.slow

@@ -83,6 +83,8 @@ def _checkpoint(tmp_path, step=4, **options):
     path.mkdir(parents=True)
     flat = {k: list(v) if isinstance(v, tuple) else v for k, v in _cfg(tmp_path, **options).to_flat().items()}
     (path / "ftprof_checkpoint.json").write_text(json.dumps({"step": step, "batches_taken": step, "options": flat}))
+    (path / "trainer_state.pt").write_bytes(b"")  # (resolve_resume checks they are there, not what they hold)
+    (path / "adapter").mkdir()
     return path
 
 
