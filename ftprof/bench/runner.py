@@ -416,7 +416,16 @@ class BenchRunner:
         rows = [dict(row, experiment=Path(row["run_dir"]).name) for row in report.rows
                 if Path(row["run_dir"]).name in names]
         path = write_csv_atomic(self.out_dir / "raw_summary.csv", rows)
-        write_json_atomic(self.out_dir / "sweep.json", {
-            "name": self.sweep.name, "sweep_file": str(self.sweep.path), "memory_logging": self.sweep.memory_logging,
-            "timeout_s": self.sweep.timeout_s, "experiments": [p.experiment.name for p in self.planned]})
+        write_sweep_record(self.sweep, self.out_dir, self.planned)
         return path
+
+
+SWEEP_RECORD = "sweep.json"  # which sweep an output directory holds (a different one is refused: flow.py)
+
+
+def write_sweep_record(sweep: Sweep, out_dir: Path, planned: list[Planned]) -> Path:
+    """sweep.json: the sweep whose results ``out_dir`` holds, written before its experiments start and again with
+    the summary."""
+    return write_json_atomic(out_dir / SWEEP_RECORD, {
+        "name": sweep.name, "sweep_file": str(sweep.path), "memory_logging": sweep.memory_logging,
+        "timeout_s": sweep.timeout_s, "experiments": [p.experiment.name for p in planned]})

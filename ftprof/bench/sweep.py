@@ -29,6 +29,7 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -52,13 +53,21 @@ from ftprof.errors import ConfigError, did_you_mean
 TOP_KEYS = {"name": str, "base": dict, "matrix": dict, "experiments": list, "exclude": list, "repeats": int,
             "memory_logging": str, "timeout_s": (int, float), "description": str, "launcher": dict,
             "schema_version": int}
+# How each top-level key's type reads in a message ("repeats: must be a whole number, got str").
+TYPE_WORDS = {str: "a string", dict: "a mapping", list: "a list", int: "a whole number", (int, float): "a number"}
 # What a sweep may expand to, checked on the list lengths before anything is expanded.
 MAX_CELLS = 100_000  # matrix cells plus experiments, times repeats
 MAX_REPEATS = 1_000
 # Options whose one value is a list of names (a string of them, comma-separated, works too).
 LIST_OPTIONS = ("lora_targets", "report_to")
-# Keys a sweep may set that are not train options (bench handles them itself).
-SWEEP_ONLY = {"output_dir", "run_name", "quiet"}  # set by bench per experiment; a sweep may not set them
+# Train options bench sets itself for each experiment, so a sweep may not: why, and what to do instead.
+PER_EXPERIMENT = {
+    "output_dir": "is set by bench for each experiment (<output dir>/<experiment>); use ftprof bench --output-dir",
+    "run_name": "is set by bench for each experiment (its directory name, from the options that vary); leave it out",
+    "quiet": "bench always runs experiments quietly (their output goes to each one's stdout.log and stderr.log); "
+             "leave it out",
+}
+SWEEP_ONLY = set(PER_EXPERIMENT)
 # Keys a cell may set that bench reads itself (not train options): what trains the cell and in which interpreter.
 CELL_KEYS = ("trainer", "python")
 # ``trainer``: ftprof's own loop, or a peer recipe (ftprof/integrations/recipes/<name>.py) measured by FtprofCallback.
@@ -123,8 +132,8 @@ def _check_keys(path: Path, where: str, mapping: Any, *, allow_lists: bool) -> N
     if not isinstance(mapping, dict):
         raise _fail(path, where, f"must be a mapping of option: value, got {type(mapping).__name__}")
     for key, value in mapping.items():
-        if key in SWEEP_ONLY:
-            raise _fail(path, f"{where}.{key}", "is set by bench for each experiment; use --output-dir")
+        if key in PER_EXPERIMENT:
+            raise _fail(path, f"{where}.{key}", PER_EXPERIMENT[key])
         if key not in owners and key not in CELL_KEYS:
             raise _fail(path, f"{where}.{key}", f"unknown option{did_you_mean(str(key), owners)}")
         if allow_lists:
@@ -199,8 +208,7 @@ def load_sweep(path: str | Path) -> Sweep:
         if key not in TOP_KEYS:
             raise _fail(path, str(key), f"unknown key{did_you_mean(str(key), TOP_KEYS)}")
         if not isinstance(value, TOP_KEYS[key]) or isinstance(value, bool):
-            want = TOP_KEYS[key].__name__ if isinstance(TOP_KEYS[key], type) else "number"
-            raise _fail(path, str(key), f"must be a {want}, got {type(value).__name__}")
+            raise _fail(path, str(key), f"must be {TYPE_WORDS[TOP_KEYS[key]]}, got {type(value).__name__}")
     return _expand(path, data)
 
 
@@ -383,18 +391,22 @@ def _python(path: Path, where: str, given: str, checked: dict[str, str | None]) 
     if Path(interpreter) != Path(sys.executable):  # another environment: it must be able to run ftprof's side
         problem = _cannot_run_ftprof(interpreter)
         if problem:
-            raise _fail(path, f"{where}.python", f"'{given}': {problem}")
+            raise _fail(path, f"{where}.python", f"{shown}: {problem}")
     checked[given] = interpreter
     return interpreter
 
 
 def _cannot_run_ftprof(interpreter: str) -> str | None:
     """Why ``interpreter`` cannot start a cell (not Python, or no ftprof to import), or None. Finds the module
-    without importing it: a fraction of a second per interpreter."""
-    probe = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('ftprof') else 3)"
+    without importing it: a fraction of a second per interpreter. It must print a fresh token reversed, which only
+    Python running the probe does (a script that exits 0 without running it is no interpreter)."""
+    token = secrets.token_hex(8)
+    probe = ("import importlib.util as u, sys\nif not u.find_spec('ftprof'): sys.exit(3)\n"
+             "print('ftprof-probe', sys.argv[1][::-1])")
     try:
-        done = subprocess.run([interpreter, "-c", probe], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as exc:
+        done = subprocess.run([interpreter, "-c", probe, token], capture_output=True, text=True, errors="replace",
+                              timeout=60, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
         return f"does not run: {exc}"
     if done.returncode == 3:
         return ("cannot import ftprof; install it in that environment (`<env>/bin/pip install -e <this repository>` "
@@ -402,6 +414,10 @@ def _cannot_run_ftprof(interpreter: str) -> str | None:
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         return f"does not run Python: {last}"
+    if f"ftprof-probe {token[::-1]}" not in done.stdout.splitlines():
+        said = (done.stdout.strip().splitlines() or [""])[0][:80]
+        printed = f"printing {said!r}" if said else "printing nothing"
+        return f"is not a Python interpreter: asked to run a line of Python, it exited 0 {printed}, not its answer"
     return None
 
 

@@ -14,7 +14,7 @@ def run_top(sweep_file: Path, out_dir: Path) -> list[Path]:
     from ftprof.bench.sweep import load_sweep
 
     sweep = load_sweep(sweep_file)
-    run_sweep(sweep, out_dir)
+    run_sweep(sweep, out_dir, dir_option="--plan-dir")  # out_dir: <plan dir>/verify
     return [out_dir / e.name for e in sweep.experiments]
 
 

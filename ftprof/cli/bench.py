@@ -100,7 +100,7 @@ def _num(row: dict, key: str):
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    from ftprof.bench.flow import output_dir_for
+    from ftprof.bench.flow import check_same_sweep, output_dir_for
     from ftprof.bench.lock import OutputLock
     from ftprof.bench.sweep import load_sweep
 
@@ -110,6 +110,7 @@ def bench_command(args: argparse.Namespace) -> int:
                                      | {"type": args.launcher, "sbatch": tuple(args.sbatch or ())}, "")
     check_slurm_only(args, launcher.type, sweep.path)
     out_dir = output_dir_for(sweep, args.output_dir)
+    check_same_sweep(sweep, out_dir)  # another sweep's results there: refused whatever the mode (run, plan, status)
     if launcher.type == "local":  # the experiments run here: what this machine cannot run is refused now
         check_devices(sweep)
     console = make_console()

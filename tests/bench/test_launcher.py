@@ -35,7 +35,7 @@ def test_no_section_means_local(tmp_path):
     ("launcher: {mem: lots}", "launcher.mem: 'lots' is not a Slurm memory size"),
     ("launcher: {nodes: 0}", "launcher.nodes: must be a whole number >= 1"),
     ("launcher: {sbatch: exclusive}", "launcher.sbatch: must be a list of sbatch options"),
-    ("launcher: [slurm]", "s.yaml: launcher: must be a dict"),
+    ("launcher: [slurm]", "s.yaml: launcher: must be a mapping"),
 ])
 def test_a_bad_launcher_section_is_one_line(tmp_path, section, message):
     with pytest.raises(ConfigError) as exc:

@@ -81,10 +81,14 @@ BAD_FILES = [
     ("base: {model: tiny}\n", "the sweep has no experiments"),
     ("matrix: {method: [full]}\nexclude: [{batch_size: 1}]\n", "exclude[0].batch_size: is not a matrix key"),
     ("matrix: {method: [full]}\nrepeats: 0\n", "repeats: must be at least 1"),
-    ("matrix: {method: [full]}\nrepeats: two\n", "repeats: must be a int, got str"),
+    ("matrix: {method: [full]}\nrepeats: two\n", "repeats: must be a whole number, got str"),
+    ("matrix: {method: [full]}\nrepeats: 2.5\n", "repeats: must be a whole number, got float"),
+    ("matrix: {method: [full]}\ntimeout_s: soon\n", "timeout_s: must be a number, got str"),
+    ("matrix: {method: [full]}\nname: [a]\n", "name: must be a string, got list"),
     ("matrix: {method: [full]}\ntimeout_s: -1\n", "timeout_s: must be positive"),
     ("matrix: {method: [full]}\nmemory_logging: everything\n", "memory_logging: 'everything' is not one of"),
-    ("matrix: {method: [full]}\nbase: {output_dir: x}\n", "base.output_dir: is set by bench"),
+    ("matrix: {method: [full]}\nbase: {output_dir: x}\n",
+     "base.output_dir: is set by bench for each experiment (<output dir>/<experiment>); use ftprof bench --output-dir"),
     ("matrix: {method: [full]}\nname: a/b\n", "name: 'a/b' must be a plain directory name"),
     ("experiments: [{method: full}, {method: full}]\n", "experiments[1]: duplicates experiments[0]"),
     # a rule that matches no cell is a typo, not a no-op
@@ -212,8 +216,8 @@ def test_a_ten_to_the_ten_cell_matrix_is_refused_at_once(tmp_path):
     ("base: {report_to: [5]}\nmatrix: {seed: [1]}\n", "base.report_to: must be a list of names"),
     ("name: '.'\nmatrix: {seed: [1]}\n", "name: '.' must be a plain directory name"),
     ("name: '..'\nmatrix: {seed: [1]}\n", "name: '..' must be a plain directory name"),
-    ("base: [1]\n", "base: must be a dict, got list"),
-    ("matrix: {seed: [1]}\nlauncher: [slurm]\n", "launcher: must be a dict, got list"),
+    ("base: [1]\n", "base: must be a mapping, got list"),
+    ("matrix: {seed: [1]}\nlauncher: [slurm]\n", "launcher: must be a mapping, got list"),
 ])
 def test_every_wrong_shape_is_one_line_naming_the_place(tmp_path, text, fragment):
     with pytest.raises(ConfigError) as info:
