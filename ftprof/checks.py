@@ -364,6 +364,10 @@ def length_notes(cfg: RunConfig) -> list[str]:
                      f"learning rate rises for the whole run and its last step runs at "
                      f"{(t.max_steps - 1) / t.warmup_steps:.0%} of --lr; "
                      "lower --warmup-steps to reach it")
+    save_steps = cfg.save.save_steps
+    if save_steps and t.num_train_epochs is None and save_steps > t.max_steps:
+        notes.append(f"--save-steps {save_steps} is beyond --max-steps {t.max_steps}: no checkpoint is written during "
+                     "the run (--save saves what it trained at the end)")
     if t.num_train_epochs is not None and t.num_train_epochs > MANY_EPOCHS:
         notes.append(f"--num-train-epochs {t.num_train_epochs:g}: that many passes over the data takes as many "
                      "times an epoch's steps; fine-tuning takes a few (stop it with Ctrl-C: what ran is kept)")

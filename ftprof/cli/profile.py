@@ -206,10 +206,24 @@ def _compare(console, base: list, new: list, base_paths: list[Path], paths: list
     console.print(f"[dim]wrote {stem}.json and {stem}.md[/dim]")
 
 
+def _check_summarize_only(args: argparse.Namespace) -> None:
+    """--summarize reads traces: a run's option beside it would do nothing, and a trace is no baseline of itself."""
+    from ftprof.config import SECTIONS
+
+    run_options = {f.name for cls in SECTIONS.values() for f in fields(cls)} - {"method"}
+    given = sorted(k for k in vars(args) if k in run_options)
+    if given:
+        raise ConfigError(f"--{given[0].replace('_', '-')} is an option of a run, and --summarize reads traces a run "
+                          "already wrote: leave it out (or leave out --summarize to profile a new run)")
+    if args.baseline and Path(args.baseline).expanduser().resolve() == Path(args.summarize).expanduser().resolve():
+        raise ConfigError("--baseline names the trace --summarize reads: compare against another profile")
+
+
 def profile_command(args: argparse.Namespace) -> int:
     if args.baseline and not args.summarize:
         raise ConfigError("--baseline needs --summarize (the profile to compare against it)")
     if args.summarize:
+        _check_summarize_only(args)
         return summarize_command(args.summarize, args.baseline)
     from ftprof.checks import check_before_run
 

@@ -55,6 +55,10 @@ def _cases(t):
          False),
         (["--versoin"], ["--versoin", "did you mean '--version'"], ["required"], False),
         ([*train, "--dry-run"], ["unrecognized arguments: --dry-run"], ["did you mean"], False),
+        (["profile", "lora", "--summarize", str(t / "trace.json"), "--max-steps", "3"],
+         ["--max-steps is an option of a run", "--summarize reads traces"], [], False),
+        (["profile", "--summarize", str(t / "trace.json"), "--baseline", str(t / "trace.json")],
+         ["--baseline names the trace --summarize reads"], [], False),
         # (torch imported: last, as the cases run in one interpreter)
         ([*train, "--dataset", str(t / "numbers.jsonl")], ["--text-field", "int64", "not text"], [], True),
         (["profile", "--summarize", str(t / "trace.json"), "--baseline", str(t / "not-a-trace.json")],
@@ -102,3 +106,12 @@ def test_a_hub_id_that_cannot_be_had_is_refused_before_torch(tmp_path):
     assert done.returncode == 2 and done.stdout.strip() == "False", (done.stdout, done.stderr)
     assert "hub id 'some-org/not-cached' is not in the local cache (HF_HUB_OFFLINE is set)" in done.stderr
     assert done.stderr.count("\n") == 1
+
+
+def test_a_save_interval_beyond_the_run_is_said():
+    from ftprof.checks import length_notes
+    from ftprof.config import RunConfig
+
+    notes = length_notes(RunConfig.from_flat({"method": "lora", "max_steps": 2, "save_steps": 5}))
+    assert any("--save-steps 5 is beyond --max-steps 2" in n for n in notes), notes
+    assert not length_notes(RunConfig.from_flat({"method": "lora", "max_steps": 8, "save_steps": 5}))
