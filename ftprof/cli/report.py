@@ -32,8 +32,9 @@ def report_parser(subparsers) -> argparse.ArgumentParser:
         "report", help="turn run directories into tables, CSV, Markdown, plots and an HTML report",
         description="Read every run directory under the given paths (bench sweeps and single runs alike) and write "
                     "raw_summary.csv, summary.csv, summary.md, PNG plots and report.html. With --baseline, compare "
-                    "matching experiments and exit 1 on a regression beyond --threshold percent, or when no "
-                    "configuration matches one of the baseline (nothing compared).")
+                    "matching experiments and exit 1 on a regression beyond --threshold percent, or when nothing was "
+                    "compared: no configuration matches one of the baseline, or none that does has the data (a "
+                    "successful run a side, tokens/s with a spread).")
     parser.add_argument("paths", nargs="+", help="results directories or run directories")
     parser.add_argument("--baseline", type=path_argument, help="results directory to compare against")
     parser.add_argument("--threshold", type=_percent,
@@ -88,6 +89,25 @@ def choose_table(choice) -> Table | None:
     return table
 
 
+def _print_gate(console, cmp, threshold: float) -> None:
+    """The comparison's verdicts that need a word, then the gate's one-line outcome."""
+    from rich.markup import escape
+
+    from ftprof.report.compare import INCONCLUSIVE, NOT_COMPARED
+
+    for c in cmp.configs:
+        if c.verdict in (INCONCLUSIVE, NOT_COMPARED):
+            console.print(f"[yellow]{c.verdict}[/yellow] {escape(c.experiment)}: {escape('; '.join(c.reasons))}")
+    if cmp.nothing_compared:  # a gate that compared nothing has not passed
+        console.print(f"[red]nothing compared[/red]: {escape(cmp.why_nothing())}")
+    elif not cmp.failed:
+        inconclusive = [c for c in cmp.checked if c.verdict == INCONCLUSIVE]
+        n = len(cmp.checked)
+        console.print(f"[green]no regression beyond {threshold:g}%[/green] ({n} configuration{'' if n == 1 else 's'} "
+                      "compared" + (f", {len(inconclusive)} inconclusive" if inconclusive else "")
+                      + (f"; {len(cmp.unchecked)} without the data to compare" if cmp.unchecked else "") + ")")
+
+
 def report_command(args: argparse.Namespace) -> int:
     from ftprof.config import normalize_report_to
     from ftprof.errors import ConfigError
@@ -120,17 +140,7 @@ def report_command(args: argparse.Namespace) -> int:
         for c in cmp.regressions:
             console.print(f"[red]regression[/red] {c.experiment}: {'; '.join(c.reasons)}"
                           + (f" [dim](profile: {c.cause})[/dim]" if c.cause else ""))
-        for c in cmp.inconclusive:
-            console.print(f"[yellow]inconclusive[/yellow] {c.experiment}: {'; '.join(c.reasons)}")
-        if cmp.nothing_compared:  # a gate that compared nothing has not passed
-            from rich.markup import escape
-
-            console.print("[red]nothing compared[/red]: no configuration matches one of the baseline"
-                          + (f" ({escape('; '.join(cmp.differences))})" if cmp.differences else ""))
-        elif not cmp.failed:
-            console.print(f"[green]no regression beyond {threshold:g}%[/green] "
-                          f"({len(cmp.configs)} configurations compared"
-                          + (f", {len(cmp.inconclusive)} inconclusive" if cmp.inconclusive else "") + ")")
+        _print_gate(console, cmp, threshold)
     console.print(f"[dim]wrote {', '.join(sorted(report.files))} to {report.out_dir}[/dim]")
     if trackers:
         from pathlib import Path

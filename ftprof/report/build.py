@@ -72,6 +72,23 @@ def _check_paths(paths: list[str | Path], baseline: str | Path | None) -> None:
         if not Path(p).is_dir():  # result.json, config.json, a summary: the run directory holding it is meant
             hint = f"; its run directory is '{Path(p).parent}'" if (Path(p).parent / CONFIG).is_file() else ""
             raise ConfigError(f"{where}'{p}' is a file, not a directory (a run directory or a folder of them){hint}")
+    if baseline:
+        _check_apart(paths, baseline)
+
+
+def _check_apart(paths: list[str | Path], baseline: str | Path) -> None:
+    """The baseline and the runs compared with it must be different folders, neither inside the other: runs
+    compared with themselves pass a gate that checked nothing."""
+    base = Path(baseline).resolve()
+    for p in paths:
+        here = Path(p).resolve()
+        if here == base:
+            raise ConfigError(f"--baseline: '{baseline}' is also a path to report (the same folder): runs compared "
+                              "with themselves check nothing; give the baseline's own results directory")
+        if base in here.parents or here in base.parents:
+            inner, outer = (p, baseline) if base in here.parents else (baseline, p)
+            raise ConfigError(f"--baseline: '{inner}' lies inside '{outer}', so some runs would be compared with "
+                              "themselves; give the current and the baseline results as separate folders")
 
 
 def build_report(paths: list[str | Path], out_dir: str | Path | None = None, *, baseline: str | Path | None = None,
@@ -90,7 +107,7 @@ def build_report(paths: list[str | Path], out_dir: str | Path | None = None, *, 
         where = ", ".join(map(str, paths))
         if problems:  # run directories exist, but none could be read: say which and why, not "none found"
             raise ConfigError(f"no readable run directory under {where}: {len(problems)} skipped, e.g. {problems[0]}")
-        raise ConfigError(f"no run directories (with config.json) under {where}")
+        raise ConfigError(f"no run directories (with ftprof's config.json) under {where}")
     df = profiles.with_bucket_columns(df)
     if sort and sort not in df.columns:
         if sort != DEFAULT_SORT:

@@ -9,7 +9,12 @@ else the steady steps of steps.csv (tokens/s of each step). Welch's t-test (scip
   when it stopped succeeding;
 - ``ok`` when the whole interval lies above minus the threshold (no slowdown that large fits the data);
 - ``inconclusive`` when the interval straddles minus the threshold: the data cannot tell a regression of that size
-  from noise, and the verdict says how many samples would.
+  from noise, and the verdict says how many samples would; also when there is no interval at all (one value a side
+  and no usable steady steps: steps.csv missing, unreadable, empty or too short) or no tokens/s on a side;
+- ``not compared`` when a side has no successful run (a configuration that stopped succeeding is a regression).
+
+A configuration without the data to compare (``not compared``, or inconclusive for want of samples) was not checked:
+when no configuration was, the gate fails (``nothing_compared``), as it does when none matched at all.
 
 The figures shown are each side's headline tokens/s (result.json, the mean over repeats), the same numbers as the
 report's table; the interval comes from the samples.
@@ -37,7 +42,7 @@ CONTEXT = (("step_time_p50_s", "step p50", "lower"), ("step_time_p90_s", "step p
            ("mfu", "MFU", "higher"))
 # Peak memory, the first present on both sides (most faithful first).
 MEMORY = ("nvml_process_used_peak", "torch_peak_reserved", "torch_peak_allocated", "host_peak_rss")
-REGRESSION, INCONCLUSIVE, OK = "regression", "inconclusive", "ok"
+REGRESSION, INCONCLUSIVE, OK, NOT_COMPARED = "regression", "inconclusive", "ok", "not compared"
 
 
 @dataclass
@@ -56,12 +61,13 @@ class ThroughputTest:
 @dataclass
 class ConfigComparison:
     experiment: str
-    verdict: str  # regression | inconclusive | ok
+    verdict: str  # regression | inconclusive | ok | not compared
     reasons: list[str] = field(default_factory=list)  # why it is a regression / inconclusive
     throughput: ThroughputTest | None = None
     context: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # words -> (base, cur, change %)
     cause: str | None = None  # when both sides were profiled: the buckets that explain the change
     environment: list[str] = field(default_factory=list)  # what differed between the machines ("torch threads 64 → 2")
+    checked: bool = True  # False: the data to compare was missing (no successful run, no throughput samples)
 
 
 @dataclass
@@ -73,8 +79,29 @@ class Comparison:
 
     @property
     def nothing_compared(self) -> bool:
-        """No configuration matched one of the baseline: the gate has nothing to pass."""
-        return not self.configs
+        """No configuration matched one of the baseline, or none that matched had the data to compare: the gate
+        has nothing to pass."""
+        return not self.checked
+
+    @property
+    def checked(self) -> list[ConfigComparison]:
+        return [c for c in self.configs if c.checked]
+
+    @property
+    def unchecked(self) -> list[ConfigComparison]:
+        """Matched, but without the data to compare: no successful run on a side, or no throughput samples."""
+        return [c for c in self.configs if not c.checked]
+
+    def why_nothing(self) -> str:
+        """One line: why nothing was compared (with ``nothing_compared``)."""
+        if not self.configs:
+            return "no configuration matches one of the baseline" + (
+                f" ({'; '.join(self.differences)})" if self.differences else "")
+        why = list(dict.fromkeys(c.reasons[0] for c in self.configs if c.reasons))
+        more = f"; {len(why) - 2} more" if len(why) > 2 else ""
+        n = len(self.configs)
+        return (f"{n} configuration{'s' if n > 1 else ''} matched, none with the data to compare: "
+                + "; ".join(why[:2]) + more)
 
     @property
     def regressions(self) -> list[ConfigComparison]:
@@ -102,35 +129,53 @@ def _num(value) -> float | None:
     return None if math.isnan(v) else v
 
 
-def step_throughputs(run_dir: str | Path) -> list[float]:
-    """Tokens/s of each steady step of a run (warm-up and profiled steps left out, as the headline figures do)."""
+def step_samples(run_dir: str | Path) -> tuple[list[float], str | None]:
+    """Tokens/s of each steady step of a run (warm-up and profiled steps left out, as the headline figures do), and
+    why there are fewer than two: steps.csv missing, unreadable, empty, cut short or with too few steady steps."""
     try:
-        with open(Path(run_dir) / STEPS, newline="") as fh:
+        with open(Path(run_dir) / STEPS, newline="", encoding="utf-8") as fh:
             rows = list(csv.DictReader(fh))
-    except OSError:
-        return []
-    steady = [r for r in rows if r.get("warmup") == "False"]
+    except FileNotFoundError:
+        return [], f"no {STEPS}"
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        return [], f"{STEPS} unreadable ({getattr(exc, 'strerror', None) or exc})"
+    if not rows:
+        return [], f"{STEPS} empty"
+    whole = [r for r in rows if None not in r and None not in r.values()]  # a row cut short: a truncated file
+    steady = [r for r in whole if r.get("warmup") == "False"]
     unprofiled = [r for r in steady if r.get("profiler_phase", "") in ("", "wait")]
     out = []
     for r in unprofiled or steady:
         secs, tokens = _num(r.get("step_time_s")), _num(r.get("tokens"))
         if secs and tokens:
             out.append(tokens / secs)
-    return out
+    if len(out) >= 2:
+        return out, None
+    found = f"{len(out) or 'no'} timed steady step{'' if len(out) == 1 else 's'}"
+    return out, f"{STEPS} cut short, {found}" if len(whole) < len(rows) else f"{STEPS} has {found}"
 
 
-def _samples(base: pd.DataFrame, cur: pd.DataFrame) -> tuple[str, list[float], list[float]]:
-    """Both sides' throughput samples, of one kind: repeats when both have two or more, else steady steps."""
+def step_throughputs(run_dir: str | Path) -> list[float]:
+    """Tokens/s of each steady step of a run (``step_samples`` without the why)."""
+    return step_samples(run_dir)[0]
+
+
+def _samples(base: pd.DataFrame, cur: pd.DataFrame) -> tuple[str, list[float], list[float], list[str]]:
+    """Both sides' throughput samples, of one kind: repeats when both have two or more, else steady steps; when
+    neither gives two a side, single values, and why each short side's steps.csv gave too few."""
     def runs(df):
         return [v for v in (_num(x) for x in df["tokens_per_s"]) if v is not None]
 
     if len(runs(base)) >= 2 and len(runs(cur)) >= 2:
-        return "repeats", runs(base), runs(cur)
-    steps_b = [t for d in base["run_dir"] for t in step_throughputs(d)]
-    steps_c = [t for d in cur["run_dir"] for t in step_throughputs(d)]
-    if len(steps_b) >= 2 and len(steps_c) >= 2:
-        return "steady steps", steps_b, steps_c
-    return "single values", runs(base), runs(cur)
+        return "repeats", runs(base), runs(cur), []
+    read = {side: [(Path(d).name, *step_samples(d)) for d in df["run_dir"]]
+            for side, df in (("baseline", base), ("current", cur))}
+    steps = {side: [t for _, values, _ in runs_read for t in values] for side, runs_read in read.items()}
+    if len(steps["baseline"]) >= 2 and len(steps["current"]) >= 2:
+        return "steady steps", steps["baseline"], steps["current"], []
+    why = [f"{side} {name}: {problem}" for side, runs_read in read.items() if len(steps[side]) < 2
+           for name, _, problem in runs_read if problem]
+    return "single values", runs(base), runs(cur), why
 
 
 def welch(base: list[float], cur: list[float], kind: str, threshold_pct: float) -> ThroughputTest | None:
@@ -159,14 +204,16 @@ def welch(base: list[float], cur: list[float], kind: str, threshold_pct: float) 
     return test
 
 
-def _verdict(test: ThroughputTest | None, threshold_pct: float) -> tuple[str, list[str]]:
-    if test is None:
-        return OK, []
+def _verdict(test: ThroughputTest | None, threshold_pct: float, why: list[str]) -> tuple[str, list[str]]:
+    """The throughput verdict and its reasons; ``why``: what the samples lacked (steps.csv unusable, no tokens/s)."""
+    data = f" ({'; '.join(why)})" if why else ""
+    if test is None:  # no tokens/s on a side: nothing to judge by
+        return INCONCLUSIVE, [f"nothing to compare: no tokens/s{data}"]
     worse = -test.change_pct
-    if test.halfwidth_pct is None:  # one value a side and no steps.csv: no spread to judge by
-        if worse > threshold_pct:
-            return REGRESSION, [f"tokens/s {test.change_pct:+.1f}% (single values, spread unknown)"]
-        return OK, []
+    if test.halfwidth_pct is None:  # one value a side and no usable steps.csv: no spread to judge by
+        if worse > threshold_pct:  # a slowdown that large is flagged all the same (the gate errs on failing)
+            return REGRESSION, [f"tokens/s {test.change_pct:+.1f}% (single values, spread unknown{data})"]
+        return INCONCLUSIVE, [f"tokens/s {test.change_pct:+.1f}% from one value a side, no spread to judge by{data}"]
     best, worst = worse - test.halfwidth_pct, worse + test.halfwidth_pct  # the slowdown's 95% interval
     if best > threshold_pct:
         return REGRESSION, [f"tokens/s {test.change_pct:+.1f}% ± {test.halfwidth_pct:.1f}% "
@@ -204,9 +251,13 @@ def compare_config(base: pd.DataFrame, cur: pd.DataFrame, threshold_pct: float) 
     if len(b_ok) and not len(c_ok):
         statuses = ",".join(sorted(set(cur["status"].map(str))))
         return ConfigComparison(label, REGRESSION, [f"status ok -> {statuses}"])
-    if not len(b_ok) or not len(c_ok):
-        return ConfigComparison(label, OK, ["no successful baseline run to compare with"])
-    kind, bs, cs = _samples(b_ok, c_ok)
+    if not len(b_ok) or not len(c_ok):  # nothing measured to compare: not checked, whatever the current side did
+        statuses = [f"{side} {','.join(sorted(set(df['status'].map(str))))}" for side, df in
+                    (("baseline", base), ("current", cur))]
+        what = "on either side" if not len(c_ok) else "in the baseline"
+        return ConfigComparison(label, NOT_COMPARED, [f"no successful run {what} ({', '.join(statuses)})"],
+                                checked=False)
+    kind, bs, cs, why = _samples(b_ok, c_ok)
     test = welch(bs, cs, kind, threshold_pct)
     headline = _means(b_ok, "tokens_per_s"), _means(c_ok, "tokens_per_s")
     if test is not None and kind != "repeats" and all(headline):
@@ -214,8 +265,11 @@ def compare_config(base: pd.DataFrame, cur: pd.DataFrame, threshold_pct: float) 
         # change, with the steps' spread around it.
         test.baseline, test.current = headline
         test.change_pct = 100.0 * (test.current - test.baseline) / test.baseline
-    verdict, reasons = _verdict(test, threshold_pct)
-    out = ConfigComparison(label, verdict, reasons, test)
+    missing = [f"none in the {side}'s result.json" for side, v in (("baseline", bs), ("current", cs)) if not v]
+    verdict, reasons = _verdict(test, threshold_pct, missing + why)
+    # no interval: only a slowdown past the threshold says anything
+    out = ConfigComparison(label, verdict, reasons, test,
+                           checked=test is not None and (test.halfwidth_pct is not None or verdict == REGRESSION))
     for col, words, _ in CONTEXT:
         bv, cv = _means(b_ok, col), _means(c_ok, col)
         if bv and cv is not None:
@@ -227,7 +281,7 @@ def compare_config(base: pd.DataFrame, cur: pd.DataFrame, threshold_pct: float) 
         col, bv, cv, pct = mem
         out.context[f"peak memory ({col})"] = (bv, cv, pct)
         if pct > threshold_pct:
-            out.verdict = REGRESSION
+            out.verdict, out.checked = REGRESSION, True
             out.reasons.append(f"{col} {pct:+.1f}%")
     return out
 
@@ -240,7 +294,7 @@ def compare(current: pd.DataFrame, baseline: pd.DataFrame, threshold_pct: float)
     for key, c in zip([k for k in cur_groups if k in base_groups], configs, strict=True):
         base_dirs, cur_dirs = list(base_groups[key]["run_dir"]), list(cur_groups[key]["run_dir"])
         c.environment = environment.group_differences(base_dirs, cur_dirs)
-        if c.verdict != OK:  # only where the verdict needs a why: profiles are read for those configurations alone
+        if c.verdict in (REGRESSION, INCONCLUSIVE):  # where the verdict needs a why: profiles read for those alone
             c.cause = profiles.cause(base_dirs, cur_dirs)
             if c.environment:  # the machine changed too: said beside the verdict, as a possible cause
                 c.reasons.append(f"environment differs: {', '.join(c.environment)}")
@@ -278,8 +332,10 @@ def to_markdown(cmp: Comparison, threshold_pct: float) -> str:
              f"(Welch's t-test) lies wholly beyond -{threshold_pct:g}%, peak memory up by more than "
              f"{threshold_pct:g}%, or a run that stopped succeeding. Ok: the interval lies wholly above "
              f"-{threshold_pct:g}%. Inconclusive: it reaches both sides, so a regression that size cannot be told "
-             "from noise. Samples: each side's repeats when both have two or more, else the steady steps of "
-             "steps.csv; tokens/s is each side's headline figure.", "",
+             "from noise, or there is no interval (one value a side, steps.csv missing, unreadable, empty or too "
+             "short) or no tokens/s. Not compared: no successful run on a side. Samples: each side's repeats when "
+             "both have two or more, else the steady steps of steps.csv; tokens/s is each side's headline "
+             "figure.", "",
              "| experiment | verdict | tokens/s (baseline → current, ± 95% CI) | samples | p | step p50 | peak memory "
              "| why |", "| --- | --- | ---: | --- | ---: | ---: | ---: | --- |"]
     for c in cmp.configs:
@@ -292,9 +348,14 @@ def to_markdown(cmp: Comparison, threshold_pct: float) -> str:
         lines.append(f"| {c.experiment} | {verdict} | {_fmt_test(t)} | {samples} | {p} | "
                      f"{'-' if p50 is None else f'{p50[2]:+.1f}%'} | {'-' if mem is None else f'{mem[2]:+.1f}%'} | "
                      f"{'; '.join(c.reasons + ([f'profile: {c.cause}'] if c.cause else []))} |")
-    if cmp.nothing_compared:
+    if cmp.nothing_compared and not cmp.configs:
         lines += ["", "**No configuration matched the baseline**, so nothing was compared"
                   + (f" ({'; '.join(cmp.differences)})." if cmp.differences else ".")]
+    elif cmp.nothing_compared:
+        lines += ["", f"**Nothing was compared**: {cmp.why_nothing()}. The gate fails: it checked nothing."]
+    elif cmp.unchecked:
+        lines += ["", f"{len(cmp.unchecked)} of {len(cmp.configs)} matching configurations lacked the data to "
+                  "compare (not compared, or inconclusive without an interval); the gate judged the others."]
     envs = sorted({d for c in cmp.configs for d in c.environment})
     if envs:
         lines += ["", "The environments differ (env.json), which can explain a change as well as the code: "

@@ -1,19 +1,24 @@
 """Read run directories back: one flat row per run (config options + result fields), never a crash.
 
-A directory is a run directory when it holds config.json. Half-written or unreadable directories and newer schema
-versions are reported (``problems``: one line each, "<run dir>: <file>: <why>") and skipped.
+A directory is a run directory when ftprof wrote a run into it (``is_run_dir``): config.json of ftprof's shape, or
+config.json beside a run's own files. A saved model (transformers' config.json in adapter/, base/, model/, merged/,
+checkpoint-<step>/ or a --save-dir) is not one, and a run's own save folders are not searched. Half-written or
+unreadable run directories and newer schema versions are reported (``problems``: one line each,
+"<run dir>: <file>: <why>") and skipped.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ftprof.config import SCHEMA_VERSION, SECTIONS, migrate_flat
-from ftprof.results.run_dir import CONFIG, RESULT, SLURM, SLURM_TASK
+from ftprof.config.saving import ADAPTER, BASE, CHECKPOINT_PREFIX, MERGED, MODEL
+from ftprof.results.run_dir import CONFIG, ENV, RESULT, SLURM, SLURM_TASK, STEPS, rank_file
 from ftprof.results.status import INCOMPLETE, STATUSES, Status
 
 
@@ -197,13 +202,60 @@ def slurm_columns(run_dir: Path) -> dict[str, str]:
     return out
 
 
+# Besides config.json, files only a run directory holds: with one of them, a config.json that cannot be read is a
+# damaged run (reported), not some other tool's file.
+RUN_FILES = (RESULT, STEPS, rank_file(STEPS, 0), ENV)
+SAVED_FOLDERS = (ADAPTER, BASE, MODEL, MERGED)  # what --save and --save-merged write into a run directory
+MODEL_CONFIG_KEYS = ("model_type", "architectures", "transformers_version")  # a saved model's config.json
+
+
+def _ftprof_config(data: object) -> bool:
+    """config.json as ftprof writes it (RunConfig.to_dict: schema_version and the option sections); transformers'
+    config.json (model_type, architectures, ...) has neither. Anything that is not a JSON object is no model's
+    config either: a damaged run's, reported when read."""
+    if not isinstance(data, dict) or "schema_version" in data:
+        return True
+    if any(key in data for key in MODEL_CONFIG_KEYS):
+        return False
+    return any(isinstance(data.get(section), dict) for section in SECTIONS)  # from before schema_version
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ftprof wrote a run into ``path``: its config.json is ftprof's (an incomplete run has only that), or
+    the run's own files lie beside it. A saved model's folder is not a run."""
+    if not (path / CONFIG).is_file():
+        return False
+    if any((path / name).is_file() for name in RUN_FILES):
+        return True
+    try:
+        data = json.loads((path / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return True  # half-written: read_runs says why it is skipped
+    return _ftprof_config(data)
+
+
+def _saved_folder(name: str) -> bool:
+    """A folder a run saves into its run directory: adapter/, base/, model/, merged/, checkpoint-<step>/."""
+    return name in SAVED_FOLDERS or (name.startswith(CHECKPOINT_PREFIX) and name[len(CHECKPOINT_PREFIX):].isdigit())
+
+
+def _walk(root: Path) -> list[Path]:
+    """The run directories under ``root``, not looking into a run's own save folders (symlinks not followed)."""
+    found = []
+    for here, dirs, files in os.walk(root):
+        if CONFIG in files and is_run_dir(Path(here)):
+            found.append(Path(here))
+            dirs[:] = [d for d in dirs if not _saved_folder(d)]
+    return found
+
+
 def find_run_dirs(paths: list[str | Path]) -> list[Path]:
     found: list[Path] = []
     for p in map(Path, paths):
-        if (p / CONFIG).is_file():
+        if is_run_dir(p):  # a run directory given as such: itself, not what it holds
             found.append(p)
         elif p.is_dir():
-            found.extend(sorted(c.parent for c in p.rglob(CONFIG)))
+            found.extend(_walk(p))
     return sorted(set(found))
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ftprof.report.compare import INCONCLUSIVE, OK, REGRESSION, compare, step_throughputs, to_markdown
+from ftprof.report.compare import INCONCLUSIVE, NOT_COMPARED, OK, REGRESSION, compare, step_throughputs, to_markdown
 
 TOKENS = 4096
 
@@ -112,7 +112,8 @@ def test_memory_growth_and_a_run_that_stopped_succeeding_are_regressions(tmp_pat
 
 
 def test_nothing_matched_is_a_failed_gate_naming_the_options_apart(tmp_path):
-    base = pd.DataFrame([{**_run(tmp_path / "b", f"r{b}", 1000), "batch_size": b} for b in (1, 2)])
+    steps = [TOKENS / 1000] * 4
+    base = pd.DataFrame([{**_run(tmp_path / "b", f"r{b}", 1000, step_times=steps), "batch_size": b} for b in (1, 2)])
     cur = pd.DataFrame([{**_run(tmp_path / "c", f"r{b}", 1000), "batch_size": b, "seq_len": 2048} for b in (2, 4)])
     cmp = compare(cur, base, threshold_pct=5)
     assert cmp.configs == [] and cmp.nothing_compared and cmp.failed and not cmp.regressions
@@ -121,3 +122,79 @@ def test_nothing_matched_is_a_failed_gate_naming_the_options_apart(tmp_path):
     assert "**No configuration matched the baseline**, so nothing was compared (seq_len 2048" in to_markdown(cmp, 5)
     matched = compare(base, base, threshold_pct=5)
     assert not matched.nothing_compared and not matched.failed and matched.differences == []
+
+
+def test_a_configuration_without_a_successful_run_is_not_compared(tmp_path):
+    """Failed on both sides, or only in the baseline: nothing measured to compare, so not an ok. A gate where no
+    configuration was compared fails; one where others were compared judges those. Failing now, ok before: still a
+    regression."""
+    failed_b = _repeats(tmp_path, "fb", [None], status="error")
+    failed_c = _repeats(tmp_path, "fc", [None], status="error")
+    cmp = compare(failed_c, failed_b, threshold_pct=5)
+    (c,) = cmp.configs
+    assert c.verdict == NOT_COMPARED and not c.checked and c.throughput is None
+    assert c.reasons == ["no successful run on either side (baseline error, current error)"]
+    assert cmp.nothing_compared and cmp.failed and not cmp.regressions
+    assert "1 configuration matched, none with the data to compare: no successful run on either side" in \
+        cmp.why_nothing()
+    md = to_markdown(cmp, 5)
+    assert "| not compared |" in md and "**Nothing was compared**" in md
+    ok = _repeats(tmp_path, "ok", [1000, 1001, 999])
+    fixed = compare(ok, failed_b, threshold_pct=5)
+    assert fixed.configs[0].verdict == NOT_COMPARED and fixed.failed
+    assert fixed.configs[0].reasons == ["no successful run in the baseline (baseline error, current ok)"]
+    assert compare(failed_c, ok, threshold_pct=5).configs[0].verdict == REGRESSION  # stopped succeeding
+    # beside a configuration that was compared: the gate judges that one and names the other
+    other_b = pd.DataFrame([{**_run(tmp_path / "ob", "r", None, status="error"), "batch_size": 8}])
+    other_c = pd.DataFrame([{**_run(tmp_path / "oc", "r", None, status="error"), "batch_size": 8}])
+    mixed = compare(pd.concat([ok, other_c]), pd.concat([_repeats(tmp_path, "ok2", [1000, 1001, 999]), other_b]), 5)
+    assert not mixed.failed and len(mixed.checked) == 1 and [c.verdict for c in mixed.unchecked] == [NOT_COMPARED]
+    assert "1 of 2 matching configurations lacked the data to compare" in to_markdown(mixed, 5)
+
+
+def _damage(run_dir, how):
+    steps = run_dir / "steps.csv"
+    text = steps.read_text()
+    if how == "empty":
+        steps.write_text("")
+    elif how == "header only":
+        steps.write_text(text.splitlines()[0] + "\n")
+    elif how == "cut short":
+        steps.write_text(text[:text.index("\n", text.index("\n") + 1) + 12])  # header, warm-up, a part of a step
+    elif how == "missing":
+        steps.unlink()
+    elif how == "unreadable":
+        steps.unlink()
+        steps.mkdir()  # a folder where the file belongs: open() fails (root reads any file)
+
+
+@pytest.mark.parametrize("how, why", [("empty", "steps.csv empty"), ("header only", "steps.csv empty"),
+                                      ("cut short", "steps.csv cut short, no timed steady steps"),
+                                      ("missing", "no steps.csv"), ("unreadable", "steps.csv unreadable")])
+def test_one_run_a_side_without_usable_steps_is_inconclusive_and_says_why(tmp_path, how, why):
+    """No interval to judge by: not an ok. The verdict names the run and its steps.csv, and a gate with nothing
+    else to judge fails."""
+    times = [0.1] * 10
+    base = pd.DataFrame([_run(tmp_path / "b", "r", TOKENS / 0.1, step_times=times)])
+    cur = pd.DataFrame([_run(tmp_path / "c", "r", TOKENS / 0.1, step_times=times)])
+    _damage(tmp_path / "c" / "r", how)
+    cmp = compare(cur, base, threshold_pct=5)
+    (c,) = cmp.configs
+    assert c.verdict == INCONCLUSIVE and not c.checked and c.throughput.samples == "single values"
+    assert f"(current r: {why}" in c.reasons[0] and "no spread to judge by" in c.reasons[0]
+    assert cmp.nothing_compared and cmp.failed and why in cmp.why_nothing()
+    # a slowdown past the threshold is flagged all the same, spread unknown
+    slow = pd.DataFrame([{**cur.iloc[0].to_dict(), "tokens_per_s": TOKENS / 0.15}])
+    c = compare(slow, base, threshold_pct=5).configs[0]
+    assert c.verdict == REGRESSION and c.checked and "spread unknown" in c.reasons[0] and why in c.reasons[0]
+
+
+def test_runs_without_tokens_per_s_are_inconclusive(tmp_path):
+    """A run whose steps were all warm-up has no tokens/s and no steady steps: nothing to compare, not an ok."""
+    base = pd.DataFrame([_run(tmp_path / "b", "r", None, step_times=[])])
+    cur = pd.DataFrame([_run(tmp_path / "c", "r", None, step_times=[])])
+    cmp = compare(cur, base, threshold_pct=5)
+    (c,) = cmp.configs
+    assert c.verdict == INCONCLUSIVE and not c.checked and c.throughput is None and cmp.failed
+    assert c.reasons[0].startswith("nothing to compare: no tokens/s (none in the baseline's result.json; none in the "
+                                   "current's result.json; baseline r: steps.csv has no timed steady steps")

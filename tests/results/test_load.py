@@ -78,3 +78,54 @@ def test_an_older_run_reads_as_what_it_ran_for_options_that_changed_the_run(tmp_
     assert rows["old-lora"]["keep_dequantized"] is None  # not a LoRA option
     assert rows["old-qlora"]["compile_dequant"] is False and rows["old-qlora"]["keep_dequantized"] is False
     assert rows["old-lora"]["prefetch"] is False and rows["old-qlora"]["prefetch"] is False
+
+
+def _model_folder(path):
+    """A saved model's folder as transformers writes it (config.json with model_type and architectures)."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                vocab_size=64, architectures=["LlamaForCausalLM"]).save_pretrained(path)
+    return path
+
+
+def test_saved_models_are_not_runs_and_every_run_is_found(tmp_path):
+    """A run's adapter/, base/, merged/ and checkpoint-<step>/ folders, a --save-dir elsewhere and an HF Trainer's
+    checkpoints hold transformers' config.json: no rows. Runs still found: finished, incomplete (config.json only),
+    from before schema_version, an HF Trainer run, a damaged one (reported)."""
+    from ftprof.config import RunConfig
+    from ftprof.results.load import find_run_dirs, is_run_dir
+
+    config = RunConfig.from_flat({"method": "lora", "model": "tiny"}).to_dict()
+    done = _run(tmp_path / "sweep", "done", {"status": "ok", "tokens_per_s": 10.0}, config)
+    for folder in ("base", "merged", "checkpoint-1/base", "checkpoint-2/base", "model"):
+        _model_folder(done / folder)
+    (done / "checkpoint-1" / "adapter").mkdir()
+    (done / "checkpoint-1" / "adapter" / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    _run(tmp_path / "sweep", "started", None, config)  # killed before its result: incomplete
+    _run(tmp_path / "sweep", "old", None, {section: config[section] for section in ("model", "method", "data")})
+    _model_folder(tmp_path / "hf_out" / "checkpoint-4")  # the Trainer's own checkpoint beside ftprof's run dir
+    _run(tmp_path / "hf_out", "ftprof", {"status": "ok"}, {**config, "trainer": {"name": "hf-trainer"}})
+    _model_folder(tmp_path / "saved" / "base")  # --save-dir outside the run directory
+    _run(tmp_path, "damaged", None, '{"model": {"mod')
+    report = read_runs([tmp_path])
+    assert sorted(r["run_name"] for r in report.rows) == ["done", "ftprof", "old", "started"]
+    assert {r["run_name"]: r["status"] for r in report.rows}["started"] == "incomplete"
+    (problem,) = report.problems
+    assert "damaged" in problem and "config.json: not valid JSON" in problem
+    assert find_run_dirs([done]) == [done] and find_run_dirs([done / "base"]) == []
+    assert not is_run_dir(done / "merged") and not is_run_dir(tmp_path / "hf_out" / "checkpoint-4")
+
+
+def test_a_real_saved_run_is_one_row(tmp_path):
+    """`ftprof train lora --save --save-steps 1 --save-merged`: its saved models and checkpoints are no runs."""
+    import ftprof
+    from tests.conftest import tiny_config
+
+    res = ftprof.train(tiny_config(tmp_path, "lora", max_steps=2, run_name="ck", save=True, save_steps=1,
+                                   save_merged=True))
+    run_dir = tmp_path / "ck"
+    assert res.status == "ok" and (run_dir / "checkpoint-2").is_dir() and (run_dir / "merged" / "config.json").is_file()
+    report = read_runs([tmp_path])
+    assert [r["run_name"] for r in report.rows] == ["ck"] and report.problems == []
+    assert [r["run_name"] for r in read_runs([run_dir]).rows] == ["ck"]
