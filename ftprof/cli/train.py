@@ -60,7 +60,19 @@ def config_with_file(args: argparse.Namespace):
         vars(merged).pop("max_steps", None)
     if "max_steps" in given:
         vars(merged).pop("num_train_epochs", None)
-    return config_from_args(merged)
+    try:
+        return config_from_args(merged)
+    except ConfigError as exc:
+        raise ConfigError(_naming_the_file(str(exc), args, values, given)) from None
+
+
+def _naming_the_file(message: str, args: argparse.Namespace, values: dict, given: dict) -> str:
+    """A refusal of an option that came from --config's file (not the command line) says so: the user typed no
+    --lora-r, the file holds lora_r."""
+    from_file = [k for k in values if k not in given and k != "method"]
+    if any(f"'{k}'" in message or f"--{k.replace('_', '-')}" in message for k in from_file):
+        return f"--config {Path(args.config).name}: {message}"
+    return message
 
 
 def finished_run(cfg) -> Path | None:

@@ -18,6 +18,8 @@ def _files(t):
     (t / "numbers.jsonl").write_text('{"text": 5}\n{"text": 6}\n')
     (t / "not-a-trace.json").write_text("{not json")
     (t / "a-file").write_text("x")
+    (t / "steps-word.yaml").write_text("max_steps: three\n")
+    (t / "lora-file.yaml").write_text("method: lora\nlora_r: 8\n")
     (t / "ckpt").mkdir()  # a checkpoint copied in part: its state file, not its weights or optimizer state
     (t / "ckpt" / "ftprof_checkpoint.json").write_text(json.dumps({"step": 1, "options": {"method": "lora"}}))
     (t / "typo-model").mkdir()
@@ -46,6 +48,10 @@ def _cases(t):
          ["host memory", "weights"], [], False),
         ([*train[:2], "--model", str(t / "typo-model"), *train[4:]], ["model_type 'lamma' is not an architecture",
                                                                       "did you mean 'llama'"], ["defaults"], False),
+        (["train", "lora", "--config", str(t / "steps-word.yaml")], ["--config steps-word.yaml:", "max_steps"], [],
+         False),
+        (["train", "full", "--config", str(t / "lora-file.yaml")], ["--config lora-file.yaml:", "--lora-r"], [],
+         False),
         ([*train, "--save-merged", "--save-dir", str(t / "a-file")], ["--save-dir", "a-file"], [], False),
         ([*train, "--resume-from-checkpoint", str(t / "ckpt")], ["has no trainer_state.pt or adapter"], [], False),
         ([*train, "--dataset", "synthetc"], ["did you mean 'synthetic'"], ["cannot reach"], False),
