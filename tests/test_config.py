@@ -121,3 +121,15 @@ def test_the_python_api_names_what_it_was_given():
             ftprof.train(given)
     with pytest.raises(ConfigError, match="take a RunConfig"):
         ftprof.profile("x")
+
+
+def test_python_callers_values_of_the_right_kind_are_taken():
+    # a pathlib.Path for a directory, numpy's numbers for counts and rates (a sweep built with numpy)
+    from pathlib import Path
+
+    import numpy as np
+
+    cfg = RunConfig.from_flat({"output_dir": Path("out"), "max_steps": np.int64(4), "lr": np.float32(0.5)})
+    assert cfg.output.output_dir == "out" and cfg.train.max_steps == 4 and type(cfg.train.max_steps) is int
+    assert cfg.train.lr == 0.5 and type(cfg.train.lr) is float
+    assert TrainConfig(max_steps=np.int32(3)).max_steps == 3

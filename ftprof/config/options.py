@@ -57,6 +57,8 @@ def checked_value(key: str, hint: Any, value: Any) -> Any:
     Values from YAML or Python callers: ints pass as floats, lists and strings as tuples (their sections split
     them), bools are not ints."""
     import math
+    import numbers
+    import os
     import types
     import typing
 
@@ -67,8 +69,12 @@ def checked_value(key: str, hint: Any, value: Any) -> Any:
     base = tuple if typing.get_origin(base) is tuple else base
     if base is tuple and isinstance(value, (list, tuple, str)):
         return value
-    if base is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+    if base is str and isinstance(value, os.PathLike):  # a pathlib.Path for a directory option
+        return os.fspath(value)
+    if base is int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)  # (numpy's integers too)
+    if base is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = float(value)
     if base is float and isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"--{key.replace('_', '-')} must be a finite number, got {value}")
     if isinstance(base, type) and isinstance(value, base) and not (base is int and isinstance(value, bool)):
