@@ -70,6 +70,7 @@ def _check_hub_model(name: str) -> None:
 
 def check_config(cfg: RunConfig) -> None:
     check_model(cfg.model.model)
+    check_tokenizer(cfg.model.model, cfg.data.dataset)
     _check_lora_targets(cfg)
     check_memory_limit(cfg.output.memory_limit_gib)
     check_environment_alloc_conf()
@@ -79,6 +80,21 @@ def check_config(cfg: RunConfig) -> None:
     if cfg.eval.eval_dataset is not None:
         locate(eval_data_config(cfg.data, cfg.eval))  # its problems name --eval-dataset
     _check_profiling(cfg)
+
+
+# Files that make a directory loadable by AutoTokenizer (fast tokenizer, or the slow ones' vocabularies).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
+def check_tokenizer(model: str, dataset: str) -> None:
+    """A text dataset is tokenized with the checkpoint's own tokenizer: a local checkpoint without one is refused
+    before anything loads (train, bench's cells, and plan, whose commands would all fail). Synthetic data needs
+    none; a preset brings its own."""
+    if dataset == "synthetic" or classify_model_name(model) != "local":
+        return
+    if not any((Path(model).expanduser() / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"--dataset '{dataset}' needs a tokenizer, and --model '{model}' has no tokenizer "
+                          f"files (tokenizer.json or tokenizer_config.json); use --dataset synthetic or save one")
 
 
 def _check_lora_targets(cfg: RunConfig) -> None:

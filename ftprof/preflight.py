@@ -208,20 +208,12 @@ def _prepare_eval_data(cfg: RunConfig, tokenizer):
     return prepare_dataset(data, tokenizer, cfg.model.model, progress=not cfg.output.quiet)  # names --eval-*
 
 
-# Files that make a directory loadable by AutoTokenizer (fast tokenizer, or the slow ones' vocabularies).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
-
-
 def _check_tokenizer(source: ModelSource, dataset: str) -> None:
-    """A text dataset is tokenized with the checkpoint's own tokenizer: a local checkpoint without one fails here,
-    not after the model has loaded. (Synthetic data needs none; a preset brings its own.)"""
-    from pathlib import Path
+    """checks.check_tokenizer for a model source (also run before torch by check_config)."""
+    from ftprof.checks import check_tokenizer
 
-    if dataset == "synthetic" or source.kind != "local":
-        return
-    if not any((Path(source.name) / name).is_file() for name in TOKENIZER_FILES):
-        raise ConfigError(f"--dataset '{dataset}' needs a tokenizer, and --model '{source.name}' has no tokenizer "
-                          f"files (tokenizer.json or tokenizer_config.json); use --dataset synthetic or save one")
+    if source.kind == "local":
+        check_tokenizer(source.name, dataset)
 
 
 def _triton_installed() -> bool:

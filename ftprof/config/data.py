@@ -59,6 +59,20 @@ class DataConfig:
                      "--prompt-template needs at least one {column} placeholder")
         for name in ("text_field", "response_field", "messages_field"):
             require(bool(getattr(self, name)), f"--{name.replace('_', '-')} must not be empty")
+        self._check_format_options()
+
+    def _check_format_options(self) -> None:
+        """Options of the instruction and chat formats where the format is known to be another: synthetic data
+        is a token stream, --data-format text one text column (they were silently ignored)."""
+        fmt = "synthetic data" if self.dataset == "synthetic" else "--data-format text" \
+            if self.data_format == "text" else None
+        if fmt is None:
+            return
+        require(self.dataset != "synthetic" or self.data_format in ("auto", "text"),
+                f"--data-format {self.data_format} reads rows of a data file; {fmt} has none (give --dataset FILE)")
+        require(self.prompt_template is None, f"--prompt-template applies to --data-format instruction, not {fmt}")
+        require(self.train_on == "completion", f"--train-on {self.train_on} applies to the instruction and chat "
+                f"formats (a prompt to leave out of the loss); {fmt} trains on every token already")
 
 
 def template_fields(template: str) -> list[str]:

@@ -34,6 +34,8 @@ class EvalConfig:
             require(self.eval_steps >= 1, f"--eval-steps must be at least 1, got {self.eval_steps}")
         if self.eval_batches is not None:
             require(self.eval_batches >= 1, f"--eval-batches must be at least 1, got {self.eval_batches}")
+            require(self.enabled, "--eval-batches: nothing is evaluated; add --eval-steps N (synthetic data), "
+                    "--eval-dataset or --eval-split")
 
     @property
     def enabled(self) -> bool:

@@ -54,6 +54,11 @@ def _cases(t):
          False),
         ([*train, "--save-merged", "--save-dir", str(t / "a-file")], ["--save-dir", "a-file"], [], False),
         ([*train, "--resume-from-checkpoint", str(t / "ckpt")], ["has no trainer_state.pt or adapter"], [], False),
+        ([*train, "--eval-batches", "3"], ["--eval-batches: nothing is evaluated"], [], False),
+        ([*train, "--prompt-template", "{x}"], ["--prompt-template applies to --data-format instruction"], [], False),
+        ([*train, "--data-format", "chat"], ["--data-format chat reads rows of a data file"], [], False),
+        ([*train, "--train-on", "prompt"], ["--train-on prompt applies to the instruction and chat formats"], [],
+         False),
         ([*train, "--dataset", "synthetc"], ["did you mean 'synthetic'"], ["cannot reach"], False),
         ([*train, "--dataset", str(t / "header-only.csv")], ["--dataset", "a header line but no rows"],
          ["--dataset-split"], False),
@@ -112,6 +117,20 @@ def test_a_hub_id_that_cannot_be_had_is_refused_before_torch(tmp_path):
     assert done.returncode == 2 and done.stdout.strip() == "False", (done.stdout, done.stderr)
     assert "hub id 'some-org/not-cached' is not in the local cache (HF_HUB_OFFLINE is set)" in done.stderr
     assert done.stderr.count("\n") == 1
+
+
+def test_a_checkpoint_without_a_tokenizer_is_refused_by_plan_before_its_probe(tmp_path):
+    # its every command would fail at `ftprof train` (the dataset needs the checkpoint's tokenizer)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 256}))
+    (tmp_path / "text.jsonl").write_text('{"text": "hello"}\n')
+    done = subprocess.run([sys.executable, "-m", "ftprof", "plan", "lora", "--device", "cpu", "--model",
+                           str(tmp_path / "ckpt"), "--dataset", str(tmp_path / "text.jsonl"), "--output-dir",
+                           str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "has no tokenizer files" in done.stderr, done.stderr[-2000:]
+    assert done.stderr.count("\n") == 1 and not (tmp_path / "o").exists()
 
 
 def test_a_save_interval_beyond_the_run_is_said():
