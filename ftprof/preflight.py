@@ -47,6 +47,10 @@ def preflight(cfg: RunConfig) -> ResolvedRun:
         why = " once cut to --seq-len" if not cfg.data.packing else ""
         notes.append(f"--dataset: {data.stats['rows_dropped']} of {data.stats['rows_loaded']} rows dropped: no token "
                      f"to train on{why}")
+    if data is not None and cfg.data.packing and data.stats.get("tokens", cfg.data.seq_len) < cfg.data.seq_len:
+        notes.append(f"--packing: the dataset holds {data.stats['tokens']} tokens, less than one sequence of "
+                     f"--seq-len {cfg.data.seq_len}: its documents repeat within every sequence, and the figures "
+                     "count the repeats as real tokens")
     eval_data = _prepare_eval_data(cfg, tokenizer)
     dist = env_info()
     resolved = _steps_for_profiling(_steps_from_epochs(resolved, data, dist.world_size, notes), notes)

@@ -49,6 +49,20 @@ def test_rows_dropped_from_a_dataset_are_said(tmp_path):
     assert not any("dropped" in n for n in kept.notes)
 
 
+def test_packing_a_dataset_smaller_than_one_sequence_is_said(tmp_path):
+    from ftprof.preflight import preflight
+    from tests.conftest import tiny_config
+    from tests.data_files import write
+
+    tiny = preflight(tiny_config(tmp_path, "lora", dataset=write(tmp_path / "t.jsonl", [{"text": "hi"}]),
+                                 packing=True, seq_len=32))
+    assert any("less than one sequence of --seq-len 32" in n for n in tiny.notes), tiny.notes
+    rows = [{"text": " ".join(["the model trains on this"] * 20)}] * 4
+    enough = preflight(tiny_config(tmp_path, "lora", dataset=write(tmp_path / "e.jsonl", rows), packing=True,
+                                   seq_len=32))
+    assert not any("less than one sequence" in n for n in enough.notes)
+
+
 @pytest.mark.parametrize("steps", [1, 2])
 def test_a_run_of_warm_up_steps_only_runs_and_says_it_measures_nothing(tmp_path, steps):
     """--max-steps 1 and 2 under the default measurement warm-up (2) are treated alike: they train, with a note."""
