@@ -32,12 +32,19 @@ def _read_json(path: Path) -> dict:
 
 
 
+# Fewer steady steps than this are one or two samples of a step's time: a slow one (a page fault, the other
+# process on the machine) made a CPU record 15x off its twin's and every plan of that shape with it.
+MIN_STEADY_STEPS = 3
+
+
 def run_record(run_dir: str | Path) -> dict | None:
     """A finished run's record, or None when it has no steady-state figures to calibrate from."""
     run_dir = Path(run_dir).resolve()
     result = _read_json(run_dir / files.RESULT)
     tokens_per_s, flops = result.get("tokens_per_s"), result.get("flops_per_token")
     if result.get("status") != Status.OK.value or not tokens_per_s or not flops or not result.get("finished_at"):
+        return None
+    if (result.get("steady_steps") or MIN_STEADY_STEPS) < MIN_STEADY_STEPS:  # (older results lack the count)
         return None
     raw_config = _read_json(run_dir / files.CONFIG)
     cfg = config_options(raw_config)

@@ -85,7 +85,9 @@ def test_a_cpu_record_gives_a_cpu_rate_and_no_memory_factor(tiny_run):
 def test_only_finished_runs_with_steady_figures_are_recorded(tiny_run, store, tmp_path):
     failed = _copy_run(tiny_run[0], tmp_path / "oom", status="oom_device")
     unsteady = _copy_run(tiny_run[0], tmp_path / "short", tokens_per_s=None)
+    one_sample = _copy_run(tiny_run[0], tmp_path / "one", steady_steps=1)  # one step's time: noise, not a rate
     assert calibration.record_run(failed) is False and calibration.record_run(unsteady) is False
+    assert calibration.record_run(one_sample) is False
     assert not store.exists()
     again = _copy_run(tiny_run[0], tmp_path / "moved")  # another directory: another run
     assert calibration.record_run(again) is True and calibration.record_run(again) is False
@@ -278,7 +280,7 @@ def test_the_store_lives_in_ftprofs_cache_unless_named(tmp_path, monkeypatch):
 
 @pytest.mark.slow  # two processes under torchrun, and a profiled run
 def test_a_torchrun_run_and_a_profiled_run_are_recorded_once_each(tmp_path, store):
-    ddp = ftprof.train(tiny_config(tmp_path, "lora", nproc_per_node=2, parallel="ddp", max_steps=3, run_name="d"))
+    ddp = ftprof.train(tiny_config(tmp_path, "lora", nproc_per_node=2, parallel="ddp", max_steps=4, run_name="d"))
     profiled = ftprof.train(tiny_config(tmp_path, "lora", max_steps=6, run_name="p", profile=True,
                                         prof_active_steps=1))
     assert ddp.status == profiled.status == "ok"

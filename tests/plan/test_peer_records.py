@@ -25,8 +25,8 @@ def test_a_measured_loop_is_recorded_with_its_trainer_and_kept_from_calibration(
     model = tiny_llama(lora=True)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     g = torch.Generator().manual_seed(0)
-    with measure(model, tmp_path / "run", optimizer=opt, max_steps=4) as m:
-        for _ in range(4):
+    with measure(model, tmp_path / "run", optimizer=opt, max_steps=5) as m:
+        for _ in range(5):
             ids = torch.randint(3, VOCAB, (2, 32), generator=g)
             model(input_ids=ids, labels=ids).loss.backward()
             opt.step()
