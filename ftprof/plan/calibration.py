@@ -91,6 +91,9 @@ class Rate:
     # the share of a micro-batch's time at micro_batch_tokens that does not scale with its tokens, measured on this
     # class and model at a second micro-batch size (None: the default assumption, speed.MICRO_BATCH_OVERHEAD)
     fixed_share: float | None = None
+    # half the range of the chosen runs' rates over their median: how far runs of the same configuration fell apart
+    # (0 for one run); the prediction's band widens by it
+    scatter: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -282,12 +285,14 @@ def _rate(rows: list[dict], key: ClassKey, flops_per_token: float, micro_batch_t
     """The rate of the runs in ``rows`` nearest to what is asked; ``sizes``: the runs whose times at other
     micro-batch sizes may give the fixed share (default ``rows``)."""
     chosen = _nearest(rows, flops_per_token, micro_batch_tokens, knobs)
-    rate = statistics.median(_speed_point(r)[2] for r in chosen) * scale
+    rates = [_speed_point(r)[2] for r in chosen]
+    rate = statistics.median(rates) * scale
     tokens = int(statistics.median(_speed_point(r)[1] for r in chosen))
     # the distance to the model size asked for; the micro-batch's own distance is priced where it is scaled
     distance = abs(math.log(_speed_point(chosen[0])[0] / flops_per_token))
     return Rate(rate, source(chosen, _describe(chosen, key)), len(chosen), tokens, origin, distance,
-                _knobs_matched(chosen, knobs), fixed_share=_fixed_share(rows if sizes is None else sizes, chosen))
+                _knobs_matched(chosen, knobs), fixed_share=_fixed_share(rows if sizes is None else sizes, chosen),
+                scatter=(max(rates) - min(rates)) / (2 * statistics.median(rates)))
 
 
 def _fixed_share(rows: list[dict], chosen: list[dict]) -> float | None:

@@ -88,7 +88,7 @@ def error_band(rate, micro_batch_tokens: int) -> float:
         band += BAND_STAND_IN
     if not rate.knobs_matched:
         band += BAND_UNMATCHED
-    return band
+    return band + rate.scatter
 
 
 def spread(rate, micro_batch_tokens: int) -> float:

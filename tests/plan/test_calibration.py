@@ -71,6 +71,19 @@ def test_the_engine_records_a_cpu_run_once(tiny_run, monkeypatch):
     assert len(calibration.load_records(store)) == 1
 
 
+def test_runs_of_one_configuration_that_fall_apart_widen_the_band(tiny_run):
+    # two records of the same run, one 3x the other's speed: the rate is their median, the band says how far apart
+    from ftprof.plan import speed
+
+    record = calibration.load_records(tiny_run[1])[0]
+    key = ClassKey("lora", "none", "eager", False)
+    fast = {**record, "run_key": "fast", "flops_per_s": 3 * record["flops_per_s"]}
+    alone = calibration.speed_rate("cpu", key, 1e6, 128, records=[record])
+    apart = calibration.speed_rate("cpu", key, 1e6, 128, records=[record, fast])
+    assert alone.scatter == 0 and apart.scatter == pytest.approx(0.5)  # (3 - 1) / (2 x median 2)
+    assert speed.error_band(apart, 128) == pytest.approx(speed.error_band(alone, 128) + 0.5)
+
+
 def test_a_cpu_record_gives_a_cpu_rate_and_no_memory_factor(tiny_run):
     records = calibration.load_records(tiny_run[1])
     key = ClassKey("lora", "none", "eager", False)
