@@ -233,7 +233,9 @@ def plan_command(args: argparse.Namespace) -> int:
         console.print(line, soft_wrap=True, markup=False)
     for i, row in enumerate(plan.fitting[:3]):
         console.print(f"#{i + 1}: {output.command(plan, row, base)}", soft_wrap=True)
-    console.print(f"{len(plan.fitting)} of {len(plan.rows)} configurations fit; plan in {plan.seconds:.1f} s "
+    hidden = len(plan.fitting) - min(args.show, len(plan.fitting))
+    more = f" ({hidden} not shown above: --show N, or plan.csv)" if hidden > 0 else ""
+    console.print(f"{len(plan.fitting)} of {len(plan.rows)} configurations fit{more}; plan in {plan.seconds:.1f} s "
                   f"(probes {plan.probe_seconds:.1f} s); files: {paths['json']}, {paths['csv']}, {paths['sweep']}")
     if args.train:
         run_own = {k: given[k] for k in SWEEP_ONLY - {"output_dir"} if k in given}  # --run-name, --quiet: its own

@@ -215,7 +215,9 @@ def _rank(rows: list[Row]) -> list[Row]:
         if passed:
             first.tie = f"above {len(passed)} faster but less certain prediction(s) within its error"
         elif len(near) > 1:
-            first.tie = f"tie with {len(near) - 1} as certain within {NEAR_TIE:.0%}: more headroom first"
+            others = len(near) - 1
+            first.tie = (f"tied with {others} other row{'s' if others > 1 else ''} as certain, within "
+                         f"{NEAR_TIE:.0%}: ranked first for its headroom")
         ranked.append(first)
         pool.remove(first)
     unpriced = sorted((r for r in rows if r.fits and not r.prediction.tokens_per_s),

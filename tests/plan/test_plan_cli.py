@@ -24,6 +24,8 @@ def test_a_plan_ranks_what_fits_and_writes_its_files(tmp_path, capsys):
         in out.replace("\n", " ")
     assert "#1: ftprof train " in out  # the top rows' commands
     data = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    fitting = sum(r["fits"] for r in data["rows"])
+    assert (f"({fitting - 15} not shown above: --show N, or plan.csv)" in out.replace("\n", " ")) == (fitting > 15)
     rows = data["rows"]
     assert {r["method"] for r in rows} == {"full", "lora"} and data["target"] == "cpu"
     assert {r["checkpointing"] for r in rows} == {"none", "selective", "full"}

@@ -35,7 +35,7 @@ def test_a_low_confidence_lead_inside_the_error_goes_below_a_confident_row():
 def test_a_tie_of_equal_confidence_goes_to_the_larger_headroom():
     rows = [_row(1, 10_130, 0.05, 0.3), _row(2, 10_000, 0.05, 6.55)]  # a 1.3% lead with 0.3 GiB of headroom
     assert _order(rows) == [2, 1]
-    assert _rank(rows)[0].tie == "tie with 1 as certain within 3%: more headroom first"
+    assert _rank(rows)[0].tie == "tied with 1 other row as certain, within 3%: ranked first for its headroom"
 
 
 def test_rows_apart_by_more_than_their_error_keep_the_speed_order():
