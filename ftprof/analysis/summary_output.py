@@ -156,8 +156,10 @@ def buckets_table(s: TraceSummary) -> Table | None:
 
 def rich_view(s: TraceSummary) -> Group:
     total = sum(s.categories_us.values())
-    cats = Table(title=f"Where the time went ({'GPU' if s.device_kind == 'gpu' else 'CPU'}): {s.verdict}",
-                 header_style="bold")
+    # the shares are of the kernels' (GPU) or the operators' self time (CPU), not of the step: on a CPU the host
+    # time outside operators is the step-time table's to show
+    whose = "GPU kernels" if s.device_kind == "gpu" else "CPU operators' self time"
+    cats = Table(title=f"Where the time went ({whose}): {s.verdict}", header_style="bold")
     cats.add_column("category")
     cats.add_column(window_ms(s), justify="right")
     cats.add_column("share", justify="right")

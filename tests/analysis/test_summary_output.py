@@ -30,6 +30,7 @@ def test_a_cycle_folder_is_summarized_per_rank_with_the_slowest_named(tmp_path, 
     assert main(["profile", "--summarize", str(cycle)]) == 0
     out = capsys.readouterr().out
     assert "Per rank" in out and "slowest: rank 1, 1.25 ms per step (+0.25 over the fastest)" in out
+    assert "Where the time went (GPU kernels)" in out.replace("\n", " ")  # whose time the shares are of
     assert sorted(p.name for p in cycle.iterdir()) == ["trace_rank0_cycle1.pt.trace.json.gz",
                                                        "trace_rank1_cycle1.pt.trace.json.gz"]
     assert (tmp_path / "trace_rank1_cycle1.summary.json").exists()
