@@ -6,31 +6,11 @@ import json
 import socket
 import subprocess
 import sys
-import textwrap
 
 from ftprof.bench.lock import OutputLock
 from ftprof.bench.sweep import load_sweep
+from tests.cli.test_bad_input import run_in_one_interpreter
 
-RUNNER = textwrap.dedent("""
-    import contextlib, io, json, sys, time
-    from ftprof.cli.main import main
-    out = []
-    for argv in json.loads(sys.argv[1]):
-        err = io.StringIO()
-        start = time.monotonic()
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            try:
-                code = main(argv)
-            except SystemExit as exc:
-                code = exc.code
-            except BaseException:  # a traceback the user would see
-                import traceback
-                traceback.print_exc(file=err)
-                code = "raised"
-        out.append({"code": code, "stderr": err.getvalue(), "torch": "torch" in sys.modules,
-                    "seconds": time.monotonic() - start})
-    print(json.dumps(out))
-""")
 HOLD = """
 import sys, time
 from pathlib import Path
@@ -43,10 +23,7 @@ FAST = "base: {model: tiny, seq_len: 32, max_steps: 3, device: cpu}\n"
 
 
 def _run(argvs, cwd):
-    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(argvs)], capture_output=True, text=True,
-                          cwd=cwd, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_in_one_interpreter(argvs, cwd, timeout=120)
 
 
 def _files(tmp):

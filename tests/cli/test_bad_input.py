@@ -3,6 +3,7 @@ needs a tokenizer or data pipeline) without importing torch. All cases run in on
 through ``ftprof.cli.main.main``, so the corpus stays fast and ``sys.modules`` tells what each case imported."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -10,11 +11,12 @@ import textwrap
 import pytest
 
 RUNNER = textwrap.dedent("""
-    import contextlib, io, json, sys
+    import contextlib, io, json, sys, time
     from ftprof.cli.main import main
     out = []
     for argv in json.loads(sys.argv[1]):
         err = io.StringIO()
+        start = time.monotonic()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             try:
                 code = main(argv)
@@ -24,9 +26,33 @@ RUNNER = textwrap.dedent("""
                 import traceback
                 traceback.print_exc(file=err)
                 code = "raised"
-        out.append({"argv": argv, "code": code, "stderr": err.getvalue(), "torch": "torch" in sys.modules})
+        out.append({"argv": argv, "code": code, "stderr": err.getvalue(), "torch": "torch" in sys.modules,
+                    "seconds": time.monotonic() - start})
     print(json.dumps(out))
 """)
+
+
+def run_in_one_interpreter(argvs: list[list[str]], cwd=None, timeout: float = 300, env=None) -> list[dict]:
+    """``ftprof.cli.main.main`` on each argv in turn, in one fresh interpreter (RUNNER; ``env``: variables added to
+    this process's): each case's exit code, stderr, whether torch was imported by then, and its seconds."""
+    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(argvs)], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout, env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def corpus_problems(cases: list[tuple], cwd) -> list[str]:
+    """Run ``cases`` — (argv, words the line must hold, words it must not hold, torch allowed) — in one
+    interpreter; one line for each case that is not exit 2 with one such line on stderr."""
+    results = run_in_one_interpreter([argv for argv, *_ in cases], cwd)
+    problems = []
+    for (argv, want, unwanted, torch_ok), res in zip(cases, results, strict=True):
+        err = res["stderr"]
+        lines = err.strip().splitlines()
+        if (res["code"] != 2 or len(lines) != 1 or any(w not in err for w in want)
+                or any(w in err for w in unwanted) or (res["torch"] and not torch_ok)):
+            problems.append(f"{' '.join(argv[-3:])}: exit {res['code']}, torch {res['torch']}, stderr {err!r}")
+    return problems
 
 FAST = "base: {model: tiny, seq_len: 32, max_steps: 3, device: cpu}\n"
 
@@ -144,17 +170,10 @@ def _cases(t):
     return light, heavy
 
 
-def _run(cases, tmp_path):
-    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps([argv for argv, _ in cases])],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def test_bad_input_corpus(tmp_path):
     _files(tmp_path)
     light, heavy = _cases(tmp_path)
-    results = _run(light + heavy, tmp_path)
+    results = run_in_one_interpreter([argv for argv, _ in light + heavy], tmp_path)
     problems = []
     for (argv, why), res in zip(light + heavy, results, strict=True):
         lines = res["stderr"].strip().splitlines()

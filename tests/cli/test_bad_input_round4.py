@@ -4,14 +4,12 @@ check needs none. All command-line cases run in one fresh interpreter (tests/cli
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from ftprof.config.file import load_run_file
 from ftprof.errors import ConfigError
-from tests.cli.test_bad_input import RUNNER
+from tests.cli.test_bad_input import corpus_problems
 
 GOOD_DATA = "".join(json.dumps({"text": f"hello world number {i}"}) + "\n" for i in range(20))
 
@@ -54,17 +52,7 @@ def _cases(t):
 def test_round4_corpus(tmp_path):
     _files(tmp_path)
     cases = _cases(tmp_path)
-    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps([argv for argv, *_ in cases])],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    problems = []
-    for (argv, want, unwanted, torch_ok), res in zip(cases, results, strict=True):
-        err = res["stderr"]
-        lines = err.strip().splitlines()
-        if (res["code"] != 2 or len(lines) != 1 or any(w not in err for w in want)
-                or any(w in err for w in unwanted) or (res["torch"] and not torch_ok)):
-            problems.append(f"{' '.join(argv[-3:])}: exit {res['code']}, torch {res['torch']}, stderr {err!r}")
+    problems = corpus_problems(cases, tmp_path)
     assert problems == [], "\n".join(problems)
 
 

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from tests.cli.test_bad_input import RUNNER
+from tests.cli.test_bad_input import corpus_problems
 
 
 def _files(t):
@@ -80,17 +80,7 @@ def _cases(t):
 def test_round5_corpus(tmp_path):
     _files(tmp_path)
     cases = _cases(tmp_path)
-    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps([argv for argv, *_ in cases])],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    problems = []
-    for (argv, want, unwanted, torch_ok), res in zip(cases, results, strict=True):
-        err = res["stderr"]
-        lines = err.strip().splitlines()
-        if (res["code"] != 2 or len(lines) != 1 or any(w not in err for w in want)
-                or any(w in err for w in unwanted) or (res["torch"] and not torch_ok)):
-            problems.append(f"{' '.join(argv[-3:])}: exit {res['code']}, torch {res['torch']}, stderr {err!r}")
+    problems = corpus_problems(cases, tmp_path)
     assert problems == [], "\n".join(problems)
     # the baseline was read before the new side's summary printed: the refusal is all that was said
     assert not (tmp_path / "summaries").exists() or not any((tmp_path / "summaries").iterdir())

@@ -3,23 +3,19 @@ a partial save a killed run left is removed and named; notes on a run's length (
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.cli.test_bad_input import RUNNER
+from tests.cli.test_bad_input import run_in_one_interpreter
 
 TRAIN = ["train", "lora", "--model", "tiny", "--device", "cpu", "--max-steps", "1"]
 
 
 def _run(cases, cwd, env=None):
-    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps([argv for argv, _ in cases])],
-                          capture_output=True, text=True, cwd=cwd, timeout=120, env={**os.environ, **(env or {})})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = run_in_one_interpreter([argv for argv, _ in cases], cwd, timeout=120, env=env)
     problems = []
     for (argv, want), res in zip(cases, results, strict=True):
         lines = res["stderr"].strip().splitlines()

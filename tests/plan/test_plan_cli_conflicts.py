@@ -4,29 +4,12 @@ chooses among (checkpointing, kernels, compile, the declared candidate options),
 take, and the header says so."""
 
 import json
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
 from ftprof.cli.main import main
 from ftprof.errors import ConfigError
-
-RUNNER = textwrap.dedent("""
-    import contextlib, io, json, sys
-    from ftprof.cli.main import main
-    out = []
-    for argv in json.loads(sys.argv[1]):
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            try:
-                code = main(argv)
-            except SystemExit as exc:
-                code = exc.code
-        out.append({"code": code, "stderr": err.getvalue(), "torch": "torch" in sys.modules})
-    print(json.dumps(out))
-""")
+from tests.cli.test_bad_input import run_in_one_interpreter
 
 REFUSED = [
     # --verify and --train run here, --device picks this machine's device: any --gpu plans for another machine
@@ -58,9 +41,7 @@ REFUSED = [
 def test_conflicts_are_one_line_exit_2_before_torch(tmp_path):
     argvs = [["plan", *argv, "--model", "tiny", "--plan-dir", str(tmp_path / f"plan{i}")] if "--model" not in argv
              else ["plan", *argv, "--plan-dir", str(tmp_path / f"plan{i}")] for i, (argv, _) in enumerate(REFUSED)]
-    done = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(argvs)], capture_output=True, text=True,
-                          timeout=300, check=True)
-    for (argv, fragment), result in zip(REFUSED, json.loads(done.stdout), strict=True):
+    for (argv, fragment), result in zip(REFUSED, run_in_one_interpreter(argvs), strict=True):
         err = result["stderr"]
         assert result["code"] == 2 and fragment in err and len(err.strip().splitlines()) == 1, (argv, err)
         assert not result["torch"], (argv, "torch was imported before the refusal")
