@@ -14,6 +14,7 @@ from pathlib import Path
 from ftprof.config import RunConfig, alloc_conf
 from ftprof.config.declarations import BY_NAME
 from ftprof.config.evaluation import eval_data_config
+from ftprof.config.saving import ADAPTER, BASE, MODEL
 from ftprof.data.source import check_dataset, locate
 from ftprof.errors import ConfigError
 from ftprof.models.modules import decoder_layers, lora_target_problem, max_positions
@@ -28,7 +29,7 @@ from ftprof.results.store import check_writable_dir, remove_partial_dirs
 
 CACHE_ENV = "FTPROF_CACHE_DIR"
 STORE_ENV = "FTPROF_CALIBRATION"
-SAVED_DIRS = ("adapter", "model", "base")  # what --save writes under its root (ftprof/engine/save.py)
+SAVED_DIRS = (ADAPTER, MODEL, BASE)  # what --save writes under its root (ftprof/engine/save.py)
 
 
 def check_model(name: str) -> None:
@@ -98,10 +99,7 @@ def check_tokenizer(model: str, dataset: str) -> None:
 
 
 def _check_lora_targets(cfg: RunConfig) -> None:
-    m = cfg.method
-    if m.lora_targets is not None and not all(isinstance(t, str) for t in m.lora_targets):
-        bad = next(t for t in m.lora_targets if not isinstance(t, str))
-        raise ConfigError(f"--lora-targets: module names (strings), got {type(bad).__name__} {bad!r} among them")
+    m = cfg.method  # (its targets are names: MethodConfig checks that)
     if m.method in ("lora", "qlora", "gptq-lora"):
         problem = lora_target_problem(cfg.model.model, m.lora_targets)
         if problem is None and m.lora_targets is None and classify_model_name(cfg.model.model) == "local":

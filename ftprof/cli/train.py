@@ -75,13 +75,6 @@ def _naming_the_file(message: str, args: argparse.Namespace, values: dict, given
     return message
 
 
-def finished_run(cfg) -> Path | None:
-    """The directory --run-name names, when it holds a finished run (results/run_dir.finished_run)."""
-    from ftprof.results.run_dir import finished_run as finished
-
-    return finished(cfg.output.output_dir, cfg.output.run_name)
-
-
 def train_command(args: argparse.Namespace) -> int:
     import sys
 

@@ -15,7 +15,7 @@ import sys
 import threading
 
 from ftprof.errors import FtprofError
-from ftprof.lifetime import answer_ctrl_c, clear_stop, request_stop
+from ftprof.lifetime import answer_ctrl_c, clear_stop, request_stop, stop_requested
 
 
 def run_config_file(path: str) -> int:
@@ -44,16 +44,12 @@ def exit_worker(code: int) -> None:
     os._exit(code)
 
 
-_stopping: list[bool] = []
-
-
 def _interrupt(signum, frame) -> None:
     """SIGTERM stops the run like Ctrl-C, once (torchrun and bench may both send it: a second one must not break the
     recording of the first), and reaches our own descendants first (torchrun's workers: torchrun itself is killed
     outright when the run stops, which would orphan them)."""
-    if _stopping:
+    if stop_requested():
         return
-    _stopping.append(True)
     request_stop()
     try:
         import psutil
@@ -78,7 +74,6 @@ def sigterm_stops_the_run():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-        _stopping.clear()
         clear_stop()
 
 

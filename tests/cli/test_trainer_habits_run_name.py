@@ -40,15 +40,15 @@ def test_a_finished_run_is_refused_in_one_line_before_torch(tmp_path, capsys, mo
 def test_an_unfinished_run_dir_is_reused(tmp_path):
     from ftprof.cli.common import config_from_args
     from ftprof.cli.main import build_parser
-    from ftprof.cli.train import finished_run
+    from ftprof.results.run_dir import finished_run
 
     run = tmp_path / "r"
     run.mkdir()
     (run / "config.json").write_text("{}")  # bench wrote its config; the cell never finished
     cfg = config_from_args(build_parser().parse_args(["train", "lora", "--output-dir", str(tmp_path),
                                                       "--run-name", "r"]))
-    assert finished_run(cfg) is None
-    assert finished_run(cfg.replace(run_name=None)) is None
+    assert finished_run(cfg.output.output_dir, cfg.output.run_name) is None
+    assert finished_run(cfg.output.output_dir, None) is None
 
 
 def test_overwrite_output_dir_replaces_the_finished_run(tmp_path):
