@@ -7,6 +7,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from ftprof.bench.lock import OutputLock
 from ftprof.bench.sweep import load_sweep
 from tests.cli.test_bad_input import run_in_one_interpreter
@@ -87,6 +89,7 @@ def test_slurm_options_are_taken_where_the_sweep_runs_as_slurm_jobs(tmp_path):
     assert res["code"] == 0 and res["stderr"] == "" and not res["torch"]
 
 
+@pytest.mark.slow  # (over 2 s: CI's tier)
 def test_wait_waits_for_the_holder_then_runs_holding_the_directory(tmp_path):
     """--wait: the lock bench takes up front is waited for (saying whose), and held while the sweep runs; an
     experiment already finished is skipped, so nothing trains here."""

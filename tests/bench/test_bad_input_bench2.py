@@ -84,6 +84,7 @@ def test_bench_bad_input_is_one_line_before_torch_too(tmp_path):
     assert all("--output-dir" not in res["stderr"] for res in results[-4:-1])  # no advice that does not apply
 
 
+@pytest.mark.slow  # (over 2 s: CI's tier)
 def test_the_same_sweep_edited_or_renamed_runs_on_in_its_directory(tmp_path):
     """A sweep is its name: real.yaml with a cell more, or a copy with name: real, is sweep 'real' still, in every
     mode; the run (its cells finished already: all skipped) records the edited sweep."""

@@ -42,6 +42,7 @@ def test_second_owner_is_refused_with_who_holds_it(tmp_path):
         assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] > 0
 
 
+@pytest.mark.slow  # (over 2 s: CI's tier)
 def test_wait_blocks_until_the_holder_leaves(tmp_path):
     proc = _holder(tmp_path, 1.5)
     told = []

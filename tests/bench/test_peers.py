@@ -142,6 +142,7 @@ def test_a_crashing_recipe_is_a_failed_row_with_its_stderr_tail(tmp_path):
     assert [p.action for p in plan(sweep, out, retry_failed=True)] == ["run"]
 
 
+@pytest.mark.slow  # (over 2 s: CI's tier)
 def test_unsloth_cell_refuses_cleanly_where_unsloth_is_absent(tmp_path):
     if importlib.util.find_spec("unsloth") is not None:
         pytest.skip("unsloth is installed here: tests/integrations/test_recipes.py runs it")

@@ -117,6 +117,7 @@ def test_missing_sweep_file(tmp_path):
     assert str(info.value).startswith(f"'{tmp_path}' is a directory, not a sweep file")
 
 
+@pytest.mark.slow  # (over 2 s: CI's tier)
 def test_ten_thousand_cells_expand_in_about_ten_times_a_thousands_time(tmp_path):
     """Expansion is linear in cells (it was quadratic: 2,000 cells took minutes): ten times the cells take about ten
     times the CPU time of this process, not the hundred times a quadratic step would."""

@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.cli.test_bad_input import corpus_problems
 
 
@@ -77,6 +79,7 @@ def _cases(t):
     ]
 
 
+@pytest.mark.slow  # (over 2 s: CI's tier)
 def test_round5_corpus(tmp_path):
     _files(tmp_path)
     cases = _cases(tmp_path)

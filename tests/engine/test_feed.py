@@ -29,6 +29,7 @@ def test_prefetched_batches_come_in_stream_order_with_their_token_counts():
     assert int(feed.take()[0]["input_ids"][0, 0]) == 4
 
 
+@pytest.mark.slow  # (over 2 s: CI's tier)
 def test_a_run_trains_the_same_with_and_without_prefetching(tmp_path):
     runs = {p: ftprof.train(tiny_config(tmp_path / str(p), "lora", prefetch=p, max_steps=4)) for p in (True, False)}
     assert runs[True].status == runs[False].status == "ok"

@@ -37,6 +37,7 @@ def eager_collector():
     gc.set_threshold(*thresholds)
 
 
+@pytest.mark.slow  # (over 2 s: CI's tier)
 def test_no_step_pays_for_a_collection_unless_asked(tmp_path, eager_collector):
     scheduled = ftprof.train(tiny_config(tmp_path / "on", "lora", max_steps=4, gc_interval=2))
     automatic = ftprof.train(tiny_config(tmp_path / "off", "lora", max_steps=4, gc_interval=0))

@@ -1,10 +1,13 @@
 """A rendezvous that does not gather its nodes ends as one line naming the endpoint (torchrun_entry), not
 torchrun's traceback. Loopback only: this node hosts the endpoint and waits for a second node that never comes."""
 
+import pytest
+
 from ftprof.engine import torchrun_entry
 from ftprof.engine.distributed import _free_port
 
 
+@pytest.mark.slow  # (over 2 s: CI's tier)
 def test_a_rendezvous_that_never_gathers_is_one_line(capsys):
     endpoint = f"127.0.0.1:{_free_port()}"
     code = torchrun_entry.run_torchrun(["--nproc-per-node", "1", "--nnodes", "2", "--rdzv-backend", "c10d",

@@ -122,6 +122,7 @@ def test_memory_breakdown_is_exact(tmp_path, method):
         assert 0.5 <= per_weight < 0.56  # 4 bits + NF4 absmax (one byte per 64 with double quant) + nested constants
 
 
+@pytest.mark.slow  # (over 2 s: CI's tier)
 def test_checkpointing_really_shrinks_saved_activations(tmp_path):
     """HF models start in eval mode, where gradient checkpointing silently does nothing: ftprof calls train(),
     and the activations autograd keeps show it."""

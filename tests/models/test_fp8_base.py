@@ -180,6 +180,7 @@ def test_ddp_leaves_the_e4m3_buffers_alone(tmp_path, method):
     assert result.run.world_size == 2 and result.run.parallel == "ddp"
 
 
+@pytest.mark.slow  # (over 2 s a case: CI's tier)
 @pytest.mark.parametrize("method", ["lora", "qlora"])
 def test_compiled_fp8_linears_quantize_an_input_shared_by_projections_once(tmp_path, monkeypatch, method):
     """Compiled, no op's Python body runs in a step: inputs are quantized by traced torch ops, which the compiler

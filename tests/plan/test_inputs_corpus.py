@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.cli.test_bad_input import RUNNER
 
 BASE = ["plan", "lora", "--model", "tiny", "--device", "cpu"]
@@ -32,6 +34,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow  # (over 2 s: CI's tier)
 def test_plan_input_corpus(tmp_path):
     (tmp_path / "file").write_text("x")
     (tmp_path / "bert").mkdir()

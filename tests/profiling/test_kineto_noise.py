@@ -7,6 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from ftprof.profiling.kineto_noise import is_noise
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,6 +29,7 @@ def _child(body: str) -> subprocess.CompletedProcess:
                           cwd=REPO, timeout=300)
 
 
+@pytest.mark.slow  # (over 2 s: CI's tier)
 def test_a_cpu_profile_writes_nothing_to_stderr(tmp_path):
     done = _child(f"""
         import torch

@@ -117,6 +117,7 @@ def test_saved_models_are_not_runs_and_every_run_is_found(tmp_path):
     assert not is_run_dir(done / "merged") and not is_run_dir(tmp_path / "hf_out" / "checkpoint-4")
 
 
+@pytest.mark.slow  # (over 2 s: CI's tier)
 def test_a_real_saved_run_is_one_row(tmp_path):
     """`ftprof train lora --save --save-steps 1 --save-merged`: its saved models and checkpoints are no runs."""
     import ftprof
