@@ -26,20 +26,30 @@ def needs_launch(cfg: RunConfig) -> bool:
     return cfg.distributed.world_size > 1 and not under_torchrun()
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port free now (a test's endpoint); another process may take it before it is bound."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def rendezvous_args(d) -> list[str]:
+    """One node with no endpoint named: torchrun's ``--standalone`` rendezvous, whose store binds port 0 itself
+    (a port picked here and bound by torchrun later could be taken in between: two runs started at once). A named
+    endpoint, or the static backend (which has no port 0), is passed on as it is."""
+    if d.nnodes == 1 and d.rdzv_endpoint is None and d.rdzv_backend == "c10d":
+        return ["--standalone"]
+    endpoint = d.rdzv_endpoint or f"127.0.0.1:{free_port()}"
+    return ["--rdzv-backend", d.rdzv_backend, "--rdzv-endpoint", endpoint]
 
 
 def torchrun_command(cfg: RunConfig, config_file: str) -> list[str]:
     """torchrun (in ftprof's wrapper: ``ftprof.engine.torchrun_entry``) over ``ftprof.engine.worker``: every
     worker loads the same config file."""
     d = cfg.distributed
-    endpoint = d.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
     return [sys.executable, "-m", "ftprof.engine.torchrun_entry", "--nproc-per-node", str(d.nproc_per_node),
-            "--nnodes", str(d.nnodes), "--node-rank", str(d.node_rank), "--rdzv-backend", d.rdzv_backend,
-            "--rdzv-endpoint", endpoint, "-m", "ftprof.engine.worker", str(config_file)]
+            "--nnodes", str(d.nnodes), "--node-rank", str(d.node_rank), *rendezvous_args(d),
+            "-m", "ftprof.engine.worker", str(config_file)]
 
 
 def waiting_message(cfg: RunConfig) -> str:

@@ -176,3 +176,18 @@ def test_fsdp2_in_one_process_trains_as_the_plain_model(tmp_path):
     assert grads.keys() == plain_grads.keys()
     for name, grad in grads.items():
         torch.testing.assert_close(grad, plain_grads[name], **SAME_OPS, msg=name)
+
+
+def test_one_node_without_an_endpoint_lets_torchrun_bind_its_own_port():
+    """No port is picked here and bound later (a race between two runs started at once): torchrun's standalone
+    rendezvous binds port 0 itself. A named endpoint and the static backend keep their own arguments."""
+    one_node = config_from_args(build_parser().parse_args(["train", "lora", "--nproc-per-node", "2"]))
+    cmd = torchrun_command(one_node, "c.json")
+    assert "--standalone" in cmd and "--rdzv-endpoint" not in cmd
+    named = config_from_args(build_parser().parse_args(["train", "lora", "--nproc-per-node", "2",
+                                                        "--rdzv-endpoint", "127.0.0.1:29511"]))
+    assert "--standalone" not in torchrun_command(named, "c.json")
+    static = config_from_args(build_parser().parse_args(["train", "lora", "--nproc-per-node", "2",
+                                                         "--rdzv-backend", "static"]))
+    cmd = torchrun_command(static, "c.json")
+    assert "--standalone" not in cmd and cmd[cmd.index("--rdzv-backend") + 1] == "static"

@@ -4,12 +4,12 @@ torchrun's traceback. Loopback only: this node hosts the endpoint and waits for 
 import pytest
 
 from ftprof.engine import torchrun_entry
-from ftprof.engine.distributed import _free_port
+from ftprof.engine.distributed import free_port
 
 
 @pytest.mark.slow  # (over 2 s: CI's tier)
 def test_a_rendezvous_that_never_gathers_is_one_line(capsys):
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     code = torchrun_entry.run_torchrun(["--nproc-per-node", "1", "--nnodes", "2", "--rdzv-backend", "c10d",
                                         "--rdzv-endpoint", endpoint, "--rdzv-conf", "join_timeout=3,read_timeout=3",
                                         "-m", "ftprof.engine.worker", "unused.json"])
