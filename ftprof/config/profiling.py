@@ -47,6 +47,10 @@ class ProfilingConfig:
             parts = [r.strip() for r in str(self.prof_ranks).split(",")]
             require(all(p.isdigit() for p in parts), f"--prof-ranks: '{self.prof_ranks}' is not 'all' or a "
                      "comma-separated list of ranks")
+            ranks = [int(p) for p in parts]
+            repeated = sorted({r for r in ranks if ranks.count(r) > 1})
+            require(not repeated, f"--prof-ranks: rank {repeated[0] if repeated else ''} is named more than once "
+                    f"in '{self.prof_ranks}'")
 
     def activities(self) -> tuple[str, ...]:
         return tuple(a.strip() for a in self.prof_activities.split(",") if a.strip())

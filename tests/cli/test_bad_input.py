@@ -114,6 +114,7 @@ def _cases(t):
         # profiler options against the host and the world size
         (train + ["--prof-activities", "cuda"], "cuda"), (train + ["--prof-activities", "tpu"], "tpu"),
         (train + ["--prof-ranks", "3"], "--prof-ranks"), (train + ["--prof-ranks", "x"], "--prof-ranks"),
+        (train + ["--prof-ranks", "0,00"], "rank 0 is named more than once"),
         # output paths
         (["train", "lora", "--output-dir", str(t / "a_file")], "a_file"),
         (["train", "lora", "--output-dir", str(t / "a_file" / "sub")], "a_file"),
