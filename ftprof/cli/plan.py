@@ -212,6 +212,8 @@ def plan_command(args: argparse.Namespace) -> int:
 
     out_dir = Path(args.plan_dir or Path(request.cfg.output.output_dir) / default_dir_name(request))
     check_writable_dir(out_dir, "--plan-dir" if args.plan_dir else "--output-dir")  # before the plan is computed
+    if args.verify:
+        check_verify_dir(out_dir, output.sweep_name(request.cfg.model.model))
     console = make_console()
     plan = make_plan(request)
     if not plan.fitting:
@@ -272,6 +274,17 @@ def _train(plan, out_dir: Path, k: int, trial_steps: int, base: dict, plan_json:
                                       str(plan.request.cfg.output.output_dir))
     console.print(f"{result.status}: {result.run_dir} (result.json's selection says how it was chosen)")
     return 0 if result.status == "ok" else 1
+
+
+def check_verify_dir(out_dir: Path, sweep_name: str) -> None:
+    """A --plan-dir whose verify/ holds another model's verified rows is refused now, not after the plan is made
+    (bench would refuse it then: a folder holds one sweep's results)."""
+    from ftprof.bench.flow import recorded_sweep
+
+    held = recorded_sweep(out_dir / "verify")
+    if held is not None and held["name"] != sweep_name:
+        raise ConfigError(f"{out_dir / 'verify'} holds the verified rows of sweep '{held['name']}', and this plan's "
+                          f"is '{sweep_name}': use another --plan-dir")
 
 
 def nothing_fits(plan) -> str:

@@ -67,12 +67,17 @@ def peer_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def sweep_name(model: str) -> str:
+    """The name of the sweep of a plan's rows (what its --verify folder records)."""
+    return f"plan-{model.strip('/').split('/')[-1]}"
+
+
 def sweep_yaml(plan: Plan, top: int, base: dict) -> str:
     """A sweep of the top ``top`` configurations that fit: ``base`` (the options given) plus one experiment each."""
     import yaml
 
     experiments = [r.candidate.flat() for r in plan.fitting[:top]]
-    name = f"plan-{plan.request.cfg.model.model.strip('/').split('/')[-1]}"
+    name = sweep_name(plan.request.cfg.model.model)
     text = yaml.safe_dump({"name": name, "base": base, "experiments": experiments}, sort_keys=False)
     return f"# ftprof plan's top {len(experiments)} for {plan.target.device_name}: run with ftprof bench\n{text}"
 

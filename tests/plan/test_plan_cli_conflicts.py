@@ -119,3 +119,16 @@ def test_train_s_own_run_takes_the_name_given(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert json.loads((tmp_path / "mine" / "result.json").read_text())["selection"]["choice"] in out
+
+
+def test_a_plan_dir_holding_another_models_verified_rows_is_refused_before_planning(tmp_path, capsys):
+    """Bench would refuse it too (a folder holds one sweep's results), but only after the plan and its probe."""
+    verify = tmp_path / "plan" / "verify"
+    verify.mkdir(parents=True)
+    (verify / "sweep.json").write_text(json.dumps({"name": "plan-llama-8b", "experiments": []}))
+    code = main(["plan", "lora", "--model", "tiny", "--device", "cpu", "--verify", "1", "--plan-dir",
+                 str(tmp_path / "plan")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "holds the verified rows of sweep 'plan-llama-8b', and this plan's is 'plan-tiny'" in err[0]
+    assert sorted(p.name for p in (tmp_path / "plan").iterdir()) == ["verify"]  # no plan files written
