@@ -14,7 +14,7 @@ from pathlib import Path
 from ftprof.config import RunConfig, alloc_conf
 from ftprof.config.declarations import BY_NAME
 from ftprof.config.evaluation import eval_data_config
-from ftprof.config.saving import ADAPTER, BASE, MODEL
+from ftprof.config.saving import ADAPTER, BASE, MERGED, MODEL
 from ftprof.data.source import check_dataset, locate
 from ftprof.errors import ConfigError
 from ftprof.models.modules import decoder_layers, lora_target_problem, max_positions
@@ -29,7 +29,7 @@ from ftprof.results.store import check_writable_dir, remove_partial_dirs
 
 CACHE_ENV = "FTPROF_CACHE_DIR"
 STORE_ENV = "FTPROF_CALIBRATION"
-SAVED_DIRS = (ADAPTER, MODEL, BASE)  # what --save writes under its root (ftprof/engine/save.py)
+SAVED_DIRS = (ADAPTER, MODEL, BASE, MERGED)  # what --save and --save-merged write under their root (engine/save)
 
 
 def check_model(name: str) -> None:

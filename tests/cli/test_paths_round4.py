@@ -60,6 +60,7 @@ def test_partial_save_is_removed_and_named(tmp_path, capsys):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (save / f".adapter.tmp-{dead.pid}").mkdir(parents=True)  # a run killed while saving
+    (save / f".merged.tmp-{dead.pid}").mkdir()  # ... or while --save-merged wrote
     (save / f".adapter.tmp-{os.getppid()}").mkdir()  # a live process still writing: left alone
     (save / ".other.tmp-1").mkdir()  # not ours
     cfg = RunConfig.from_flat({"method": "lora", "save": True, "save_dir": str(save)})
@@ -68,7 +69,8 @@ def test_partial_save_is_removed_and_named(tmp_path, capsys):
     check_save_dir(cfg)
     assert sorted(p.name for p in save.iterdir()) == sorted([f".adapter.tmp-{os.getppid()}", ".other.tmp-1"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f".adapter.tmp-{dead.pid}" in err[0] and "partial save" in err[0]
+    assert len(err) == 2 and all("partial save" in line for line in err)
+    assert f".adapter.tmp-{dead.pid}" in "".join(err) and f".merged.tmp-{dead.pid}" in "".join(err)
 
 
 def test_publish_leaves_nothing_when_the_write_fails(tmp_path):
