@@ -27,7 +27,8 @@ write_config() {
   mem_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 1024 ))  # leave the OS 1 GiB
   mkdir -p "$CONF_DIR" "$STATE"/{ctld,d,log} /run/munge
   cat >"$CONF_DIR/slurm.conf" <<CONF
-# Written by ftprof scripts/slurm-single-node.sh: one node, no accounting, no cgroups.
+# Written by ftprof scripts/slurm-single-node.sh: one node, no accounting, no cgroups. DefMemPerCPU: a job that
+# names no --mem gets its CPUs' share of the node's memory, not all of it (which would run array tasks one by one).
 ClusterName=ftprof
 SlurmctldHost=$host
 SlurmUser=root
@@ -52,6 +53,7 @@ KillWait=10
 InactiveLimit=0
 SchedulerParameters=sched_interval=2
 MaxArraySize=10001
+DefMemPerCPU=$(( mem_mb / cpus ))
 NodeName=$host CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
 PartitionName=$PARTITION Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
