@@ -75,10 +75,29 @@ def _overlap_line(bd: dict) -> str | None:
 
 
 def window_ms(s: TraceSummary) -> str:
-    """The unit of the whole-window tables: milliseconds over every active step the trace holds (the buckets,
-    apart, are per step)."""
-    steps = (s.breakdown or {}).get("steps")
-    return f"ms, {steps} steps" if steps else "ms, whole trace"
+    """The unit of the category, stage, kernel, operator and idle tables: milliseconds per active step, as the
+    buckets (so the two breakdowns of a step can be read side by side), or over the whole trace where it has no
+    steps."""
+    return "ms/step" if _steps(s) else "ms, whole trace"
+
+
+def _steps(s: TraceSummary) -> int | None:
+    return (s.breakdown or {}).get("steps") or None
+
+
+def _per_step(s: TraceSummary, us: float) -> str:
+    """A whole-window time in the window tables' unit (:func:`window_ms`)."""
+    return _ms(us / (_steps(s) or 1))
+
+
+def _calls_unit(s: TraceSummary) -> str:
+    return "calls/step" if _steps(s) else "calls"
+
+
+def _calls(s: TraceSummary, count: int) -> str:
+    """Calls in the window tables' unit: per step (to one decimal where they do not divide evenly)."""
+    steps = _steps(s) or 1
+    return f"{count // steps:,}" if count % steps == 0 else f"{count / steps:,.1f}"
 
 
 def overhead_line(overhead: float) -> str:
@@ -100,20 +119,21 @@ def to_markdown(s: TraceSummary) -> str:
     lines += [f"- **{d.severity}** `{d.code}`: {d.message}" for d in s.diagnoses] or ["- none"]
     lines += buckets_markdown(s)
     lines += ["", f"## Time by category ({where})", "", f"| category | {unit} | share |", "| --- | ---: | ---: |"]
-    lines += [f"| {c} | {_ms(t)} | {_share(t, total)} |" for c, t in s.categories_us.items()]
+    lines += [f"| {c} | {_per_step(s, t)} | {_share(t, total)} |" for c, t in s.categories_us.items()]
     if s.device_kind == "gpu":
-        lines += [f"| idle gaps | {_ms(s.window_us - s.busy_us)} | {_share(s.window_us - s.busy_us, s.window_us)} "
-                  "of window |"]
+        idle = s.window_us - s.busy_us
+        lines += [f"| idle gaps | {_per_step(s, idle)} | {_share(idle, s.window_us)} of window |"]
     lines += ["", f"## Time by stage ({s.stage_source})", "", f"| stage | {unit} |", "| --- | ---: |"]
-    lines += [f"| {k.split('/')[-1]} | {_ms(t)} |" for k, t in s.stages_us.items()] or ["| (no ftprof labels) | |"]
+    lines += ([f"| {k.split('/')[-1]} | {_per_step(s, t)} |" for k, t in s.stages_us.items()]
+              or ["| (no ftprof labels) | |"])
     lines += _idle_markdown(s)
     if s.top_kernels:
-        lines += ["", "## Top kernels", "", f"| kernel | {unit} | calls |", "| --- | ---: | ---: |"]
-        lines += [f"| `{k['name'][:100]}` | {_ms(k['us'])} | {k['count']} |" for k in s.top_kernels]
+        lines += ["", "## Top kernels", "", f"| kernel | {unit} | {_calls_unit(s)} |", "| --- | ---: | ---: |"]
+        lines += [f"| `{k['name'][:100]}` | {_per_step(s, k['us'])} | {_calls(s, k['count'])} |" for k in s.top_kernels]
     key = "self_us" if s.device_kind == "cpu" else "inclusive_us"
-    lines += ["", f"## Top operators ({key.replace('_us', '')} time)", "", f"| operator | {unit} | calls |",
+    lines += ["", f"## Top operators ({key.replace('_us', '')} time)", "", f"| operator | {unit} | {_calls_unit(s)} |",
               "| --- | ---: | ---: |"]
-    lines += [f"| `{o['name'][:100]}` | {_ms(o[key])} | {o['count']} |" for o in s.top_operators]
+    lines += [f"| `{o['name'][:100]}` | {_per_step(s, o[key])} | {_calls(s, o['count'])} |" for o in s.top_operators]
     return "\n".join(lines) + "\n"
 
 
@@ -124,10 +144,12 @@ def _idle_markdown(s: TraceSummary) -> list[str]:
     lines = ["", "## GPU idle: what the GPU was waiting for", "",
              "Each gap in the GPU timeline counts for the stage of the work that ended it; a gap between two stages "
              "counts for the change (a step boundary).", "",
-             f"| waiting for | {window_ms(s)} | gaps | in gaps >= 1 ms |", "| --- | ---: | ---: | ---: |"]
+             f"| waiting for | {window_ms(s)} | {'gaps/step' if _steps(s) else 'gaps'} | in gaps >= 1 ms |",
+             "| --- | ---: | ---: | ---: |"]
     for key, row in s.idle_by_stage_us.items():
         name = " -> ".join(part.split("/")[-1] for part in key.split(" -> "))
-        lines.append(f"| {name} | {_ms(row['idle_us'])} | {int(row['gaps']):,} | {_ms(row['long_gaps_us'])} |")
+        lines.append(f"| {name} | {_per_step(s, row['idle_us'])} | {_calls(s, int(row['gaps']))} | "
+                     f"{_per_step(s, row['long_gaps_us'])} |")
     return lines
 
 
@@ -164,12 +186,12 @@ def rich_view(s: TraceSummary) -> Group:
     cats.add_column(window_ms(s), justify="right")
     cats.add_column("share", justify="right")
     for c, t in s.categories_us.items():
-        cats.add_row(c, _ms(t), _share(t, total))
+        cats.add_row(c, _per_step(s, t), _share(t, total))
     if s.device_kind == "gpu":
-        cats.add_row("[dim]idle gaps[/dim]", _ms(s.window_us - s.busy_us), _share(s.window_us - s.busy_us,
-                                                                                    s.window_us))
+        cats.add_row("[dim]idle gaps[/dim]", _per_step(s, s.window_us - s.busy_us),
+                     _share(s.window_us - s.busy_us, s.window_us))
     for k, t in s.stages_us.items():
-        cats.add_row(f"[cyan]stage {k.split('/')[-1]}[/cyan]", _ms(t), "")
+        cats.add_row(f"[cyan]stage {k.split('/')[-1]}[/cyan]", _per_step(s, t), "")
     if s.profiler_overhead is not None:
         cats.add_row("[dim]profiler overhead (active vs unprofiled steps)[/dim]", "",
                      f"{100 * s.profiler_overhead:+.1f}%" + (" (noise)" if s.profiler_overhead < 0 else ""))

@@ -46,14 +46,20 @@ def test_markdown_has_the_buckets_table(tmp_path):
     assert "| LoRA GEMMs | 0.01 |" in md and "FLOPs counted from shapes" in md
 
 
-def test_whole_window_tables_say_their_unit_and_a_negative_overhead_is_noise(tmp_path):
-    """Buckets are per step; the category, stage and kernel tables add up the whole window: their header says over
-    how many steps. A profiled step that ran faster than unprofiled ones measured noise, not the profiler."""
+def test_every_table_is_per_step_and_a_negative_overhead_is_noise(tmp_path):
+    """The buckets and the category, stage, kernel and operator tables share one unit, ms per active step, so the
+    two breakdowns of a step read side by side (the window's totals divided by its steps). A profiled step that ran
+    faster than unprofiled ones measured noise, not the profiler."""
     summary = summarize(_rank_trace(tmp_path, 0, 0.0))
     summary.profiler_overhead = -0.26
     md = summary_output.to_markdown(summary)
     steps = summary.breakdown["steps"]
-    assert f"| category | ms, {steps} steps | share |" in md and f"| stage | ms, {steps} steps |" in md
-    assert "| bucket | ms/step |" in md
+    assert steps == 2 and "| category | ms/step | share |" in md and "| stage | ms/step |" in md
+    assert "| bucket | ms/step |" in md and "| operator | ms/step | calls/step |" in md
+    (category, total_us), = list(summary.categories_us.items())[:1]
+    assert f"| {category} | {total_us / steps / 1000:,.2f} |" in md
+    op = summary.top_operators[0]
+    calls = op["count"] / steps
+    assert f"| {f'{calls:,.0f}' if calls == int(calls) else f'{calls:,.1f}'} |" in md
     assert "-26.0% against unprofiled steps of the same run: no measurable overhead" in md
     assert "no measurable overhead" not in summary_output.overhead_line(0.05)
