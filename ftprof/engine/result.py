@@ -173,6 +173,11 @@ def memory_record(memory: MemoryTracker, steps: list[dict], static: dict | None,
     """result.json's memory figures from the run's memory stages and steps (ftprof's loop and the integrations'
     callback alike): the allocator's peaks, fragmentation, the training peak and its breakdown."""
     out = Memory(host_peak_rss=host_peak_rss(), memory_stages=memory.stage_fields())
+    if not memory.cuda:
+        # The kernel's high-water mark (ru_maxrss) is updated lazily (per-thread RSS counters are folded in later),
+        # so it can sit a little under an RSS read earlier in the run: the peak is the larger of all of them.
+        out.host_peak_rss = metrics.run_peak([out.host_peak_rss, *(s.rss_after for s in memory.stages)],
+                                             (s["mem_peak_allocated"] for s in steps))
     training_peak = None
     if memory.cuda:
         # The run's peaks: every stage's, every step's, and the counters left open when the run ended (an OOM).
