@@ -84,6 +84,14 @@ def results_table(rows: list[dict], title: str, keys: list[str]) -> Table:
     return table
 
 
+def with_repeat_column(rows: list[dict], varying: list[str], repeats: int) -> tuple[list[dict], list[str]]:
+    """The table's key columns (the options that vary) and, where the sweep repeats its cells, a ``repeat`` column:
+    repeats of one cell differ by their name's -r<N> alone, and would read as identical rows."""
+    if repeats <= 1:
+        return rows, list(varying)
+    return [dict(r, repeat=r["experiment"].rpartition("-r")[2]) for r in rows], [*varying, "repeat"]
+
+
 def failure_lines(rows: list[dict]) -> list[str]:
     """Why each failed experiment failed, one line each (its result.json's error): the table says only its status."""
     out = []
@@ -209,7 +217,8 @@ def _print_outcome(console, done, out_dir: Path, sweep) -> None:
     names = {p.experiment.name for p in done.planned}
     rows = [dict(r, experiment=Path(r["run_dir"]).name) for r in read_runs([out_dir]).rows
             if Path(r["run_dir"]).name in names]
-    console.print(results_table(rows, f"sweep {sweep.name}", sweep.varying))
+    rows, keys = with_repeat_column(rows, sweep.varying, sweep.repeats)
+    console.print(results_table(rows, f"sweep {sweep.name}", keys))
     for line in failure_lines(rows):
         console.print(line, markup=False)
     for line in lagging_lines(rows):  # a fast run that computed the wrong thing

@@ -52,11 +52,14 @@ def report_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def terminal_table(report) -> Table:
-    from ftprof.report.tables import display_rows, header_line
+    from ftprof.report.tables import REPEATS_NOTE, display_rows, has_repeats, header_line
 
-    headers, rows = display_rows(report.table, with_ci=False)  # CIs are in summary.md/csv
+    # the throughput's interval only (every column's is in summary.md/csv): repeats are no longer a bare mean
+    headers, rows = display_rows(report.table, with_ci={"tokens_per_s"})
     title = "ftprof report" + (f"  ({header_line(report.table)})" if report.table.constant else "")
-    table = Table(title=title, header_style="bold")
+    caption = REPEATS_NOTE.replace("mean ±", "tokens/s is the mean ±") + " Every column's: summary.md" \
+        if has_repeats(report.table) else None
+    table = Table(title=title, header_style="bold", caption=caption)
     for h in headers:
         table.add_column(h, justify="left" if h in ("method", "model", "status", "dtype") else "right")
     status_idx = headers.index("status") if "status" in headers else None

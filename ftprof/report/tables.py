@@ -193,9 +193,10 @@ def _fmt(value, kind: str, ci=None) -> str:
     return text
 
 
-def display_rows(table: SummaryTable, with_ci: bool = True) -> tuple[list[str], list[list[str]]]:
+def display_rows(table: SummaryTable, with_ci: bool | set[str] = True) -> tuple[list[str], list[list[str]]]:
     """Headers and formatted cells. Constant columns go to the header line; columns empty in every row, and the
-    per-GPU throughput when every run used one GPU, are left out."""
+    per-GPU throughput when every run used one GPU, are left out. ``with_ci``: every column's 95% interval
+    beside its mean (repeats), or only those of the columns named."""
     skip = set(table.constant)
     if str(table.constant.get("world_size")) == "1":
         skip.add("tokens_per_s_per_gpu")
@@ -207,13 +208,22 @@ def display_rows(table: SummaryTable, with_ci: bool = True) -> tuple[list[str], 
     at = max(i for i, (_, _, k) in enumerate(headline) if k == "key") + 1
     headline[at:at] = [(c, c, "key") for c in table.extra_keys]
     cols = [(c, h, k) for c, h, k in headline if c in table.frame.columns and c not in skip]
-    cols = [(c, h, k) for c, h, k in cols if k in ("key", "status") or table.frame[c].notna().any()]
+    # an option that applies to no row (compile mode where nothing compiled) is no column either
+    cols = [(c, h, k) for c, h, k in cols if k == "status" or table.frame[c].notna().any()]
     headers = [_header(h, table) for _, h, _ in cols]
     rows = []
     for i, r in table.frame.iterrows():
         rows.append([LAGS if k == "status" and i in table.lagging else
-                     _fmt(r.get(c), k, r.get(f"{c}_ci95") if with_ci else None) for c, _, k in cols])
+                     _fmt(r.get(c), k, r.get(f"{c}_ci95") if with_ci is True or c in (with_ci or ()) else None)
+                     for c, _, k in cols])
     return headers, rows
+
+
+REPEATS_NOTE = "Repeats are aggregated: mean ± 95% confidence interval (Student t)."
+
+
+def has_repeats(table: SummaryTable) -> bool:
+    return bool(len(table.frame)) and "repeats" in table.frame and table.frame["repeats"].max() > 1
 
 
 def _header(name: str, table: SummaryTable) -> str:
@@ -233,8 +243,8 @@ def to_markdown(table: SummaryTable, title: str = "ftprof report") -> str:
         lines += [f"All runs: {header_line(table)}.", ""]
     if table.cpu_only:
         lines += [CPU_NOTE, ""]
-    if len(table.frame) and "repeats" in table.frame and table.frame["repeats"].max() > 1:
-        lines += ["Repeats are aggregated: mean ± 95% confidence interval (Student t).", ""]
+    if has_repeats(table):
+        lines += [REPEATS_NOTE, ""]
     lines.append("| " + " | ".join(headers) + " |")
     lines.append("| " + " | ".join("---" for _ in headers) + " |")
     for row, (i, r) in zip(rows, table.frame.iterrows(), strict=True):

@@ -115,3 +115,20 @@ def test_the_bench_table_leaves_out_figures_no_row_has():
     console.print(results_table(gpu, "gpu", []))
     text = console.export_text()
     assert "MFU" in text and "50.0%" in text and "host peak RSS" not in text
+
+
+def test_repeats_are_told_apart_in_the_bench_table():
+    from rich.console import Console
+
+    from ftprof.cli.bench import results_table, with_repeat_column
+
+    rows = [{"experiment": f"method=lora-abc-r{i}", "method": "lora", "status": "ok", "tokens_per_s": str(t)}
+            for i, t in ((1, 1000), (2, 1100))]
+    assert with_repeat_column(rows, ["method"], 1) == (rows, ["method"])
+    shown, keys = with_repeat_column(rows, ["method"], 2)
+    assert keys == ["method", "repeat"] and [r["repeat"] for r in shown] == ["1", "2"]
+    console = Console(record=True, width=200)
+    console.print(results_table(shown, "t", keys))
+    text = console.export_text()
+    lines = [line for line in text.splitlines() if "lora" in line]
+    assert len(lines) == 2 and lines[0] != lines[1] and "repeat" in text

@@ -312,3 +312,23 @@ def test_slow_steps_get_a_section_naming_run_step_and_cause(results, tmp_path):
     shutil.rmtree(root / "b")
     assert main(["report", str(root), "--output-dir", str(tmp_path / "rep2")]) == 0
     assert "Slow steps" not in (tmp_path / "rep2" / "summary.md").read_text()
+
+
+def test_the_terminal_table_gives_the_throughputs_interval_and_no_empty_option_column(results):
+    """Repeats (c1, c2) are a mean: in the terminal its tokens/s carries its 95% interval (the other columns' are in
+    summary.md). An option that applies to no row (compile mode, nothing compiled) is no column of dashes."""
+    from rich.console import Console
+
+    from ftprof.cli.report import terminal_table
+    from ftprof.report.tables import has_repeats
+
+    table = summarize(ftprof.load_results(results, problems=[]))
+    assert has_repeats(table)
+    headers, rows = display_rows(table, with_ci={"tokens_per_s"})
+    assert "compile mode" not in headers
+    lora = next(r for r in rows if r[headers.index("method")] == "lora")
+    assert " ± " in lora[headers.index("tokens/s")]
+    assert all(" ± " not in cell for i, cell in enumerate(lora) if headers[i] != "tokens/s")
+    console = Console(record=True, width=250)
+    console.print(terminal_table(type("Report", (), {"table": table})()))
+    assert "tokens/s is the mean ± 95% confidence interval" in console.export_text()
