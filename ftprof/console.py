@@ -51,8 +51,11 @@ def silence_third_party() -> None:
     logging.disable(logging.WARNING)
 
 def fmt_gib(value: int | None) -> str:
-    """Bytes as GiB in a table column: two decimals, "-" for none."""
-    return "-" if value is None else f"{value / GIB:.2f}"
+    """Bytes as GiB in a table column: two decimals, "-" for none, "<0.01" for a few MiB (a tiny model's weights:
+    "0.00" would read as nothing measured)."""
+    if value is None:
+        return "-"
+    return "<0.01" if 0 < value < 0.005 * GIB else f"{value / GIB:.2f}"
 
 
 def fmt_gib_digits(nbytes: float) -> str:

@@ -9,7 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from ftprof.console import FILE_WIDTH, SLOW_STEPS_SHOWN, fmt_num, make_console, slow_step_lines, summary_table
+from ftprof.console import (
+    FILE_WIDTH,
+    GIB,
+    SLOW_STEPS_SHOWN,
+    fmt_gib,
+    fmt_num,
+    make_console,
+    slow_step_lines,
+    summary_table,
+)
 from ftprof.results.schema import RunResult
 
 
@@ -17,6 +26,8 @@ def test_one_number_format():
     assert [fmt_num(v) for v in (82.743, 4464.2, 3.14159, 123456.0, None)] == ["82.7", "4,464", "3.14", "123,456",
                                                                               "-"]
     assert fmt_num(0.021734, ".4f") == "0.0217"
+    # a few MiB is not nothing: "0.00" would read as no measurement
+    assert [fmt_gib(v) for v in (None, 0, 3 * 2**20, 0.006 * GIB, 1.5 * GIB)] == ["-", "0.00", "<0.01", "0.01", "1.50"]
 
 
 def test_console_into_a_file_neither_wraps_nor_cuts(monkeypatch):
