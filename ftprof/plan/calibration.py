@@ -266,13 +266,15 @@ def _knobs_matched(rows: list[dict], knobs: dict | None) -> bool:
 
 
 def _describe(rows: list[dict], key: ClassKey) -> str:
-    """llama-8b qlora none eager compiled, 8192 tokens/micro-batch[, 2 GPUs][, off defaults: ...]."""
+    """llama-8b qlora none eager compiled, 8192 tokens/micro-batch[, 2 GPUs (processes on a CPU)][, off defaults:
+    ...]."""
     models = "/".join(sorted({str(r.get("model")) for r in rows}))
     tokens = "/".join(str(t) for t in sorted({int(r["micro_batch_tokens"]) for r in rows}))
     out = f"{models} {key.describe()}, {tokens} tokens/micro-batch"
     worlds = sorted({int(r.get("world_size") or 1) for r in rows} - {1})
     if worlds:
-        out += f", {'/'.join(map(str, worlds))} GPUs"
+        unit = "processes" if all(r.get("device_name") == "cpu" for r in rows) else "GPUs"
+        out += f", {'/'.join(map(str, worlds))} {unit}"
     off = {k: v for r in rows for k, v in off_default(r).items()}
     if off:
         out += ", off defaults: " + " ".join(f"{k}={v}" for k, v in sorted(off.items()))
@@ -333,21 +335,23 @@ def _matching(rows: list[dict], key: ClassKey, device_name: str | None = None) -
 
 
 def speed_rate(device_name: str, key: ClassKey, flops_per_token: float, micro_batch_tokens: int,
-               records: list[dict] | None = None, knobs: dict | None = None) -> Rate | None:
+               records: list[dict] | None = None, knobs: dict | None = None,
+               world_size: int | None = None) -> Rate | None:
     """The achieved FLOP/s per GPU to expect on ``device_name`` (as torch names it; "cpu" on CPU) for a run of
     class ``key``: from the local store's records of that device and class (the nearest configuration, the
     median of its runs), else the shipped defaults for that device and class, else another GPU's shipped defaults
     scaled by the ratio of dense bf16 peaks; None when nothing applies. Records of other kernels or compile
     settings are never used (they differ by up to 40%). ``records``: the local records (default: the store);
-    ``knobs``: the candidate's own options (DEFAULT_KNOBS names), preferred among the nearest configuration's runs."""
+    ``knobs``: the candidate's own options (DEFAULT_KNOBS names), preferred among the nearest configuration's runs;
+    ``world_size``: the run's processes: runs of that many answer where there are any (:func:`same_world`)."""
     if not (flops_per_token > 0 and micro_batch_tokens > 0):
         raise ValueError(f"speed_rate needs positive FLOPs per token and micro-batch tokens, got "
                          f"{flops_per_token} and {micro_batch_tokens}")
     if records is None:
         records = own_records()
-    local = _matching(records, key, device_name)
+    local = same_world(_matching(records, key, device_name), world_size)
     defaults = shipped()["speed"]
-    same_device = _matching(defaults, key, device_name)
+    same_device = same_world(_matching(defaults, key, device_name), world_size)
     # This GPU's runs of the class, the machine's own and the shipped: a fixed share is the class's and model's,
     # whoever measured the two sizes.
     sizes = local + same_device
@@ -360,6 +364,16 @@ def speed_rate(device_name: str, key: ClassKey, flops_per_token: float, micro_ba
                      lambda rows, what: f"shipped defaults ({_shipped_origin(rows)}, {device_name}: {what})",
                      knobs=knobs, origin="shipped", sizes=sizes)
     return _scaled_rate(defaults, device_name, key, flops_per_token, micro_batch_tokens, knobs)
+
+
+def same_world(rows: list[dict], world_size: int | None) -> list[dict]:
+    """The runs of ``world_size`` processes among ``rows``, where there are any (else all of them). A rate is per
+    GPU, but not the same per GPU at another world size: FSDP's and DDP's collectives take their share, and on a
+    CPU the processes share its cores (two processes on two cores ran at half the rate per process each)."""
+    if world_size is None:
+        return rows
+    same = [r for r in rows if int(r.get("world_size") or 1) == world_size]
+    return same or rows
 
 
 NEARER_BY = 0.05  # log-distance by which shipped runs must be nearer than the local ones to answer instead

@@ -110,14 +110,14 @@ class Planner:
         for compiled QLoRA): without a run of its class, selective stands in as a class that has both runs has it,
         relative to none (``_selective_stand_in``)."""
         rate = calibration.speed_rate(self.target.device_name, key, flops_per_token, micro_tokens,
-                                      records=self.records, knobs=knobs)
+                                      records=self.records, knobs=knobs, world_size=self.target.world_size)
         if rate is not None:
             return rate
         if key.policy == "selective":
             return self._selective_stand_in(key, flops_per_token, micro_tokens, knobs)
         other = dataclasses.replace(key, policy="full" if key.policy == "none" else "none")
         rate = calibration.speed_rate(self.target.device_name, other, flops_per_token, micro_tokens,
-                                      records=self.records, knobs=knobs)
+                                      records=self.records, knobs=knobs, world_size=self.target.world_size)
         if rate is None:
             return self._kernels_stand_in(key, flops_per_token, micro_tokens, knobs)
         return dataclasses.replace(rate, stand_in=True, source=f"{rate.source}; no {key.describe()} run: "
@@ -133,7 +133,7 @@ class Planner:
 
         def rate_of(k):
             return calibration.speed_rate(self.target.device_name, k, flops_per_token, micro_tokens,
-                                          records=self.records, knobs=knobs)
+                                          records=self.records, knobs=knobs, world_size=self.target.world_size)
 
         twin, mine, theirs = (rate_of(dataclasses.replace(key, kernels=other)), rate_of(key.base),
                               rate_of(dataclasses.replace(key.base, kernels=other)))
@@ -148,7 +148,7 @@ class Planner:
         """This class's none rate times selective / none of the nearest class (same method) that has both."""
         def rate_of(k):
             return calibration.speed_rate(self.target.device_name, k, flops_per_token, micro_tokens,
-                                          records=self.records, knobs=knobs)
+                                          records=self.records, knobs=knobs, world_size=self.target.world_size)
 
         none = self.rate(dataclasses.replace(key, policy="none"), flops_per_token, micro_tokens, knobs)
         if none is None:

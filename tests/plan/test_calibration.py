@@ -377,3 +377,18 @@ def test_local_runs_farther_than_the_shipped_ones_do_not_answer(monkeypatch):
     # 4,096 / 5.6 (time per micro-batch, per FLOP per token) -> the fixed share at 4,096
     slope = (2048 / 4.2e14 - 4096 / 5.6e14) / (2048 - 4096)
     assert near.fixed_share == pytest.approx(1 - slope * 4096 / (4096 / 5.6e14))
+
+
+def test_runs_of_the_plans_own_world_size_answer_where_there_are_any():
+    """A rate is per GPU, but not the same per GPU at another world size (collectives; on a CPU, processes sharing
+    its cores): a one-GPU plan is not predicted from a two-GPU run of the same shape when one-GPU runs exist."""
+    records = [_record(rate=5e14), _record(rate=4e14, world_size=2)]
+    one = calibration.speed_rate(H200, QLORA_COMPILED, 3.35e10, 8192, records=records, world_size=1)
+    two = calibration.speed_rate(H200, QLORA_COMPILED, 3.35e10, 8192, records=records, world_size=2)
+    assert (one.flops_per_s, one.runs) == (5e14, 1) and (two.flops_per_s, two.runs) == (4e14, 1)
+    assert "2 GPUs" in two.source and "GPUs" not in one.source
+    # none of that world size: the others answer (a per-GPU rate is better than none)
+    four = calibration.speed_rate(H200, QLORA_COMPILED, 3.35e10, 8192, records=records, world_size=4)
+    assert four.runs == 2
+    cpu = [_record(device="cpu", world_size=2)]
+    assert "2 processes" in calibration.speed_rate("cpu", QLORA_COMPILED, 3.35e10, 8192, records=cpu).source
