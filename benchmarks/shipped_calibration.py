@@ -94,7 +94,9 @@ def speed_row(row: dict[str, str], csv_name: str) -> dict | None:
     compiled = bool(cfg["compile_compiled"] if cfg.get("compile_compiled") is not None else cfg.get("compile"))
     recompute, world = cfg.get("recompute_flops_per_token") or 0.0, cfg.get("world_size") or 1
     kernels = cfg.get("kernels") or "eager"
-    busy = _value(row.get("nvml_gpu0_util_mean"))  # percent
+    # percent; none for a profiled run (the profiler's host work idles the GPU in its profiled steps: 28% busy for
+    # llama-8b LoRA at 8,192 tokens per micro-batch, a GPU-bound cell, H200 2026-12-01), as plan/records.py
+    busy = None if cfg.get("profile") else _value(row.get("nvml_gpu0_util_mean"))
     return {
         "source": "shipped", "device_name": cfg["device_name"], "model": cfg["model"], "method": cfg["method"],
         "policy": _policy(cfg), "checkpointed_layers": cfg.get("checkpointed_layers"), "kernels": kernels,

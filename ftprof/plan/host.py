@@ -17,12 +17,14 @@ the cost of a layer from runs without checkpointing, of recomputing one from run
   the floor;
 - the shipped host rows: runs of a few tokens per micro-batch on the GPU ftprof ships defaults for (H200), where
   every micro-batch is host-bound (benchmarks/sweeps/host-floor.yaml).
-Elsewhere there is no floor: the GPU model alone answers, and the prediction's error band says how far its
-micro-batch is from a calibrated one.
+A GPU with neither takes the shipped GPU's rows (a floor is the host's work, not the GPU's), and selective
+checkpointing, never measured host-bound, takes none's floor (it launches every kernel none does, and recomputes
+some). A CPU run has no floor: the host is its device.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import statistics
 from dataclasses import dataclass
@@ -156,26 +158,55 @@ def host_floor(device_name: str, key: calibration.ClassKey, layers: int, records
     the recomputed layers x the cost of recomputing one, from the local store's host-bound runs of its family (or
     its nearest relative, scaled: _family_costs), else the shipped host rows; None where neither has what it
     needs."""
+    if key.policy == "selective":  # no run measures it: none's, which it does and then recomputes elementwise ops
+        floor = host_floor(device_name, dataclasses.replace(key, policy="none"), layers, records, 0, compile_mode,
+                           options)
+        return None if floor is None else dataclasses.replace(
+            floor, source=f"{floor.source}; selective's at least: none's, as it launches all of none's kernels")
     checkpointed = (layers if key.policy == "full" else 0) if checkpointed is None else checkpointed
     family = _candidate_family(key, compile_mode, options)
     if key.policy not in ("none", "full"):
         return None
+    shipped = calibration.shipped().get("host", [])
     # (the shipped rows hold no row of older code: benchmarks/shipped_calibration.py leaves them out)
-    for origin, rows in (("local host-bound run(s)", [r for r in epochs.current(records) if host_bound(r)]),
-                         ("shipped runs of a few tokens per micro-batch", calibration.shipped().get("host", []))):
-        rows = [r for r in rows if r.get("device_name") == device_name and _usable(r)]
+    for origin, rows, device in (("local host-bound run(s)", [r for r in epochs.current(records) if host_bound(r)],
+                                  device_name),
+                                 ("shipped runs of a few tokens per micro-batch", shipped, device_name),
+                                 *_other_gpus(shipped, device_name)):
+        rows = [r for r in rows if r.get("device_name") == device and _usable(r)]
         for borrowed, same in _RELATIVES:  # the family's own runs, else its nearest relatives' (host costs alike)
             matched = [{**r, "method": key.method, "kernels": key.kernels} for r in rows if same(_family(r), family)]
             (per_layer, recompute, full), scaled = _family_costs(matched, family)
+            if per_layer is None and full is not None:  # measured under full checkpointing only (uncompiled runs)
+                per_layer, recompute = full * NONE_OF_FULL, full * (1 - NONE_OF_FULL)
+                scaled += f"; a layer without recomputation x{NONE_OF_FULL:g} of one with it"
             if per_layer is not None and (checkpointed == 0 or recompute is not None):
                 seconds = layers * per_layer + checkpointed * (recompute or 0.0)
             elif full is not None and checkpointed == layers:
                 seconds = layers * full
             else:
                 continue
+            origin = origin.replace(" runs ", " run ", 1) if len(matched) == 1 else origin
             return Floor(seconds, seconds / layers, f"host floor {seconds * 1e3:.0f} ms per micro-batch "
                                                     f"({len(matched)} {origin}{borrowed}{scaled})", len(matched))
     return None
+
+
+# A layer's host cost without recomputation against with it, where a family was measured host-bound under full
+# checkpointing only: the least ratio of the families measured both ways (llama-1b QLoRA, Liger, compiled, H200:
+# 7.01 / 11.33 ms = 0.62 in 16 bits, 5.76 / 10.42 = 0.55 with --fp8-base), so the floor stays a floor.
+NONE_OF_FULL = 0.55
+
+
+def _other_gpus(shipped: list[dict], device_name: str) -> list[tuple[str, list[dict], str]]:
+    """For a GPU with no host calibration of its own: the shipped GPU's host rows, said to be another GPU's. A floor
+    is the host's work (Python, dispatch, launches), not the GPU's, so another machine's is nearer than none (a
+    tiny model's plan for an H100 predicted 300 million tokens/s without one); its error band is the GPU model's."""
+    if device_name == "cpu":
+        return []
+    others = sorted({r.get("device_name") for r in shipped if r.get("device_name") not in (None, device_name)})
+    return [(f"shipped runs of a few tokens per micro-batch on {other}, no host-bound run on {device_name}", shipped,
+             other) for other in others]
 
 
 def measured_ceiling(device_name: str, key: calibration.ClassKey, model: str, layers: int, records: list[dict],

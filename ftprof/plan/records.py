@@ -69,7 +69,9 @@ def run_record(run_dir: str | Path) -> dict | None:
         "flops_per_token": flops, "recompute_flops_per_token": recompute, "tokens_per_s": tokens_per_s,
         "flops_per_s": (flops + recompute) * tokens_per_s / world,  # per GPU, model + recomputed
         "training_peak": _training_peak(result), "prediction": result.get("prediction") or {},
-        "gpu_busy": _gpu_busy(result),  # NVML's busy fraction over the run: below ~0.85 the host set the pace
+        # NVML's busy fraction over the run: below ~0.85 the host set the pace. Not a profiled run's: its profiled
+        # steps' own host work (the profiler's) idles the GPU, though its steady figures leave those steps out
+        "gpu_busy": None if cfg.get("profile") else _gpu_busy(result),
     }
     buckets = _bucket_tflops(run_dir, result)
     if buckets:

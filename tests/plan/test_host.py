@@ -35,8 +35,25 @@ def test_the_floor_is_a_layer_s_cost_times_layers_plus_the_recomputed_layers_cos
     one = host.host_floor(H200, QLORA, 32, records, checkpointed=1)  # full on 1 of 32 layers
     assert one.seconds == pytest.approx(32 * per_layer + recompute)
     assert host.host_floor(H200, NONE, 32, records, compile_mode="reduce-overhead") is None  # CUDA graphs: another
-    assert host.host_floor("NVIDIA A100-SXM4-80GB", QLORA, 32, records) is None  # another GPU
-    assert host.host_floor(H200, ClassKey("qlora", "selective", "liger", True), 32, records) is None
+    # another GPU, with no host-bound run of its own: the shipped GPU's host rows (the host's work, not the GPU's)
+    other = host.host_floor("NVIDIA A100-SXM4-80GB", QLORA, 32, records)
+    assert other.source.endswith("on NVIDIA H200, no host-bound run on NVIDIA A100-SXM4-80GB)")
+    assert host.host_floor("cpu", QLORA, 32, records) is None  # a CPU run's host is its device: no floor
+    # selective, never measured host-bound: at least none's floor (it launches every kernel none does)
+    selective = host.host_floor(H200, ClassKey("qlora", "selective", "liger", True), 32, records)
+    assert selective.seconds == pytest.approx(32 * per_layer) and "selective's at least: none's" in selective.source
+
+
+def test_a_family_measured_under_full_checkpointing_only_has_a_floor_without_it():
+    """Uncompiled runs were measured host-bound under full checkpointing only: a layer without recomputation costs
+    NONE_OF_FULL of one with it (the least ratio of the families measured both ways), so it still has a floor (a
+    tiny model's uncompiled plan predicted 47 million tokens/s without one)."""
+    eager_full = ClassKey("lora", "full", "eager", False)
+    records = [_run(128, 128 / 0.16, 0.1, key=eager_full, layers=16, mode=None)]
+    full = host.host_floor(H200, eager_full, 16, records)
+    none = host.host_floor(H200, dataclasses.replace(eager_full, policy="none"), 16, records)
+    assert full.seconds == pytest.approx(0.16) and none.seconds == pytest.approx(0.16 * host.NONE_OF_FULL)
+    assert "without recomputation x0.55 of one with it" in none.source
 
 
 def test_a_micro_batch_takes_about_the_longer_of_gpu_time_and_floor():
