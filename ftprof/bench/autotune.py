@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ftprof.config import SCHEMA_VERSION
 from ftprof.errors import FtprofError
 
 TRIAL_WARMUP = 3  # measurement warm-up steps of a trial (compile and allocator warm-up): the rest are timed
@@ -43,7 +44,10 @@ def trial_sweep(plan, k: int, base: dict, trial_steps: int) -> str:
     for key in ("num_train_epochs", "save", "save_dir", "eval_steps"):  # a trial measures speed, nothing else
         trials.pop(key, None)
     experiments = [r.candidate.flat() for r in plan.fitting[:k]]
-    return yaml.safe_dump({"name": "trials", "base": trials, "experiments": experiments}, sort_keys=False)
+    # schema_version: the options mean today's, as the full run's (version 1 would train the trials at a constant
+    # learning rate)
+    return yaml.safe_dump({"name": "trials", "schema_version": SCHEMA_VERSION, "base": trials,
+                           "experiments": experiments}, sort_keys=False)
 
 
 def run_trials(plan, k: int, base: dict, trial_steps: int, out_dir: Path) -> list[Trial]:

@@ -161,6 +161,7 @@ def _check_pins(request) -> None:
     from ftprof.checks import host_has_cuda
     from ftprof.gpus import gpu_named
     from ftprof.plan import candidates
+    from ftprof.plan.make import shards
 
     if not request.pins:
         return
@@ -174,7 +175,7 @@ def _check_pins(request) -> None:
     pins, cfg = dict(request.pins), request.cfg
     layers = 2  # the model's are the probe's to tell; they only place the partial-checkpointing candidates
     if not candidates.for_target(list(request.methods), layers, cfg.data.batch_size, cfg.train.grad_accum, cuda,
-                                 capability, pins):
+                                 capability, pins, shards(cfg, request.gpus), request.gpus > 1):
         raise ConfigError(candidates.nothing_pinned(pins, request.methods, target, cuda, capability))
 
 
@@ -222,6 +223,10 @@ def plan_command(args: argparse.Namespace) -> int:
 
     per_experiment = {"method", "batch_size", "grad_accum", *CANDIDATE_OPTIONS}  # the candidates' own options
     base = {k: v for k, v in given.items() if k not in per_experiment | SWEEP_ONLY}
+    if request.gpus > 1:  # the rows are predicted for that many GPUs: so are their commands and sweeps
+        base["nproc_per_node"] = request.gpus
+    if plan.target.device_name == "cpu":  # a CPU plan's budget is the plan's alone: train's cap is a GPU's
+        base.pop("memory_limit_gib", None)
     paths = output.write(plan, out_dir.expanduser(), request.top, base)
     for line in request.notes:  # methods left out, packages this machine lacks
         console.print(line, soft_wrap=True, markup=False)  # pip install 'ftprof[gptq]' is not a style

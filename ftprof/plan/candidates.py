@@ -79,12 +79,12 @@ def of_config(cfg: RunConfig) -> Candidate:
 
 
 def option_sets(method: str, kernels: str, compiled: bool, cuda: bool, capability: tuple | None,
-                policy: str = "none") -> list[tuple]:
+                policy: str = "none", shards: bool = False, several: bool = False) -> list[tuple]:
     """Every combination of the declared candidate options for a (method, kernels, compile, checkpointing policy) on
-    this target: the values each option applies with, combinations the
-    declarations refuse or the planner avoids left out."""
+    this target (``shards``: FSDP shards the model; ``several``: more than one process): the values each option
+    applies with, combinations the declarations refuse or the planner avoids left out."""
     values = {"method": method, "kernels": kernels, "compile": compiled, "checkpointing": policy,
-              declarations.SHARDED: False, declarations.SEVERAL: False}
+              declarations.SHARDED: shards, declarations.SEVERAL: several}
     choices = []
     for d in declarations.planner_options(values, capability if cuda else None):
         if ("cuda" if cuda else "cpu") not in d.planner_devices:
@@ -109,17 +109,19 @@ def micro_batches(batch_size: int, grad_accum: int) -> list[tuple[int, int]]:
 def enumerate_candidates(methods: list[str], layer_count: int, batch_size: int, grad_accum: int,
                          kernel_sets: tuple[str, ...] = KERNEL_SETS, compile_options: tuple[bool, ...] = (False, True),
                          policies: tuple[str, ...] = POLICIES, cuda: bool = False,
-                         capability: tuple | None = None) -> list[Candidate]:
+                         capability: tuple | None = None, shards: bool = False,
+                         several: bool = False) -> list[Candidate]:
     """Every combination worth predicting. Partial checkpointing (full on N of L layers) is listed at a few
     shares of the layers; ``plan`` adds the fewest layers that fit each budget on top. ``cuda``/``capability``:
-    the target (options that need a CUDA device or FP8 tensor cores are tried only where the target has them)."""
+    the target (options that need a CUDA device or FP8 tensor cores are tried only where the target has them, and
+    options FSDP or several processes refuse only where they are not: ``shards``, ``several``)."""
     out: list[Candidate] = []
     for method in methods:
         for kernels in kernel_sets:
             for compiled in compile_options:
                 for policy in policies:
                     layer_counts = [None] + (partial_layers(layer_count) if policy == "full" else [])
-                    sets = option_sets(method, kernels, compiled, cuda, capability, policy)
+                    sets = option_sets(method, kernels, compiled, cuda, capability, policy, shards, several)
                     for micro, accum in micro_batches(batch_size, grad_accum):
                         for options in sets:
                             out += [Candidate(method, policy, layers, kernels, compiled, micro, accum, options)
@@ -128,12 +130,14 @@ def enumerate_candidates(methods: list[str], layer_count: int, batch_size: int, 
 
 
 def for_target(methods: list[str], layer_count: int, batch_size: int, grad_accum: int, cuda: bool,
-               capability: tuple | None, pins: Mapping[str, Any]) -> list[Candidate]:
+               capability: tuple | None, pins: Mapping[str, Any], shards: bool = False,
+               several: bool = False) -> list[Candidate]:
     """The candidates a plan predicts on its target (on the CPU: eager kernels, uncompiled, no CUDA-only option),
     pinned to the options the user gave (``pinned``)."""
     pool = enumerate_candidates(methods, layer_count, batch_size, grad_accum,
                                 kernel_sets=KERNEL_SETS if cuda else ("eager",),
-                                compile_options=(False, True) if cuda else (False,), cuda=cuda, capability=capability)
+                                compile_options=(False, True) if cuda else (False,), cuda=cuda, capability=capability,
+                                shards=shards, several=several)
     return pinned(pool, pins)
 
 

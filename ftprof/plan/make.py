@@ -80,7 +80,7 @@ def make_plan(req: PlanRequest) -> Plan:
     plan = Plan(req, target, usable, usable_from, margin, layer_count=p.layer_count)
     on_gpu, pins = target.device_name != "cpu", dict(req.pins)
     pool = candidates.for_target(list(req.methods), p.layer_count, cfg.data.batch_size, cfg.train.grad_accum,
-                                 on_gpu, target.capability, pins)
+                                 on_gpu, target.capability, pins, target.shards, target.world_size > 1)
     if not p.host_embedding_bytes:  # tied embeddings: --offload-embeddings would save nothing
         pool = [c for c in pool if not c.option("offload_embeddings")]
     if not pool:  # what the CLI could not tell without torch: this machine's GPU, the model's tied embeddings
@@ -112,6 +112,11 @@ def _context(req: PlanRequest):
     return dataclasses.replace(cfg, method=method), source, target, dtype, usable, usable_from
 
 
+def shards(cfg: RunConfig, gpus: int) -> bool:
+    """Whether FSDP shards the model over a plan's ``gpus`` (--parallel ddp keeps a whole copy on each)."""
+    return gpus > 1 and cfg.distributed.parallel == "fsdp"
+
+
 def _named_card(cfg: RunConfig, name: str, gpus: int):
     """(target, dtype, usable bytes, where from) for --gpu NAME: the dtype a run on a CUDA device resolves to
     (torch.device only names the device type: no GPU is needed here)."""
@@ -121,8 +126,9 @@ def _named_card(cfg: RunConfig, name: str, gpus: int):
     from ftprof.runtime import resolve_dtype_name
 
     gpu = gpu_named(name)
-    return (Target(gpu.name, gpus, gpus > 1, gpu.capability), resolve_dtype_name(cfg.model.dtype, torch.device("cuda")),
-            gpu.usable_bytes, f"{gpu.name}: {gpu.memory_gib:.1f} GiB less the CUDA context")
+    dtype = resolve_dtype_name(cfg.model.dtype, torch.device("cuda"))
+    return (Target(gpu.name, gpus, shards(cfg, gpus), gpu.capability), dtype, gpu.usable_bytes,
+            f"{gpu.name}: {gpu.memory_gib:.1f} GiB less the CUDA context")
 
 
 def _this_machine(cfg: RunConfig, gpus: int):
@@ -138,7 +144,7 @@ def _this_machine(cfg: RunConfig, gpus: int):
             raise ConfigError(f"--gpus {gpus}: this machine has {visible} GPU(s); plan for another machine with "
                               "--gpu NAME --gpus N")
         capability = tuple(torch.cuda.get_device_capability(device))
-        return (Target(name, gpus, gpus > 1, capability), resolve_dtype_name(cfg.model.dtype, device),
+        return (Target(name, gpus, shards(cfg, gpus), capability), resolve_dtype_name(cfg.model.dtype, device),
                 available_memory(device), f"{name}: free now")
     if gpus > 1:
         raise ConfigError(f"--gpus {gpus}: this machine has no GPU; plan for one with --gpu NAME --gpus {gpus}")

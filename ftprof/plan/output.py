@@ -9,6 +9,7 @@ import io
 import json
 from pathlib import Path
 
+from ftprof.config import SCHEMA_VERSION
 from ftprof.config.declarations import BY_NAME
 from ftprof.console import fmt_gib_digits as gib
 from ftprof.metrics import BUDGET_MARGIN_WORDS, GIB
@@ -78,7 +79,9 @@ def sweep_yaml(plan: Plan, top: int, base: dict) -> str:
 
     experiments = [r.candidate.flat() for r in plan.fitting[:top]]
     name = sweep_name(plan.request.cfg.model.model)
-    text = yaml.safe_dump({"name": name, "base": base, "experiments": experiments}, sort_keys=False)
+    # schema_version: the options mean today's (without it a sweep is read as version 1: a constant learning rate)
+    text = yaml.safe_dump({"name": name, "schema_version": SCHEMA_VERSION, "base": base, "experiments": experiments},
+                          sort_keys=False)
     return f"# ftprof plan's top {len(experiments)} for {plan.target.device_name}: run with ftprof bench\n{text}"
 
 

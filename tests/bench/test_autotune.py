@@ -41,3 +41,8 @@ def test_plan_train_times_the_top_k_and_trains_the_fastest(tmp_path, capsys):
     chosen = next(t for t in selection["trials"] if t["label"] == selection["choice"])
     assert chosen["tokens_per_s"] == max(t["tokens_per_s"] for t in selection["trials"])
     assert f"training {selection['choice']}" in out
+    # the trials ran with today's option meanings, as the full run did (version 1: a constant learning rate)
+    ran = [t for t in trials if (t / "config.json").is_file()]
+    trial_config = json.loads((ran[0] / "config.json").read_text())
+    assert trial_config["train"]["lr_scheduler_type"] == json.loads((run / "config.json").read_text())["train"][
+        "lr_scheduler_type"] == "linear"

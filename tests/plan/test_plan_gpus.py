@@ -1,0 +1,47 @@
+"""`ftprof plan --gpus N`: the rows are those N processes can run (FSDP's refusals apply, --parallel ddp's do not),
+and their commands and sweeps run on N GPUs, with today's option meanings (schema_version)."""
+
+import yaml
+
+from ftprof.config import SCHEMA_VERSION, RunConfig
+from ftprof.errors import ConfigError
+from ftprof.plan import candidates
+
+
+def _builds(cand, nproc: int, parallel: str) -> str | None:
+    try:
+        RunConfig.from_flat({**cand.flat(), "nproc_per_node": nproc, "parallel": parallel})
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def test_every_candidate_of_a_sharded_target_is_a_valid_run():
+    pool = candidates.for_target(["lora", "qlora"], 4, 4, 1, True, (9, 0), {}, shards=True, several=True)
+    assert pool and not [why for c in pool if (why := _builds(c, 2, "fsdp"))]
+    assert not any(c.option("fp8_base") for c in pool)  # e4m3 copies of whole weights: not under FSDP
+    ddp = candidates.for_target(["qlora"], 4, 4, 1, True, (9, 0), {}, shards=False, several=True)
+    assert any(c.option("fp8_base") for c in ddp) and not [why for c in ddp if (why := _builds(c, 2, "ddp"))]
+
+
+def test_a_plan_for_two_gpus_writes_commands_and_a_sweep_for_two(tmp_path, capsys):
+    from ftprof.cli.main import main
+
+    assert main(["plan", "all", "--model", "llama-1b", "--gpu", "h100", "--gpus", "2", "--plan-dir",
+                 str(tmp_path)]) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("#")]
+    assert len(commands) == 3 and all("--nproc-per-node 2" in c for c in commands)
+    sweep = yaml.safe_load((tmp_path / "plan-sweep.yaml").read_text())
+    assert sweep["schema_version"] == SCHEMA_VERSION and sweep["base"]["nproc_per_node"] == 2
+
+
+def test_a_cpu_plans_budget_is_not_passed_to_the_runs_it_suggests(tmp_path, capsys):
+    """On a CPU --memory-limit-gib is the plan's budget only: ``ftprof train`` refuses it there (it caps a GPU's
+    allocator), so the commands, the sweep and --train's trials leave it out."""
+    from ftprof.cli.main import main
+
+    assert main(["plan", "lora", "--model", "tiny", "--device", "cpu", "--memory-limit-gib", "24", "--plan-dir",
+                 str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "budget" in out and "--memory-limit-gib" not in "\n".join(x for x in out.splitlines() if x.startswith("#"))
+    assert "memory_limit_gib" not in yaml.safe_load((tmp_path / "plan-sweep.yaml").read_text())["base"]
