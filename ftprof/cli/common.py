@@ -95,8 +95,8 @@ class OneLineErrorParser(argparse.ArgumentParser):
             if not word.startswith("--"):
                 continue
             action = self._option_string_actions.get(word.split("=", 1)[0])
-            if action is None or action.dest in ("help", "version"):
-                continue
+            if action is None or action.dest in ("help", "version") or isinstance(action, argparse._AppendAction):
+                continue  # (an append option, --sbatch, is given once per value)
             flag = word.split("=", 1)[0]
             if action.dest in given:
                 both = f"; both set --{action.dest.replace('_', '-')}" if flag != given[action.dest] else ""

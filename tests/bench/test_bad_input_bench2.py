@@ -140,3 +140,13 @@ def test_a_python_that_runs_the_probe_is_taken(tmp_path):
     (tmp_path / "s.yaml").write_text(FAST + f"matrix: {{method: [full], python: ['{fake}']}}\n")
     (exp,) = load_sweep(tmp_path / "s.yaml").experiments
     assert exp.python == str(fake) and log.read_text().startswith("-c ")
+
+
+def test_sbatch_is_given_once_per_option_and_other_options_once():
+    """--sbatch is repeatable (one sbatch option each), as its help says; any other option given twice is refused."""
+    from ftprof.cli.main import build_parser
+
+    args = build_parser().parse_args(["bench", "s.yaml", "--sbatch=--exclusive", "--sbatch=--comment=x"])
+    assert args.sbatch == ["--exclusive", "--comment=x"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "s.yaml", "--partition", "a", "--partition", "b"])
