@@ -37,7 +37,7 @@ SHORT_TEXT = {
 PLAN_SHORT_OPTIONS = frozenset({"gpu", "gpus", "top", "show", "verify", "plan_dir", "model", "dtype", "seq_len",
                                 "batch_size", "grad_accum", "memory_limit_gib", "device", "output_dir"})
 _DEFAULT = re.compile(r"\s*\(default:? [^()]*(\([^()]*\)[^()]*)*\)\s*$")
-COMMANDS = ("train", "profile", "plan")  # bench's --help is short already
+COMMANDS = ("train", "profile", "plan")  # bench's and report's --help are short already (--help-all: the same)
 
 
 class HelpAllAction(argparse.Action):
@@ -75,14 +75,15 @@ def short_help(parser: argparse.ArgumentParser, keep: frozenset[str] = SHORT_OPT
     """``parser``'s help with only the ``keep`` options, one line of text each where the full text is long, and a
     line saying how many more --help-all shows."""
     hidden = [a for a in parser._actions if _hideable(a, keep)]
-    shortened = [a for a in parser._actions if a.dest in SHORT_TEXT and a not in hidden and _own_flag(a)]
+    shortened = [a for a in parser._actions if a.dest in SHORT_TEXT and a not in hidden and _own_flag(a)
+                 and a.help is not argparse.SUPPRESS]  # (an option hidden from every help stays hidden)
     saved = [(a, a.help) for a in hidden + shortened]
     saved_usage = parser.usage
     for action in hidden:
         action.help = argparse.SUPPRESS
     for action in shortened:
         action.help = _one_line(action)
-    parser.usage = "%(prog)s [options]" if hidden else parser.usage
+    parser.usage = "%(prog)s [options]" if hidden and parser.usage is None else parser.usage
     try:
         text = type(parser).format_help(parser)
     finally:
@@ -116,7 +117,9 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 def install_short_help(root: argparse.ArgumentParser, commands: tuple[str, ...] = COMMANDS) -> None:
     """Short and full help on each of ``commands`` and on their method sub-commands (``ftprof train qlora``)."""
     for name, parser in _subparsers(root).items():
-        if name not in commands:
+        if name not in commands:  # a short help already: --help-all is the same, so that every command takes it
+            parser.print_help_all = parser.print_help
+            parser.add_argument("--help-all", action=HelpAllAction, help="the same as --help: every option is shown")
             continue
         keep = {"profile": PROFILE_SHORT_OPTIONS, "plan": PLAN_SHORT_OPTIONS}.get(name, SHORT_OPTIONS)
         install(parser, keep)

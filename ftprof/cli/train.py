@@ -15,7 +15,7 @@ from ftprof.cli.common import (
     config_from_args,
     path_argument,
 )
-from ftprof.config import METHODS, SECTIONS
+from ftprof.config import METHODS
 from ftprof.errors import ConfigError
 
 CONFIG_HELP = ("a YAML file of options (the keys of a sweep file's base, method among them); options given here "
@@ -29,16 +29,17 @@ def train_parser(subparsers) -> argparse.ArgumentParser:
                     "config.json, env.json, steps.csv and result.json to a run directory. The method may come "
                     "from --config instead.")
     parser.add_argument("--config", metavar="FILE", type=path_argument, default=None, help=CONFIG_HELP)
-    # Without a method (`ftprof train --config run.yaml --lr 1e-4`) this parser takes the options itself; they stay
-    # out of its --help (`ftprof train METHOD --help` lists them).
-    everything = {f for cls in SECTIONS.values() for f in cls.__dataclass_fields__}
-    add_common_arguments(parser, hidden=everything)
+    # Without a method (`ftprof train --config run.yaml --lr 1e-4`) this parser takes the options itself: its
+    # --help shows the options most runs use, as `ftprof train METHOD --help` does, and --help-all every one.
+    add_common_arguments(parser)
     subs = add_method_subparsers(parser, "train", train_command, required=False)
     for method, sub in subs.items():
         sub.add_argument("--config", metavar="FILE", type=path_argument, default=argparse.SUPPRESS, help=CONFIG_HELP)
         sub.intent_hints = dict.fromkeys(FASTEST_WORDS, f"ftprof train runs the options it is given; `ftprof plan "
                                          f"{method} --train` tries every option within --memory-limit-gib and "
                                          "trains the fastest measured")
+    # (after the method sub-commands: argparse names them from the usage in force when they are added)
+    parser.usage = "%(prog)s METHOD [options]   (METHOD: " + ", ".join(METHODS) + "; or 'method' in --config)"
     parser.set_defaults(func=train_command)
     return parser
 
