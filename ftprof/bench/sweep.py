@@ -47,7 +47,7 @@ from ftprof.config import (
     flat_field_owners,
     migrate_flat,
 )
-from ftprof.config.yaml_io import YamlProblem, check_old_names, read_yaml, whole_numbers
+from ftprof.config.yaml_io import YamlProblem, canonical_keys, check_old_names, read_yaml, whole_numbers
 from ftprof.errors import ConfigError, did_you_mean
 
 TOP_KEYS = {"name": str, "base": dict, "matrix": dict, "experiments": list, "exclude": list, "repeats": int,
@@ -125,6 +125,17 @@ class Sweep:
 
 def _fail(path: Path, where: str, message: str) -> ConfigError:
     return ConfigError(f"{path.name}: {where}: {message}" if where else f"{path.name}: {message}")
+
+
+def _canonical(path: Path, where: str, mapping: Any) -> Any:
+    """A section's keys in their options' own names, as a --config file reads them (``learning_rate`` and
+    ``max-steps`` are ``lr`` and ``max_steps``); one option under two spellings is refused."""
+    if not isinstance(mapping, dict):
+        return mapping  # _check_keys names the problem
+    try:
+        return canonical_keys(mapping, flat_field_owners())
+    except ConfigError as exc:
+        raise _fail(path, where, str(exc)) from None
 
 
 def _check_keys(path: Path, where: str, mapping: Any, *, allow_lists: bool) -> None:
@@ -259,10 +270,10 @@ def _check_size(path: Path, matrix: dict, extra: list, repeats: int) -> None:
 def _sections(path: Path, data: dict[str, Any]) -> tuple[dict, dict, list, list]:
     """base, matrix, experiments and exclude, each checked: known option names, lists only in the matrix, and
     exclude rules that name matrix keys."""
-    base = data.get("base", {}) or {}
-    matrix = data.get("matrix", {}) or {}
-    extra = data.get("experiments", []) or []
-    exclude = data.get("exclude", []) or []
+    base, matrix = _canonical(path, "base", data.get("base", {}) or {}), \
+        _canonical(path, "matrix", data.get("matrix", {}) or {})
+    extra = [_canonical(path, f"experiments[{i}]", cell) for i, cell in enumerate(data.get("experiments", []) or [])]
+    exclude = [_canonical(path, f"exclude[{i}]", rule) for i, rule in enumerate(data.get("exclude", []) or [])]
     _check_keys(path, "base", base, allow_lists=False)
     _check_keys(path, "matrix", matrix, allow_lists=True)
     for i, cell in enumerate(extra):

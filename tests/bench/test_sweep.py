@@ -225,3 +225,17 @@ def test_every_wrong_shape_is_one_line_naming_the_place(tmp_path, text, fragment
         load_sweep(_sweep(tmp_path, text))
     assert str(info.value).startswith("s.yaml: ") and fragment in str(info.value), str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_a_sweep_takes_the_spellings_a_config_file_takes(tmp_path):
+    """learning_rate, per_device_train_batch_size, gradient_accumulation_steps and max-steps: what --config and the
+    command line take (the HF Trainer's names), a sweep takes, in every section; one option spelled twice is
+    refused."""
+    sweep = load_sweep(_sweep(tmp_path, "schema_version: 2\nbase: {model: tiny, learning_rate: 0.001, "
+                                        "per_device_train_batch_size: 4, max-steps: 3}\nmatrix: "
+                                        "{gradient_accumulation_steps: [1, 2]}\nexclude: "
+                                        "[{gradient_accumulation_steps: 2}]\n"))
+    (exp,) = sweep.experiments
+    assert (exp.config.train.lr, exp.config.data.batch_size, exp.config.train.max_steps) == (0.001, 4, 3)
+    with pytest.raises(ConfigError, match="learning_rate and lr are one option"):
+        load_sweep(_sweep(tmp_path, "base: {lr: 0.1, learning_rate: 0.001}\n"))
