@@ -121,6 +121,16 @@ class Sweep:
     repeats: int
     varying: list[str] = field(default_factory=list)  # option names that differ across experiments
     launcher: LauncherSettings = field(default_factory=LauncherSettings)  # the sweep file's launcher: section
+    schema_version: int = SCHEMA_VERSION  # the option meanings its file says (none said: 1)
+
+    @property
+    def old_meanings_note(self) -> str | None:
+        """A line for a sweep read with version 1's option meanings because its file says no schema_version."""
+        if self.schema_version >= SCHEMA_VERSION:
+            return None
+        return (f"note: {self.path.name} says no schema_version, so its options mean what they did in version 1 "
+                "(a constant learning rate; warmup_steps is the measurement warm-up); add `schema_version: "
+                f"{SCHEMA_VERSION}` for today's meanings (docs/options.md)")
 
 
 def _fail(path: Path, where: str, message: str) -> ConfigError:
@@ -248,7 +258,7 @@ def _expand(path: Path, data: dict[str, Any]) -> Sweep:
         raise _fail(path, "name", f"is empty: give a plain directory name, or leave name out to use '{path.stem}'")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", sweep_name) or sweep_name in (".", ".."):
         raise _fail(path, "name", f"'{sweep_name}' must be a plain directory name")
-    return Sweep(sweep_name, path, experiments, memory, timeout, repeats, varying, launcher)
+    return Sweep(sweep_name, path, experiments, memory, timeout, repeats, varying, launcher, version)
 
 
 def _check_size(path: Path, matrix: dict, extra: list, repeats: int) -> None:

@@ -124,6 +124,8 @@ def bench_command(args: argparse.Namespace) -> int:
     console = make_console()
     if args.status:
         return status_command(console, sweep, out_dir)
+    if sweep.old_meanings_note:
+        console.print(sweep.old_meanings_note, style="yellow", markup=False, soft_wrap=True)
     if args.dry_run:
         from ftprof.bench.runner import gpu_slots, plan
 

@@ -239,3 +239,17 @@ def test_a_sweep_takes_the_spellings_a_config_file_takes(tmp_path):
     assert (exp.config.train.lr, exp.config.data.batch_size, exp.config.train.max_steps) == (0.001, 4, 3)
     with pytest.raises(ConfigError, match="learning_rate and lr are one option"):
         load_sweep(_sweep(tmp_path, "base: {lr: 0.1, learning_rate: 0.001}\n"))
+
+
+def test_a_sweep_without_schema_version_says_its_options_mean_version_1s(tmp_path, capsys):
+    from ftprof.cli.main import main
+
+    old = _sweep(tmp_path, "base: {model: tiny, max_steps: 2}\nmatrix: {method: [lora]}\n", "old.yaml")
+    assert "constant learning rate" in load_sweep(old).old_meanings_note
+    assert main(["bench", str(old), "--dry-run", "--output-dir", str(tmp_path / "o")]) == 0
+    assert "old.yaml says no schema_version" in capsys.readouterr().out
+    new = _sweep(tmp_path, "schema_version: 2\nbase: {model: tiny, max_steps: 2}\nmatrix: {method: [lora]}\n",
+                 "new.yaml")
+    assert load_sweep(new).old_meanings_note is None
+    assert main(["bench", str(new), "--dry-run", "--output-dir", str(tmp_path / "n")]) == 0
+    assert "schema_version" not in capsys.readouterr().out
