@@ -13,6 +13,9 @@ CATEGORIES: tuple[tuple[str, re.Pattern], ...] = tuple((name, re.compile(rx, re.
     ("communication", r"nccl|all_?reduce|all_?gather|reduce_?scatter|broadcast"),
     ("quantize/dequantize", r"dequant|quantize|kDequantize|kQuantize|gemv_4bit|4bit|nf4|gptq|marlin|exllama|"
                             r"machete|awq|int4|unpack"),
+    # the loss's log-softmax and NLL over the vocabulary, before attention's softmax takes them (with a 128k
+    # vocabulary they outweigh attention's own softmax)
+    ("loss", r"log_?softmax|LogSoftMax|nll_loss|cross_?entropy"),
     ("attention", r"flash|fmha|attention|sdpa|scaled_dot_product|softmax|cudnn.*mha"),
     ("gemm", r"gemm|nvjet|cutlass|xmma|cublas|matmul|aten::mm$|aten::addmm|aten::bmm|aten::baddbmm|wgmma|splitk|"
              r"mkldnn|aten::linear$"),

@@ -23,6 +23,12 @@ from ftprof.analysis.rules import categorize
     # names outside inductor's are read as before
     ("nvjet_sm90_qqtst_128x128_128x6_1x1_h_bz_coopA_algo2_ovscale_TNT", "gemm"),
     ("dequantize_4bit_transposed_kernel", "quantize/dequantize"),
+    # the loss's log-softmax and NLL are the loss's, not attention's softmax
+    ("aten::_log_softmax", "loss"), ("aten::_log_softmax_backward_data", "loss"), ("aten::nll_loss_forward", "loss"),
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, at::native::(anonymous "
+     "namespace)::LogSoftMaxForwardEpilogue>(float*, float const*, int)", "loss"),
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, c10::BFloat16, float, c10::BFloat16, "
+     "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>", "attention"),
 ])
 def test_kernel_names_are_categorized_by_what_they_compute(name, category):
     assert categorize(name) == category
