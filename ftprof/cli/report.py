@@ -81,7 +81,7 @@ def choose_table(choice) -> Table | None:
         return None
     table = Table(title=f"Which should I pick? (peak: {choice.memory_source}, fits = leaves a margin of "
                         f"{BUDGET_MARGIN_WORDS} free)", header_style="bold")
-    for name in ("memory budget", "fastest that fits", "tokens/s", "peak GiB", "vs fastest"):
+    for name in ("memory budget", "fastest that fits", choice.throughput, "peak GiB", "vs fastest"):
         table.add_column(name, justify="left" if name in ("memory budget", "fastest that fits") else "right")
     for p in choice.picks:
         if p.choice is None:

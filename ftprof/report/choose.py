@@ -94,18 +94,41 @@ class Choice:
     frontier: list[Configuration] = field(default_factory=list)
     effects: list[OptionEffect] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)  # "label: why" for runs that did not train like the others
+    throughput: str = "tokens/s"  # what Configuration.tokens_per_s counts: every token, or REAL_TOKENS
 
     @property
     def fastest(self) -> Configuration | None:
         return max(self.configurations, key=lambda c: c.tokens_per_s, default=None)
 
 
+REAL_TOKENS = "real tokens/s"  # the throughput the choice ranks by where the runs pad differently
+PADDING_SPREAD = 0.01  # real tokens' share of the tokens differing by more than this between runs: padding differs
+
+
 def _ok_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The successful runs with a throughput. ``tokens_per_s`` is the one the choice ranks by: every token's, or
+    where the runs pad differently (packing against padding, other data) the real tokens' (``real_throughput``)."""
     if df.empty or "status" not in df:
         return df.iloc[0:0]
     ok = df[df["status"] == "ok"].copy()
     ok["tokens_per_s"] = pd.to_numeric(ok.get("tokens_per_s"), errors="coerce")
-    return ok[ok["tokens_per_s"].notna()]
+    ok = ok[ok["tokens_per_s"].notna()]
+    ok.attrs["throughput"] = REAL_TOKENS if real_throughput(ok) else "tokens/s"
+    if ok.attrs["throughput"] == REAL_TOKENS:
+        ok["tokens_per_s"] = pd.to_numeric(ok["real_tokens_per_s"], errors="coerce")
+    return ok
+
+
+def real_throughput(ok: pd.DataFrame) -> bool:
+    """Whether the runs trained on shares of real (not padded) tokens that differ: then tokens/s counts padding as
+    work, and a padded configuration outranks a packed one that trains more real tokens a second."""
+    if not len(ok) or "real_tokens_per_s" not in ok:
+        return False
+    real = pd.to_numeric(ok["real_tokens_per_s"], errors="coerce")
+    if real.isna().any():
+        return False
+    share = real / ok["tokens_per_s"]
+    return bool(share.max() - share.min() > PADDING_SPREAD)
 
 
 def memory_source(ok: pd.DataFrame) -> tuple[str | None, str]:
@@ -248,7 +271,8 @@ def choose(df: pd.DataFrame, device: tuple[str, float] | None = None, budgets_gi
     ok = _ok_rows(effective_frame(df))
     flags = training_check.lagging_runs(ok)
     configs, words, on_gpu = _configurations(ok.drop(index=list(flags)))
-    result = Choice(configs, words, on_gpu, left_out=_lagging(ok, flags))
+    result = Choice(configs, words, on_gpu, left_out=_lagging(ok, flags),
+                    throughput=ok.attrs.get("throughput", "tokens/s"))
     if not configs:
         return result
     budgets = [(f"{g} GiB", g * GIB) for g in budgets_gib]
@@ -276,15 +300,18 @@ def to_markdown(choice: Choice) -> str:
     fastest = choice.fastest
     lines += [f"Peak memory per GPU: {choice.memory_source} (max over repeats); a configuration fits a budget when its "
               f"peak leaves a margin of {BUDGET_MARGIN_WORDS} free (for driver, allocator and data differences; "
-              f"the plan uses the same margin). Cost: tokens/s against the fastest overall ({fastest.label}, "
-              f"{fmt_num(fastest.tokens_per_s)} tokens/s).", ""]
+              f"the plan uses the same margin). Cost: {choice.throughput} against the fastest overall "
+              f"({fastest.label}, {fmt_num(fastest.tokens_per_s)} {choice.throughput}).", ""]
+    if choice.throughput == REAL_TOKENS:
+        lines += ["The runs pad differently (packing, or other data): they are ranked by real tokens/s, the "
+                  "tokens that train (tokens/s counts padding as work).", ""]
     if not choice.on_gpu:
         lines += [f"These runs ran on the CPU: memory is the {choice.memory_source}, so the GPU budgets below are "
                   "indicative only.", ""]
     if choice.left_out:
         lines += ["Left out (a run that did not train like the others of its data is no candidate, however fast):",
                   ""] + [f"- {line}" for line in choice.left_out] + [""]
-    lines += ["| memory budget | fastest that fits | tokens/s | peak GiB | cost |",
+    lines += [f"| memory budget | fastest that fits | {choice.throughput} | peak GiB | cost |",
               "| --- | --- | ---: | ---: | ---: |"]
     for p in choice.picks:
         if p.choice is None:
@@ -293,14 +320,15 @@ def to_markdown(choice: Choice) -> str:
             lines.append(f"| {p.budget} | {p.choice.label} | {fmt_num(p.choice.tokens_per_s)} | "
                          f"{fmt_gib(p.choice.peak_bytes)} | {_fmt_pct(p.cost_pct)} |")
     lines += ["", "Pareto frontier (no other configuration is both faster and smaller): "
-              + "; ".join(f"{c.label} ({fmt_num(c.tokens_per_s)} tokens/s, {fmt_gib(c.peak_bytes)} GiB)"
+              + "; ".join(f"{c.label} ({fmt_num(c.tokens_per_s)} {choice.throughput}, {fmt_gib(c.peak_bytes)} GiB)"
                           for c in choice.frontier) + ".", ""]
     lines += noise.to_markdown(choice.configurations)
     if choice.effects:
         lines += ["### What each option bought", "",
                   "Switching one option with every other fixed, median over the sweep's pairs of cells that differ in "
                   "it alone.", "",
-                  "| option | switch | pairs | tokens/s | peak memory |", "| --- | --- | ---: | ---: | ---: |"]
+                  f"| option | switch | pairs | {choice.throughput} | peak memory |",
+                  "| --- | --- | ---: | ---: | ---: |"]
         for e in choice.effects:
             lines.append(f"| {e.option} | {_value(e.option, e.before)} → {_value(e.option, e.after)} | {e.pairs} | "
                          f"{_fmt_pct(e.throughput_pct)} | {e.memory_bytes / GIB:+.2f} GiB ({_fmt_pct(e.memory_pct)}) |")

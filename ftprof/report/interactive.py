@@ -20,8 +20,8 @@ def available() -> bool:
     return True
 
 
-def _hover(c) -> str:
-    return (f"<b>{c.label}</b><br>{c.tokens_per_s:,.1f} tokens/s<br>{c.peak_bytes / GIB:.2f} GiB"
+def _hover(c, throughput: str = "tokens/s") -> str:
+    return (f"<b>{c.label}</b><br>{c.tokens_per_s:,.1f} {throughput}<br>{c.peak_bytes / GIB:.2f} GiB"
             + (f"<br>{c.repeats} runs" if c.repeats > 1 else "")
             + (f"<br>step p90/p50 {c.spread:.2f}" if c.spread else ""))
 
@@ -34,15 +34,16 @@ def pareto_figure(choice):
     fig = go.Figure()
     fig.add_trace(go.Scattergl(x=[c.peak_bytes / GIB for c in rest], y=[c.tokens_per_s for c in rest],
                                mode="markers", name="other configurations", marker={"color": "#999", "size": 6},
-                               hovertext=[_hover(c) for c in rest], hoverinfo="text"))
+                               hovertext=[_hover(c, choice.throughput) for c in rest], hoverinfo="text"))
     fig.add_trace(go.Scatter(x=[c.peak_bytes / GIB for c in choice.frontier],
                              y=[c.tokens_per_s for c in choice.frontier], mode="lines+markers",
-                             line={"shape": "hv"}, name="Pareto frontier", hovertext=[_hover(c) for c in
-                                                                                      choice.frontier],
+                             line={"shape": "hv"}, name="Pareto frontier", hovertext=[_hover(c, choice.throughput)
+                                                                                      for c in choice.frontier],
                              hoverinfo="text"))
-    fig.update_layout(title="Tokens/s against peak memory: every configuration (hover for its name)",
+    fig.update_layout(title=f"{choice.throughput.capitalize()} against peak memory: every configuration (hover for its "
+                            "name)",
                       xaxis_title=f"peak memory per GPU (GiB, {choice.memory_source})",
-                      yaxis_title="tokens/s (global)", height=560, template="plotly_white")
+                      yaxis_title=f"{choice.throughput} (global)", height=560, template="plotly_white")
     return fig
 
 

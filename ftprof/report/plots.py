@@ -67,7 +67,7 @@ def pareto(choice, out: Path) -> Path | None:
                    label="labelled: frontier (blue), a budget's pick (orange)")
         ax.margins(0.08)
         ax.set_xlabel(_wrap(f"peak memory per GPU (GiB, {choice.memory_source})", 6.2))
-        ax.set_ylabel("tokens/s (global)")
+        ax.set_ylabel(f"{choice.throughput} (global)")
         ax.set_title("Which configurations are worth it?")
         ax.grid(alpha=0.3)
         label_column(ax, lab, [(c.peak_bytes / GIB, c.tokens_per_s, t) for c, t in zip(marked.values(), texts,

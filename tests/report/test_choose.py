@@ -120,3 +120,17 @@ def test_a_real_sweep_gets_a_choose_section_and_a_pareto_plot(tmp_path):
     assert "## Which should I pick?" in summary and "| 16 GiB |" in summary and "What each option bought" in summary
     assert (tmp_path / "report" / "pareto.png").stat().st_size > 10_000
     assert "Which should I pick?" in (tmp_path / "report" / "report.html").read_text()
+
+
+def test_runs_that_pad_differently_are_ranked_by_the_tokens_that_train():
+    """A padded run counts its padding as tokens: 1,406 tokens/s of which 912 real, against a packed run's 957 of
+    which 942. Ranked by tokens/s the padded one wins; it trains fewer tokens a second. Where every run pads alike
+    (synthetic data), tokens/s ranks as before."""
+    padded = _row("lora", 4, False, 1_406, 10, dataset="d.jsonl", packing=False, real_tokens_per_s=912)
+    packed = _row("lora", 4, False, 957, 10, dataset="d.jsonl", packing=True, real_tokens_per_s=942)
+    choice = choose(pd.DataFrame([padded, packed]))
+    assert choice.throughput == "real tokens/s" and choice.fastest.label == "lora packing"
+    assert {p.choice.label for p in choice.picks} == {"lora packing"}
+    assert "ranked by real tokens/s" in to_markdown(choice)
+    alike = choose(pd.DataFrame([{**padded, "real_tokens_per_s": 1_395}, {**packed, "real_tokens_per_s": 950}]))
+    assert alike.throughput == "tokens/s" and alike.fastest.tokens_per_s == 1_406
