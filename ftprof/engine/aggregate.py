@@ -12,20 +12,33 @@ RANK_FIELDS = ("tokens_per_s", "step_time_p50_s", "step_time_p90_s", "torch_peak
 
 
 def aggregate_steps(per_rank: list[list[dict]]) -> list[dict]:
-    """Per step: the slowest rank's time (the step is done when every rank is), tokens summed over ranks, the
-    largest memory and host causes."""
+    """Per step: the slowest rank's time (the step is done when every rank is), tokens summed over ranks, the loss
+    over every rank's tokens, the largest memory and host causes."""
     rows = []
     for group in zip(*per_rank, strict=False):
         row = dict(group[0])
         row["step_time_s"] = max(r["step_time_s"] for r in group)
         row["tokens"] = sum(r["tokens"] for r in group)
         row["real_tokens"] = sum(r["real_tokens"] for r in group)
+        row["loss"] = global_loss(group)
         # A rank held up on the host holds every rank up at the next collective: the worst rank's causes.
         for key in ("mem_allocated", "mem_peak_allocated", "mem_reserved", "mem_peak_reserved", *metrics.HOST_CAUSES,
                     "alloc_retries"):
             row[key] = max(r[key] for r in group)
         rows.append(row)
     return rows
+
+
+def global_loss(group: tuple[dict, ...]) -> float | None:
+    """The step's loss over the whole global batch: each rank's loss is the mean over its own shard's real tokens,
+    so their mean weighted by those tokens (equal weights where a rank counted none). Rank 0's alone is a shard's."""
+    losses = [(r.get("loss"), r.get("real_tokens") or 0) for r in group]
+    if any(loss is None for loss, _ in losses):
+        return group[0].get("loss")
+    weight = sum(w for _, w in losses)
+    if not weight:
+        return sum(loss for loss, _ in losses) / len(losses)
+    return sum(loss * w for loss, w in losses) / weight
 
 
 def rank_summary(res: RunResult) -> dict:
@@ -38,6 +51,8 @@ def aggregate_result(res: RunResult, gathered: list[dict], rows: list[dict], par
     world = len(gathered)
     res.run.world_size, res.run.parallel = world, parallel
     res.throughput.tokens_per_step = rows[-1]["tokens"] if rows else 0
+    if rows:  # the global batch's, not rank 0's shard's
+        res.throughput.loss_first, res.throughput.loss_last = rows[0]["loss"], rows[-1]["loss"]
     steady, _ = metrics.steady_window(rows)
     record_steady_state(res, rows, steady, world)
     p50s = [g["summary"]["step_time_p50_s"] for g in gathered if g["summary"]["step_time_p50_s"]]

@@ -41,6 +41,11 @@ def test_two_process_run_on_cpu(tmp_path, method, parallel):
     assert result.throughput.tokens_per_s_per_gpu == pytest.approx(result.throughput.tokens_per_s / 2)
     assert result.distributed.step_time_skew is not None and result.distributed.step_time_skew >= 0
     assert result.throughput.loss_last < result.throughput.loss_first
+    with open(run / "steps_rank1.csv") as fh:
+        rank1 = list(csv.DictReader(fh))
+    # the run's loss is the global batch's (steps.csv), not rank 0's shard's
+    assert result.throughput.loss_first == pytest.approx(float(steps[0]["loss"]))
+    assert float(steps[0]["loss"]) != pytest.approx(float(rank1[0]["loss"]), abs=1e-7)
 
 
 def test_aggregate_steps_takes_the_slowest_rank():
@@ -54,6 +59,18 @@ def test_aggregate_steps_takes_the_slowest_rank():
     assert (row["step_time_s"], row["tokens"], row["real_tokens"], row["mem_peak_reserved"]) == (0.7, 20, 17, 9)
     # the rank held up on the host holds every rank up: each cause is the worst rank's
     assert (row["data_s"], row["gc_s"], row["alloc_retries"]) == (0.02, 0.2, 2)
+
+
+def test_the_steps_loss_is_over_every_ranks_tokens():
+    """Each rank's loss is its own shard's: the step's is their mean weighted by real tokens (rank 0's alone went
+    6.2579 -> 6.2494 while rank 1's went 6.2687 -> 6.2533)."""
+    base = {"step": 1, "step_time_s": 0.5, "tokens": 10, "mem_allocated": 1, "mem_peak_allocated": 1,
+            "mem_reserved": 1, "mem_peak_reserved": 1, "data_s": 0.0, "gc_s": 0.0, "compile_s": 0.0,
+            "alloc_retries": 0}
+    (row,) = aggregate_steps([[{**base, "loss": 2.0, "real_tokens": 30}], [{**base, "loss": 4.0, "real_tokens": 10}]])
+    assert row["loss"] == pytest.approx(2.5)
+    (row,) = aggregate_steps([[{**base, "loss": 2.0, "real_tokens": 0}], [{**base, "loss": 4.0, "real_tokens": 0}]])
+    assert row["loss"] == pytest.approx(3.0)
 
 
 def test_torchrun_command_and_cli_round_trip():
