@@ -55,11 +55,12 @@ def profile(cfg: RunConfig, **kwargs):
 
 
 def run_sweep(sweep_file, output_dir=None, *, force: bool = False, retry_failed: bool = False, wait: bool = False):
-    """Run a sweep file, one process per experiment, holding the output directory's lock; returns the outcomes
-    (name, status, seconds, result). ``ftprof bench`` runs the same flow (ftprof.bench.flow.run_sweep)."""
+    """Run a sweep file, one process per experiment, holding the output directory's lock; returns an outcome (name,
+    status, seconds, result) for every experiment with a result, those kept from an earlier run included (their
+    seconds 0: not run now). ``ftprof bench`` runs the same flow (ftprof.bench.flow.run_sweep)."""
     from ftprof.bench.flow import run_sweep as _run_sweep
 
-    return _run_sweep(sweep_file, output_dir, force=force, retry_failed=retry_failed, wait=wait).outcomes
+    return _run_sweep(sweep_file, output_dir, force=force, retry_failed=retry_failed, wait=wait).every_outcome()
 
 
 def load_results(*paths, problems=None):

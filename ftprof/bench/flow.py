@@ -47,6 +47,25 @@ class SweepRun:
         """The failed experiments a plain rerun runs again (``killed``: stopped from outside the run)."""
         return [name for name, s in self._statuses().items() if s is not None and s.failed and s.resumed]
 
+    def every_outcome(self) -> list[Outcome]:
+        """An outcome for each experiment of the sweep that has a result: run now, or kept from an earlier run (a
+        finished sweep run again runs nothing and still has them), in the sweep's order."""
+        from ftprof.results.load import read_result
+
+        now = {o.name: o for o in self.outcomes}
+        out = []
+        for p in self.planned:
+            if p.experiment.name in now:
+                out.append(now[p.experiment.name])
+                continue
+            try:
+                result = read_result(p.run_dir)
+            except ValueError:
+                result = None
+            if result is not None:
+                out.append(Outcome(p.experiment.name, result.get("status"), 0.0, result))
+        return out
+
     def not_run(self) -> list[str]:
         """Experiments this sweep should have run and did not: another process held their claim."""
         return [p.experiment.name for p in self.planned if p.action == "busy"]

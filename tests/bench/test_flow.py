@@ -49,3 +49,12 @@ def test_exit_status_counts_failures_kept_from_earlier_runs(tmp_path, status, co
     done = run_sweep(path, out, slots=[])
     assert done.outcomes == [] and done.exit_code() == code
     assert (out / "raw_summary.csv").is_file() and not (out / ".ftprof-bench.lock").read_text()
+
+
+def test_the_python_api_returns_the_outcomes_kept_from_an_earlier_run(tmp_path):
+    """A finished sweep run again runs nothing; ftprof.run_sweep still returns each experiment's outcome (it
+    returned [] before), with the seconds of this call (none)."""
+    path, out = _sweep(tmp_path), tmp_path / "out"
+    _previous(path, out, "oom_device")
+    (kept,) = ftprof.run_sweep(path, out)
+    assert (kept.status, kept.seconds, kept.result["status"]) == ("oom_device", 0.0, "oom_device")
