@@ -25,7 +25,7 @@ HEADLINE = [
     ("method", "method", "key"), ("model", "model", "key"), ("world_size", "GPUs", "key"),
     ("batch_size", "batch/GPU", "key"), ("seq_len", "seq len", "key"), ("grad_accum", "grad accum", "key"),
     ("checkpointing", "checkpointing", "key"), ("kernels", "kernels", "key"), ("compile", "compile", "key"),
-    ("compile_mode", "compile mode", "key"), ("sdpa_backend", "attention", "key"), ("dtype", "dtype", "key"),
+    ("compile_mode", "compile mode", "key"), ("sdpa_backend", "attention backend", "key"), ("dtype", "dtype", "key"),
     ("memory_logging", "memory logging", "key"), ("profile", "profiled", "key"),
     ("tokens_per_s", "tokens/s", "num"), ("tokens_per_s_per_gpu", "tokens/s/GPU", "num"),
     ("real_tokens_per_s", "real tokens/s", "num"), ("step_time_p50_s", "step p50 (s)", "sec"),
