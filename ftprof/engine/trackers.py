@@ -97,7 +97,9 @@ class StepLog:
     def __exit__(self, *exc) -> None:
         self.host.__exit__(*exc)
         if self._steady_before is not None:
-            steady = self.steps[1:]
+            # the steps after the first (its own stages) that are no warm-up, as the steady figures (all but the
+            # first where every step is warm-up)
+            steady = [s for s in self.steps[1:] if not s.warmup] or self.steps[1:]
             self.memory.close_stage("steady_state", self._steady_before,
                                     peak_allocated=metrics.max_present(s.mem_peak_allocated for s in steady),
                                     peak_reserved=metrics.max_present(s.mem_peak_reserved for s in steady))

@@ -101,6 +101,9 @@ class MemoryTracker:
             peak_allocated = now["peak_allocated"] if self.cuda else max(now["allocated"], before)
         if peak_reserved is None:
             peak_reserved = now["peak_reserved"]
+        # a peak is never under what is held at the stage's end (on a CPU the steps' peaks are RSS read at each
+        # step's end, and the stage's end reads it later)
+        peak_allocated, peak_reserved = max(peak_allocated, now["allocated"]), max(peak_reserved, now["reserved"])
         self.stages.append(StageMemory(name, before, now["allocated"], peak_allocated, now["reserved"],
                                        peak_reserved, self._proc.memory_info().rss))
 

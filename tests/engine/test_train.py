@@ -46,6 +46,9 @@ def test_method_trains_and_loss_falls(tmp_path, method):
     else:
         assert 0 < saved["params_trainable"] < saved["params_total"] * 0.5
     assert set(saved["memory_stages"]) >= {"mem_load_delta", "mem_first_forward_delta", "mem_steady_state_delta"}
+    with open(run / "memory_stages.csv") as fh:
+        stages = list(csv.DictReader(fh))
+    assert all(int(st["peak_allocated"]) >= int(st["allocated_after"]) for st in stages)  # no peak under its end
     # host time by cause: the first step made its own batch; every cause fits inside its step
     assert float(rows[0]["data_s"]) > 0 and all(r["alloc_retries"] == "0" for r in rows)
     for r in rows:
