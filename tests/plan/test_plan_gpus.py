@@ -1,6 +1,7 @@
 """`ftprof plan --gpus N`: the rows are those N processes can run (FSDP's refusals apply, --parallel ddp's do not),
 and their commands and sweeps run on N GPUs, with today's option meanings (schema_version)."""
 
+import pytest
 import yaml
 
 from ftprof.config import SCHEMA_VERSION, RunConfig
@@ -24,6 +25,7 @@ def test_every_candidate_of_a_sharded_target_is_a_valid_run():
     assert any(c.option("fp8_base") for c in ddp) and not [why for c in ddp if (why := _builds(c, 2, "ddp"))]
 
 
+@pytest.mark.slow  # (over 2 s: CI's tier)
 def test_a_plan_for_two_gpus_writes_commands_and_a_sweep_for_two(tmp_path, capsys):
     from ftprof.cli.main import main
 
