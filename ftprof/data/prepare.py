@@ -146,18 +146,24 @@ def _flat(ds, column: str):
 
 def sequence_stats(offsets, labels, seq_len: int, packing: bool) -> dict[str, Any]:
     """Lengths of the rows (tokens, after the cut to --seq-len unless packing) and, for the sequences the model
-    sees, the fraction of positions that are padding and the fraction that carry a label."""
+    sees, the fraction of positions that are padding and the fraction that carry a label after the causal shift
+    (a sequence's first token predicts nothing: what steps.csv's real tokens count)."""
     import numpy as np
+
+    from ftprof.data.formats import IGNORE_INDEX
 
     lengths = np.diff(offsets)
     total = int(lengths.sum())
-    labelled = int((labels != -100).sum())
-    if packing:
+    labelled = labels != IGNORE_INDEX
+    if packing:  # the stream cut into full sequences, as packed_rows cuts it
         sequences = max(1, total // seq_len)
         padding = 0.0
+        used = labelled[:sequences * seq_len] if total >= seq_len else np.resize(labelled, seq_len)
+        predicted = int(used.reshape(sequences, seq_len)[:, 1:].sum())
     else:
         sequences = len(lengths)
         padding = 1.0 - total / (sequences * seq_len)
+        predicted = int(labelled.sum()) - int(labelled[offsets[:-1]].sum())  # each row's first label shifts out
     return {"mean_seq_len": round(float(lengths.mean()), 2), "max_seq_len": int(lengths.max()),
             "tokens": total, "sequences": sequences, "padding_fraction": round(padding, 4),
-            "label_fraction": round(labelled / total * (1.0 - padding), 4)}
+            "label_fraction": round(predicted / (sequences * seq_len), 4)}

@@ -77,6 +77,8 @@ def test_sequence_stats_padding_and_labels():
     labels = np.array([-100, -100, 5, 5] + [7] * 8)
     padded = sequence_stats(offsets, labels, seq_len=8, packing=False)
     assert padded["mean_seq_len"] == 6 and padded["max_seq_len"] == 8 and padded["padding_fraction"] == 0.25
-    assert padded["label_fraction"] == pytest.approx(10 / 16)
+    # after the causal shift, as steps.csv's real tokens: the second row's first label predicts nothing
+    assert padded["label_fraction"] == pytest.approx(9 / 16)
     packed = sequence_stats(offsets, labels, seq_len=4, packing=True)
     assert packed["padding_fraction"] == 0 and packed["sequences"] == 3
+    assert packed["label_fraction"] == pytest.approx(8 / 12)  # each packed row's first position predicts nothing
