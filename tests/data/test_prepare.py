@@ -81,4 +81,4 @@ def test_sequence_stats_padding_and_labels():
     assert padded["label_fraction"] == pytest.approx(9 / 16)
     packed = sequence_stats(offsets, labels, seq_len=4, packing=True)
     assert packed["padding_fraction"] == 0 and packed["sequences"] == 3
-    assert packed["label_fraction"] == pytest.approx(8 / 12)  # each packed row's first position predicts nothing
+    assert packed["label_fraction"] == pytest.approx(8 / 12, abs=1e-4)  # each row's first position predicts none
