@@ -50,6 +50,7 @@ def fits_budget(peak_bytes: float, budget_bytes: float) -> bool:
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
     ("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("GH200", 989e12), ("H800", 989e12),
     ("A100", 312e12), ("A800", 312e12), ("L40S", 362e12), ("A10G", 70e12), ("L4", 121e12), ("B200", 2250e12),
+    ("RTX 4090", 165e12), ("RTX 3090", 71e12),  # dense bf16 with fp32 accumulation (what torch's matmuls use)
 )
 
 

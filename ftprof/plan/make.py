@@ -188,13 +188,27 @@ def _bounds(r: Row) -> tuple[float, float]:
 
 
 def _confidence(r: Row) -> int:
-    """0 (high) .. 3 (none), from the spread: the same words as the band's."""
-    from ftprof.plan.speed import confidence
+    """0 (high) .. 3 (none): the word the row shows (from its whole error band), so that the ranking's "less
+    certain" is the table's. (The spread, the part of the band that can reorder rows, bounds the ties instead: a
+    GPU's shared scaling error moves every row together; ranking by the spread's words put a row shown "low" above
+    faster rows shown "medium", and one shown "medium" eight places above a faster one shown "high".)"""
+    return CONFIDENCE_ORDER.get(r.prediction.confidence, 3)
 
-    p = r.prediction
-    if p.tokens_per_s_spread is None:
-        return CONFIDENCE_ORDER.get(p.confidence, 3)
-    return CONFIDENCE_ORDER[confidence(p.tokens_per_s_spread)]
+
+def _surest_overlapping(first: Row, pool: list[Row]) -> Row:
+    """``first``, or the most certain row (then the fastest) of those more certain than it whose bands overlap its
+    own, again until none is: a row just outside the tie of a faster, less certain one (its band short of that
+    row's lower bound) is still within ``first``'s error, and more certain (a "medium" row ranked 8 places above a
+    faster "high" one within its band, H200 24 GiB plan)."""
+    while True:
+        low, high = _bounds(first)
+        surer = [r for r in pool if _confidence(r) < _confidence(first)
+                 and _bounds(r)[1] >= low and _bounds(r)[0] <= high]
+        if not surer:
+            return first
+        level = min(map(_confidence, surer))
+        first = max((r for r in surer if _confidence(r) == level),
+                    key=lambda r: (r.prediction.tokens_per_s, r.headroom_bytes))
 
 
 def _rank(rows: list[Row]) -> list[Row]:
@@ -215,9 +229,9 @@ def _rank(rows: list[Row]) -> list[Row]:
         fastest = max((r for r in tied if _confidence(r) == level), key=lambda r: r.prediction.tokens_per_s)
         near = [r for r in tied if _confidence(r) == level
                 and r.prediction.tokens_per_s >= (1 - NEAR_TIE) * fastest.prediction.tokens_per_s]
-        first = max(near, key=lambda r: (r.headroom_bytes, r.prediction.tokens_per_s))
-        passed = [r for r in tied if r.prediction.tokens_per_s > first.prediction.tokens_per_s
-                  and _confidence(r) > level]
+        first = _surest_overlapping(max(near, key=lambda r: (r.headroom_bytes, r.prediction.tokens_per_s)), pool)
+        passed = [r for r in pool if r.prediction.tokens_per_s > first.prediction.tokens_per_s
+                  and _confidence(r) > _confidence(first) and _bounds(r)[0] <= _bounds(first)[1]]
         if passed:
             first.tie = f"above {len(passed)} faster but less certain prediction(s) within its error"
         elif len(near) > 1:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from ftprof import metrics
 from ftprof.config import RunConfig
 from ftprof.plan import calibration, host, memory, speed
 from ftprof.plan.candidates import Candidate
@@ -72,6 +73,7 @@ class Planner:
         spread = speed.spread(rate, micro_tokens) if rate else None
         measured_at = (rate.micro_batch_tokens or micro_tokens) if rate else 0  # (before the move)
         rate = speed.at_micro_batch(rate, micro_tokens, cand.compile) if rate else None
+        rate = speed.capped(rate, metrics.peak_flops(self.target.device_name), bool(cand.option("fp8_base")))
         tps = speed.tokens_per_s(flops, rate.flops_per_s, self.target.world_size) if rate else None
         floor = self.floor(key, cand) if rate else None
         if tps is not None and floor is not None:

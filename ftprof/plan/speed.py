@@ -101,6 +101,24 @@ def confidence(band: float) -> str:
     return next((word for limit, word in CONFIDENCE if band <= limit + 1e-9), "low")
 
 
+# The most of a GPU's dense bf16 peak a rate may reach (model + recomputed FLOPs per second): no run came near it
+# (on an H200 the fastest 16-bit runs reached 61-62%, FP8 base matmuls 70%), and a rate scaled to a micro-batch far
+# larger than any calibrated one went past the peak itself (a llama-1b full fine-tune at 131,072 tokens per
+# micro-batch: 123% of it). FP8's base matmuls run at twice the bf16 rate; the rest of the step does not.
+PEAK_SHARE_CAP = {False: 0.8, True: 1.0}  # keyed by whether the base matmuls run in FP8
+
+
+def capped(rate, peak_flops: float | None, fp8: bool):
+    """``rate`` no higher than PEAK_SHARE_CAP of the GPU's dense bf16 peak, saying so where it was lowered."""
+    if rate is None or not peak_flops:
+        return rate
+    cap = PEAK_SHARE_CAP[bool(fp8)] * peak_flops
+    if rate.flops_per_s <= cap:
+        return rate
+    return replace(rate, flops_per_s=cap, source=f"{rate.source}; capped at {PEAK_SHARE_CAP[bool(fp8)]:.0%} of "
+                                                 f"the GPU's bf16 peak ({peak_flops / 1e12:,.0f} TFLOP/s)")
+
+
 def at_micro_batch(rate, micro_batch_tokens: int, compiled: bool):
     """The calibration's Rate moved to ``micro_batch_tokens`` (ftprof.plan.calibration.Rate; unchanged when it was
     measured there)."""
