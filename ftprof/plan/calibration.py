@@ -349,6 +349,23 @@ def speed_rate(device_name: str, key: ClassKey, flops_per_token: float, micro_ba
                          f"{flops_per_token} and {micro_batch_tokens}")
     if records is None:
         records = own_records()
+    rate = _device_rate(device_name, key, flops_per_token, micro_batch_tokens, records, knobs, world_size)
+    if rate is None or not world_size or world_size == 1 or any(
+            int(r.get("world_size") or 1) == world_size
+            for r in [*_matching(records, key, device_name), *_matching(shipped()["speed"], key, device_name)]):
+        return rate
+    # per GPU from runs of another world size: the collectives of this one are not in it (and on one GPU, none)
+    return dataclasses.replace(rate, scatter=rate.scatter + BAND_OTHER_WORLD, source=f"{rate.source}; per GPU from "
+                               f"runs of another world size: {world_size} GPUs' collectives not priced")
+
+
+# How much less certain a per-GPU rate is at a world size none of its runs had: FSDP's and DDP's collectives (on two
+# H200s FSDP ran llama-1b LoRA at 70% of DDP's rate, 39,217 against 56,070 tokens/s, BENCHMARKS.md 2026-11-30)
+BAND_OTHER_WORLD = 0.10
+
+
+def _device_rate(device_name: str, key: ClassKey, flops_per_token: float, micro_batch_tokens: int,
+                 records: list[dict], knobs: dict | None, world_size: int | None) -> Rate | None:
     local = same_world(_matching(records, key, device_name), world_size)
     defaults = shipped()["speed"]
     same_device = same_world(_matching(defaults, key, device_name), world_size)
@@ -389,6 +406,14 @@ def _nearer(shipped_rows: list[dict], local: list[dict], flops_per_token: float,
     here = min(_distance(r, flops_per_token, micro_batch_tokens) for r in local)
     there = min(_distance(r, flops_per_token, micro_batch_tokens) for r in shipped_rows)
     return there < here - NEARER_BY
+
+
+def device_calibrated(device_name: str, records: list[dict]) -> bool:
+    """Whether any speed rate answers for ``device_name``: its own runs (the store's or the shipped), or a GPU whose
+    peak is known (the shipped GPU's rates scale to it)."""
+    if any(r.get("device_name") == device_name for r in [*records, *shipped()["speed"]]):
+        return True
+    return device_name != "cpu" and peak_flops(device_name) is not None
 
 
 def _scaled_rate(defaults: list[dict], device_name: str, key: ClassKey, flops_per_token: float,

@@ -106,8 +106,10 @@ def _context(req: PlanRequest):
         target, dtype, usable, usable_from = _named_card(cfg, req.gpu, req.gpus)
     else:
         target, dtype, usable, usable_from = _this_machine(cfg, req.gpus)
-    if limit is not None:
+    if limit is not None and int(limit * GIB) <= usable:
         usable, usable_from = int(limit * GIB), f"--memory-limit-gib {limit:g}"
+    elif limit is not None:  # no more than the card has (an L4 plan with 48 GiB put a 39.5 GiB row first)
+        usable_from = f"{usable_from}; --memory-limit-gib {limit:g} is more than that"
     method = cfg.method.for_method(req.methods[0], dtype, preset=source.kind == "preset")
     return dataclasses.replace(cfg, method=method), source, target, dtype, usable, usable_from
 
@@ -169,7 +171,7 @@ def _row(p: Planner, cand: Candidate, budget_bytes: int) -> Row:
     headroom = budget_bytes - pred.peak_bytes
     row = Row(cand, pred, headroom >= 0, headroom)
     if not row.fits:
-        row.why_not = f"over the budget by {-headroom / GIB:.2f} GiB"
+        row.why_not = f"over the budget by {max(-headroom / GIB, 0.01):.2f} GiB"  # (never "by 0.00")
     return row
 
 

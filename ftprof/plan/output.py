@@ -161,6 +161,11 @@ def ranking_note(plan: Plan) -> str | None:
     if plan.fitting and all(r.prediction.tokens_per_s is None for r in plan.fitting):
         return (f"no speed calibration for {plan.target.device_name}: the rows are ranked by predicted peak memory, "
                 "least first; run ftprof once on that GPU, or plan for a calibrated one with --gpu (e.g. h200)")
+    unpriced = sum(1 for r in plan.fitting if r.prediction.tokens_per_s is None)
+    if unpriced:
+        return (f"{unpriced} configuration(s) that fit have no speed prediction (no run of their kind on "
+                f"{plan.target.device_name} nor one to stand in): ranked after those that have one, least memory "
+                "first (plan.csv's speed_source says which)")
     return None
 
 

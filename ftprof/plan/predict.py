@@ -89,8 +89,8 @@ class Planner:
             peak_bytes=mem.peak_bytes, static_bytes=mem.static_bytes, gradient_bytes=mem.gradients,
             activation_bytes=mem.activation_bytes,
             activation_factor=mem.activation_factor, transient_bytes=mem.transient_bytes, tokens_per_s=tps,
-            memory_source=_memory_source(result, factor), speed_source=rate.source if rate else (
-                f"no calibration for {self.target.device_name}: run ftprof on it once, or plan with --gpu"),
+            memory_source=_memory_source(result, factor), speed_source=rate.source if rate else no_rate_words(
+                key, self.target.device_name, self.records),
             device=self.target.device_name, candidate={**cand.flat(), "seq_len": self.cfg.data.seq_len},
             tokens_per_s_error=None if band is None else round(band, 3),
             confidence="" if band is None else speed.confidence(band),
@@ -212,6 +212,15 @@ class Planner:
 def planner(cfg: RunConfig, source, dtype: str, target: Target, records: list[dict] | None = None) -> Planner:
     """A planner calibrated from ftprof's own runs among ``records`` (default: the store's)."""
     return Planner(cfg, source, dtype, target, calibration.own_records(records))
+
+
+def no_rate_words(key, device_name: str, records: list[dict]) -> str:
+    """Why a row has no speed: its GPU has no calibration at all, or none of its kind of run (and no stand-in)."""
+    calibrated = calibration.device_calibrated(device_name, records)
+    if not calibrated:
+        return f"no calibration for {device_name}: run ftprof on it once, or plan with --gpu"
+    return (f"no run of this kind ({key.describe()}) on {device_name} nor one to stand in for it: run it once "
+            "(ftprof train with these options) to price it")
 
 
 def _memory_source(result: ProbeResult, factor) -> str:

@@ -392,3 +392,13 @@ def test_runs_of_the_plans_own_world_size_answer_where_there_are_any():
     assert four.runs == 2
     cpu = [_record(device="cpu", world_size=2)]
     assert "2 processes" in calibration.speed_rate("cpu", QLORA_COMPILED, 3.35e10, 8192, records=cpu).source
+
+
+def test_a_rate_from_another_world_size_says_so_and_is_less_certain():
+    one_gpu = [_record(rate=5e14)]
+    two = calibration.speed_rate(H200, QLORA_COMPILED, 3.35e10, 8192, records=one_gpu, world_size=2)
+    alone = calibration.speed_rate(H200, QLORA_COMPILED, 3.35e10, 8192, records=one_gpu, world_size=1)
+    assert two.source.endswith("2 GPUs' collectives not priced") and two.scatter == alone.scatter + 0.10
+    measured = calibration.speed_rate(H200, QLORA_COMPILED, 3.35e10, 8192,
+                                      records=[*one_gpu, _record(rate=4e14, world_size=2)], world_size=2)
+    assert "not priced" not in measured.source

@@ -47,3 +47,28 @@ def test_a_cpu_plans_budget_is_not_passed_to_the_runs_it_suggests(tmp_path, caps
     out = capsys.readouterr().out
     assert "budget" in out and "--memory-limit-gib" not in "\n".join(x for x in out.splitlines() if x.startswith("#"))
     assert "memory_limit_gib" not in yaml.safe_load((tmp_path / "plan-sweep.yaml").read_text())["base"]
+
+
+def test_a_budget_larger_than_the_card_is_the_cards(tmp_path, capsys):
+    from ftprof.cli.main import main
+
+    assert main(["plan", "lora", "--model", "tiny", "--gpu", "l4", "--memory-limit-gib", "48", "--plan-dir",
+                 str(tmp_path)]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert "--memory-limit-gib 48 is more than that" in header and "budget 19.8 GiB" in header
+
+
+@pytest.mark.slow  # (over 2 s: CI's tier)
+def test_rows_without_a_speed_say_why_and_where_they_rank(tmp_path, capsys):
+    """A calibrated GPU's rows of an uncalibrated kind said "no calibration for <the GPU>"; they now name the kind,
+    and a line says how many fit unpriced and where they rank."""
+    import csv
+
+    from ftprof.cli.main import main
+
+    assert main(["plan", "all", "--model", "tiny", "--gpu", "h100", "--plan-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    with open(tmp_path / "plan.csv") as fh:
+        unpriced = [r for r in csv.DictReader(fh) if r["fits"] == "True" and not r["tokens_per_s"]]
+    assert unpriced and all(r["speed_source"].startswith("no run of this kind (") for r in unpriced)
+    assert f"{len(unpriced)} configuration(s) that fit have no speed prediction" in out
