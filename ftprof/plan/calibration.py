@@ -36,6 +36,7 @@ from ftprof.plan.store import (  # noqa: F401 - the store's I/O, read and writte
     _warn,
     append_record,
     enabled,
+    host_bound,
     load_records,
     store_path,
 )
@@ -94,6 +95,9 @@ class Rate:
     # half the range of the chosen runs' rates over their median: how far runs of the same configuration fell apart
     # (0 for one run); the prediction's band widens by it
     scatter: float = 0.0
+    # a chosen run's GPU waited on its host (NVML busy under HOST_BOUND_BUSY): its rate is the host's as much as the
+    # GPU's (a selective QLoRA run at 55% busy priced its class at 5,187 tokens/s, shown +-5%)
+    host_bound: bool = False
 
 
 @dataclass(frozen=True)
@@ -294,7 +298,8 @@ def _rate(rows: list[dict], key: ClassKey, flops_per_token: float, micro_batch_t
     distance = abs(math.log(_speed_point(chosen[0])[0] / flops_per_token))
     return Rate(rate, source(chosen, _describe(chosen, key)), len(chosen), tokens, origin, distance,
                 _knobs_matched(chosen, knobs), fixed_share=_fixed_share(rows if sizes is None else sizes, chosen),
-                scatter=(max(rates) - min(rates)) / (2 * statistics.median(rates)))
+                scatter=(max(rates) - min(rates)) / (2 * statistics.median(rates)),
+                host_bound=any(host_bound(r) for r in chosen))
 
 
 def _fixed_share(rows: list[dict], chosen: list[dict]) -> float | None:

@@ -88,6 +88,8 @@ def error_band(rate, micro_batch_tokens: int) -> float:
         band += BAND_STAND_IN
     if not rate.knobs_matched:
         band += BAND_UNMATCHED
+    if rate.host_bound:
+        band += BAND_HOST_BOUND
     return band + rate.scatter
 
 

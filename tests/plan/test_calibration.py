@@ -402,3 +402,14 @@ def test_a_rate_from_another_world_size_says_so_and_is_less_certain():
     measured = calibration.speed_rate(H200, QLORA_COMPILED, 3.35e10, 8192,
                                       records=[*one_gpu, _record(rate=4e14, world_size=2)], world_size=2)
     assert "not priced" not in measured.source
+
+
+def test_a_rate_from_a_host_bound_run_is_less_certain():
+    """A run whose GPU waited on its host (NVML busy under 85%) measured the host as much as the GPU: a prediction
+    from it widens by the host-bound band."""
+    from ftprof.plan import speed
+
+    busy = calibration.speed_rate(H200, QLORA_COMPILED, 3.35e10, 8192, records=[_record(gpu_busy=0.97)])
+    idle = calibration.speed_rate(H200, QLORA_COMPILED, 3.35e10, 8192, records=[_record(gpu_busy=0.55)])
+    assert not busy.host_bound and idle.host_bound
+    assert speed.error_band(idle, 8192) == pytest.approx(speed.error_band(busy, 8192) + speed.BAND_HOST_BOUND)
