@@ -107,6 +107,21 @@ def finished_run(output_dir: str | Path, run_name: str | None) -> Path | None:
     return path if (path / RESULT).is_file() else None
 
 
+def _refuse_stale_checkpoints(path: Path, run_name: str) -> None:
+    """A run directory a killed run left checkpoints in is no new run's: its checkpoints would pass for the new
+    run's (--save-total-limit pruned the new ones and kept the old, --resume-from-checkpoint latest took them)."""
+    from ftprof.config.saving import CHECKPOINT_PREFIX
+    from ftprof.errors import ConfigError
+
+    left = sorted((p for p in path.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir()),
+                  key=lambda p: int(p.name[len(CHECKPOINT_PREFIX):]) if p.name[len(CHECKPOINT_PREFIX):].isdigit()
+                  else -1)
+    if left:
+        raise ConfigError(f"--run-name {run_name}: {path} holds {left[-1].name} of a run that did not finish; "
+                          f"continue it with --resume-from-checkpoint {left[-1]} and another --run-name, or give "
+                          "--overwrite-output-dir to start over")
+
+
 def replace_named_run(output_dir: str | Path, run_name: str | None, overwrite: bool) -> None:
     """A reused run name never replaces a finished run silently: refused in one line (ConfigError), or with
     ``overwrite`` (--overwrite-output-dir) the directory is emptied first, finished or not: its checkpoints would
@@ -123,6 +138,7 @@ def replace_named_run(output_dir: str | Path, run_name: str | None, overwrite: b
         raise ConfigError(f"--run-name {run_name}: {path} holds a finished run; give --overwrite-output-dir to "
                           "replace it, or another --run-name")
     if not overwrite:
+        _refuse_stale_checkpoints(path, run_name)
         return
     for entry in path.iterdir():
         if entry.is_dir() and not entry.is_symlink():

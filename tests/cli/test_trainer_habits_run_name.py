@@ -65,13 +65,24 @@ def test_overwrite_output_dir_replaces_the_finished_run(tmp_path):
 
 def test_overwrite_output_dir_empties_an_unfinished_run_too(tmp_path):
     # a killed run's checkpoint would pass for the new run's (--resume-from-checkpoint latest takes the newest)
+    from ftprof.errors import ConfigError
     from ftprof.results.run_dir import replace_named_run
 
     run = tmp_path / "r"
     (run / "checkpoint-9").mkdir(parents=True)
     (run / "config.json").write_text("{}")
-    replace_named_run(tmp_path, "r", overwrite=False)  # unfinished, no --overwrite-output-dir: reused as it is
+    # unfinished with a checkpoint, no --overwrite-output-dir: refused (--save-total-limit pruned the new run's
+    # checkpoints and kept the killed run's checkpoint-15)
+    with pytest.raises(ConfigError, match="holds checkpoint-9 of a run that did not finish; continue it with "
+                                          "--resume-from-checkpoint"):
+        replace_named_run(tmp_path, "r", overwrite=False)
     assert (run / "checkpoint-9").is_dir()
+    (run / "checkpoint-10").mkdir()
+    with pytest.raises(ConfigError, match="holds checkpoint-10 of"):  # the newest by step, not by name
+        replace_named_run(tmp_path, "r", overwrite=False)
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "config.json").write_text("{}")
+    replace_named_run(tmp_path, "s", overwrite=False)  # unfinished without checkpoints: reused as it is
     replace_named_run(tmp_path, "r", overwrite=True)
     assert run.is_dir() and list(run.iterdir()) == []
 
