@@ -230,9 +230,11 @@ def load_checkpoint(resolved, built, path: Path, log: Callable[[str], None]) -> 
 
         raise ConfigError(f"--resume-from-checkpoint {path}: cannot read {TRAINER_STATE} ({type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else ''}); resume from another checkpoint") from None
+    peak_lrs = [group.get("initial_lr", group["lr"]) for group in built.optimizer.param_groups]  # this run's --lr
     built.optimizer.load_state_dict(state["optimizer"])
     if built.scheduler is not None and state["scheduler"] is not None:
         built.scheduler.load_state_dict(state["scheduler"])
+        _this_runs_schedule(built.scheduler, built.optimizer, peak_lrs)
     for _ in range(int(info["batches_taken"])):
         next(built.batches)
     rng = state["rng"]
@@ -243,6 +245,17 @@ def load_checkpoint(resolved, built, path: Path, log: Callable[[str], None]) -> 
         torch.cuda.set_rng_state_all(rng["cuda"])
     log(f"--resume-from-checkpoint: resumed from {path} at step {info['step']}")
     return int(info["step"])
+
+
+def _this_runs_schedule(scheduler, optimizer, peak_lrs: list[float]) -> None:
+    """From the checkpoint's step on, this run's --lr and schedule: the loaded states carry the checkpoint's run's
+    peak lr and the lr its schedule set for the next step (a run extended from 5 to 10 steps ran step 6 at the
+    5-step schedule's 0.0, and a new --lr was never used). Where nothing changed, the same lr as before."""
+    scheduler.base_lrs = list(peak_lrs)
+    lrs = [peak * factor(scheduler.last_epoch) for peak, factor in zip(peak_lrs, scheduler.lr_lambdas, strict=True)]
+    for group, peak, lr in zip(optimizer.param_groups, peak_lrs, lrs, strict=True):
+        group["initial_lr"], group["lr"] = peak, lr
+    scheduler._last_lr = lrs  # (what get_last_lr() reports)
 
 
 def _safetensors_state(folder: Path) -> dict[str, torch.Tensor]:

@@ -127,3 +127,29 @@ def test_resume_refusal_through_the_cli_is_one_line(tmp_path, capsys):
     code = main(["train", "lora", "--output_dir", str(tmp_path), "--resume_from_checkpoint", "latest"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and "--resume-from-checkpoint latest" in err
+
+
+def _lrs(run_dir):
+    import csv
+
+    with open(run_dir / "steps.csv") as fh:
+        return {int(row["step"]): float(row["lr"]) for row in csv.DictReader(fh)}
+
+
+@pytest.mark.slow
+def test_a_resumed_run_follows_its_own_schedule_and_lr(tmp_path):
+    """Extending a run (4 steps saved, resumed to 8) runs steps 5-8 at the 8-step schedule's learning rates, and a
+    new --lr is the one used: the checkpoint's states carried its own run's (step 5 ran at the 4-step schedule's
+    0.0, and a new --lr was never used)."""
+    options = {"method": "lora", "lr_scheduler_type": "linear", "warmup_steps": 1}
+    _, eight_dir = _run(tmp_path, "eight", max_steps=8, **options)
+    _, four_dir = _run(tmp_path, "four", max_steps=4, save_steps=4, **options)
+    _, more_dir = _run(tmp_path, "more", max_steps=8, resume_from_checkpoint=str(four_dir / "checkpoint-4"),
+                       **options)
+    whole, more = _lrs(eight_dir), _lrs(more_dir)
+    assert sorted(more) == [5, 6, 7, 8] and all(more[s] == pytest.approx(whole[s]) for s in more)
+    assert more[5] > 0
+    _, faster_dir = _run(tmp_path, "faster", max_steps=8, lr=1e-3,
+                         resume_from_checkpoint=str(four_dir / "checkpoint-4"), **options)
+    peak = RunConfig.from_flat({**SHAPE, **options}).train.lr
+    assert all(lr == pytest.approx(whole[s] * 1e-3 / peak) for s, lr in _lrs(faster_dir).items())
