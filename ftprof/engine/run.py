@@ -215,7 +215,8 @@ def resolve_resume(cfg: RunConfig) -> RunConfig:
             raise ConfigError(f"--resume-from-checkpoint {path}: it was written with {what} {saved}, this run has "
                               f"{mine}; resume with the same options")
     step = int(state.get("step", 0))
-    if step >= cfg.train.max_steps:
+    # (with --num-train-epochs the steps are known once the data is read: preflight checks them then)
+    if step >= cfg.train.max_steps and cfg.train.num_train_epochs is None:
         raise ConfigError(f"--resume-from-checkpoint {path}: the checkpoint is at step {step}; --max-steps "
                           f"{cfg.train.max_steps} leaves no step to run (--max-steps counts from the run's start)")
     if cfg.output.run_name and (parent / cfg.output.run_name).resolve() == path.parent:

@@ -95,9 +95,7 @@ class Rate:
     # half the range of the chosen runs' rates over their median: how far runs of the same configuration fell apart
     # (0 for one run); the prediction's band widens by it
     scatter: float = 0.0
-    # a chosen run's GPU waited on its host (NVML busy under HOST_BOUND_BUSY): its rate is the host's as much as the
-    # GPU's (a selective QLoRA run at 55% busy priced its class at 5,187 tokens/s, shown +-5%)
-    host_bound: bool = False
+    host_bound: bool = False  # a chosen run's GPU waited on its host (NVML busy under HOST_BOUND_BUSY)
 
 
 @dataclass(frozen=True)
@@ -355,17 +353,15 @@ def speed_rate(device_name: str, key: ClassKey, flops_per_token: float, micro_ba
     if records is None:
         records = own_records()
     rate = _device_rate(device_name, key, flops_per_token, micro_batch_tokens, records, knobs, world_size)
-    if rate is None or not world_size or world_size == 1 or any(
-            int(r.get("world_size") or 1) == world_size
-            for r in [*_matching(records, key, device_name), *_matching(shipped()["speed"], key, device_name)]):
+    mine = [*_matching(records, key, device_name), *_matching(shipped()["speed"], key, device_name)]
+    if rate is None or world_size in (None, 1) or any(int(r.get("world_size") or 1) == world_size for r in mine):
         return rate
-    # per GPU from runs of another world size: the collectives of this one are not in it (and on one GPU, none)
     return dataclasses.replace(rate, scatter=rate.scatter + BAND_OTHER_WORLD, source=f"{rate.source}; per GPU from "
                                f"runs of another world size: {world_size} GPUs' collectives not priced")
 
 
-# How much less certain a per-GPU rate is at a world size none of its runs had: FSDP's and DDP's collectives (on two
-# H200s FSDP ran llama-1b LoRA at 70% of DDP's rate, 39,217 against 56,070 tokens/s, BENCHMARKS.md 2026-11-30)
+# A per-GPU rate at a world size none of its runs had: collectives unpriced (FSDP ran llama-1b LoRA at 70% of DDP's
+# rate on two H200s, BENCHMARKS.md 2026-11-30)
 BAND_OTHER_WORLD = 0.10
 
 
@@ -389,9 +385,8 @@ def _device_rate(device_name: str, key: ClassKey, flops_per_token: float, micro_
 
 
 def same_world(rows: list[dict], world_size: int | None) -> list[dict]:
-    """The runs of ``world_size`` processes among ``rows``, where there are any (else all of them). A rate is per
-    GPU, but not the same per GPU at another world size: FSDP's and DDP's collectives take their share, and on a
-    CPU the processes share its cores (two processes on two cores ran at half the rate per process each)."""
+    """The runs of ``world_size`` processes among ``rows``, where there are any (else all): a rate per GPU is not
+    the same at another world size (collectives; on a CPU, two processes on two cores ran at half the rate each)."""
     if world_size is None:
         return rows
     same = [r for r in rows if int(r.get("world_size") or 1) == world_size]
@@ -414,8 +409,7 @@ def _nearer(shipped_rows: list[dict], local: list[dict], flops_per_token: float,
 
 
 def device_calibrated(device_name: str, records: list[dict]) -> bool:
-    """Whether any speed rate answers for ``device_name``: its own runs (the store's or the shipped), or a GPU whose
-    peak is known (the shipped GPU's rates scale to it)."""
+    """Whether a speed rate answers for ``device_name``: its own runs, or a known peak (the shipped GPU's scale)."""
     if any(r.get("device_name") == device_name for r in [*records, *shipped()["speed"]]):
         return True
     return device_name != "cpu" and peak_flops(device_name) is not None

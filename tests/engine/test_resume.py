@@ -153,3 +153,19 @@ def test_a_resumed_run_follows_its_own_schedule_and_lr(tmp_path):
                          resume_from_checkpoint=str(four_dir / "checkpoint-4"), **options)
     peak = RunConfig.from_flat({**SHAPE, **options}).train.lr
     assert all(lr == pytest.approx(whole[s] * 1e-3 / peak) for s, lr in _lrs(faster_dir).items())
+
+
+@pytest.mark.slow
+def test_an_epoch_run_resumes_past_the_default_step_count(tmp_path):
+    """--num-train-epochs sets the steps once the data is read: a checkpoint at step 11 of a 12-step epoch was
+    refused against --max-steps' default of 10; one at the last step is refused against the epochs' steps."""
+    rows = tmp_path / "d.jsonl"
+    rows.write_text("".join(json.dumps({"text": f"row {i} " + "word " * (5 + i % 7)}) + "\n" for i in range(24)))
+    options = {"method": "lora", "dataset": str(rows), "num_train_epochs": 1}
+    _, saved_dir = _run(tmp_path, "saved", save_steps=11, **options)
+    assert sorted(_losses(saved_dir)) == list(range(1, 13))
+    _, resumed_dir = _run(tmp_path, "resumed", resume_from_checkpoint=str(saved_dir / "checkpoint-11"), **options)
+    assert sorted(_losses(resumed_dir)) == [12]
+    _, last_dir = _run(tmp_path, "last", save_steps=12, **options)
+    with pytest.raises(ConfigError, match="--num-train-epochs 1 is 12 steps, none left to run"):
+        _run(tmp_path, "again", resume_from_checkpoint=str(last_dir / "checkpoint-12"), **options)
