@@ -30,9 +30,11 @@ from ftprof.results.parts import Saved
 from ftprof.results.store import partial_dir
 
 
-def save_trained(resolved, built, run_dir: Path, log: Callable[[str], None], root: Path | None = None) -> Saved:
+def save_trained(resolved, built, run_dir: Path, log: Callable[[str], None], root: Path | None = None,
+                 final_root: Path | None = None) -> Saved:
     """Write what ``built`` trained under ``root`` (default: --save-dir, else the run directory); every rank calls
-    it."""
+    it. ``final_root``: where ``root`` will be once published (a checkpoint written in a temporary folder), the
+    folder an adapter names as its base."""
     cfg = resolved.config
     if root is None:
         root = Path(cfg.save.save_dir).expanduser() if cfg.save.save_dir else Path(run_dir)
@@ -44,7 +46,8 @@ def save_trained(resolved, built, run_dir: Path, log: Callable[[str], None], roo
     out = Saved(saved="adapter" if lora else "model", save_dir=str(root / (ADAPTER if lora else MODEL)))
     if resolved.dist.is_main:
         if lora:
-            out.save_base_dir = _save_adapter(resolved, model, gathered, root, built.tokenizer, preset_base, log)
+            out.save_base_dir = _save_adapter(resolved, model, gathered, root, built.tokenizer, preset_base, log,
+                                              final_root or root)
         else:
             _publish(root / MODEL, lambda tmp: _save_full(model, gathered, built.tokenizer, tmp))
     if resolved.dist.enabled:
@@ -90,8 +93,9 @@ def _save_full(model, gathered: dict | None, tokenizer, where: Path) -> None:
 
 
 def _save_adapter(resolved, peft_model, gathered: dict | None, root: Path, tokenizer, preset_base: bool,
-                  log: Callable[[str], None]) -> str | None:
-    """The adapter (and, for a preset, its base); returns the base's directory or name."""
+                  log: Callable[[str], None], final_root: Path) -> str | None:
+    """The adapter (and, for a preset, its base); returns the base's directory or name (under ``final_root``:
+    a checkpoint's adapter named its temporary folder, gone once published)."""
     base_dir = None
     if preset_base:
         if gathered is not None and resolved.config.method.method == "qlora":
@@ -100,7 +104,7 @@ def _save_adapter(resolved, peft_model, gathered: dict | None, root: Path, token
         else:
             state = base_state(peft_model, gathered)
             _publish(root / BASE, lambda tmp: _save_base(resolved.source.config, state, tokenizer, tmp))
-            base_dir = str((root / BASE).resolve())
+            base_dir = str((final_root / BASE).resolve())
     name = base_dir or _base_name(peft_model, resolved)
     config = peft_model.peft_config["default"]
     before, config.base_model_name_or_path = config.base_model_name_or_path, name
@@ -181,7 +185,7 @@ def write_checkpoint(resolved, built, run_dir: Path, step: int, log: Callable[[s
 
     def write(tmp: Path) -> None:
         tmp.mkdir(parents=True)
-        save_trained(resolved, built, run_dir, lambda message: None, root=tmp)
+        save_trained(resolved, built, run_dir, lambda message: None, root=tmp, final_root=final)
         rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
         torch.save({"optimizer": built.optimizer.state_dict(),

@@ -37,6 +37,9 @@ def test_a_resumed_run_has_the_same_losses(tmp_path, method, extra):
     whole, whole_dir = _run(tmp_path, "whole", method=method, max_steps=8, **extra)
     _, saved_dir = _run(tmp_path, "saved", method=method, max_steps=8, save_steps=4, **extra)
     assert sorted(p.name for p in saved_dir.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-8"]
+    if method == "lora":  # a checkpoint's adapter names the checkpoint's base, not the folder it was written in
+        adapter = json.loads((saved_dir / "checkpoint-4" / "adapter" / "adapter_config.json").read_text())
+        assert adapter["base_model_name_or_path"] == str((saved_dir / "checkpoint-4" / "base").resolve())
     resumed, resumed_dir = _run(tmp_path, "resumed", method=method, max_steps=8,
                                 resume_from_checkpoint=str(saved_dir / "checkpoint-4"), **extra)
     a, b = _losses(whole_dir), _losses(resumed_dir)
