@@ -119,14 +119,14 @@ class RunDisplay:
         self.progress.start()
 
     def on_step(self, record) -> None:
-        self._step += 1
+        self._step = record.step  # the run's own step number (a resumed run counts on from its checkpoint's)
         if self.quiet:
             return
         tps = record.tokens / record.step_time_s if record.step_time_s > 0 else 0.0
         warm = " (warm-up)" if record.warmup else ""
         info = f"loss {record.loss:.4f} | {fmt_num(tps)} tok/s | {record.step_time_s:.3f} s{warm}"
         if self.progress is not None:
-            self.progress.update(self.task, advance=1, info=info)
+            self.progress.update(self.task, completed=self._step, info=info)
         elif self.plain and self._plain_due():
             self.console.print(f"ftprof: step {self._step}/{self.cfg.train.max_steps} | {info}")
 
