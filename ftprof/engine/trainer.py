@@ -183,7 +183,7 @@ class Trainer:
         if self.merged_dir is not None:  # result.json's artifacts: in the run directory, else where it is
             inside = self.merged_dir.resolve().is_relative_to(Path(self.run_dir).resolve())
             res.artifacts["merged_model"] = os.path.relpath(self.merged_dir, self.run_dir) if inside \
-                else str(self.merged_dir)
+                else str(self.merged_dir.resolve())  # (absolute: a path relative to where ftprof ran resolves nowhere)
         if self.checkpoints:
             res.notes.append(f"--save-steps wrote {', '.join(self.checkpoints)} (--save-total-limit keeps the "
                              "newest)" if self.cfg.save.save_total_limit else
