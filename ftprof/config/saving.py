@@ -50,3 +50,12 @@ class SaveConfig:
                 "--save-total-limit needs --save-steps")
         require(self.resume_from_checkpoint is None or bool(self.resume_from_checkpoint.strip()),
                 "--resume-from-checkpoint must not be empty")
+
+
+def local_dataset_path(dataset: str) -> str | None:
+    """A dataset that is a local file or folder, as its absolute path (what a resume compares: the same name from
+    another directory is another file, and the same file by another name is the same); None for the others."""
+    from pathlib import Path
+
+    path = Path(dataset).expanduser()
+    return str(path.resolve()) if dataset != "synthetic" and path.exists() else None

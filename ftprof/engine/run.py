@@ -15,7 +15,14 @@ from pathlib import Path
 
 from ftprof import ranks
 from ftprof.config import RunConfig
-from ftprof.config.saving import ADAPTER, CHECKPOINT_PREFIX, CHECKPOINT_STATE, MODEL, TRAINER_STATE
+from ftprof.config.saving import (
+    ADAPTER,
+    CHECKPOINT_PREFIX,
+    CHECKPOINT_STATE,
+    MODEL,
+    TRAINER_STATE,
+    local_dataset_path,
+)
 from ftprof.results import run_dir as files
 from ftprof.results.schema import RunResult, failure_result
 from ftprof.results.status import Status
@@ -139,8 +146,8 @@ def _launch_and_collect(cfg: RunConfig, quiet: bool | None) -> RunResult:
 
 
 # Options a resumed run must share with its checkpoint: the weights' shapes, and what the data position means.
-RESUME_SAME = ("method", "model", "lora_r", "lora_targets", "dataset", "dataset_config", "dataset_split", "packing",
-               "seq_len", "batch_size", "grad_accum", "seed")
+RESUME_SAME = ("method", "model", "lora_r", "lora_alpha", "lora_targets", "dataset", "dataset_config",
+               "dataset_split", "packing", "seq_len", "batch_size", "grad_accum", "seed")
 
 
 def checkpoint_dirs(run_dir: Path) -> list[tuple[int, Path]]:
@@ -206,7 +213,9 @@ def resolve_resume(cfg: RunConfig) -> RunConfig:
             raise ConfigError(f"--resume-from-checkpoint {spec}: no such directory")
     path = path.resolve()
     state = read_checkpoint_state(path)
-    theirs, ours = state.get("options", {}), cfg.to_flat()
+    theirs, ours = dict(state.get("options", {})), cfg.to_flat()
+    if state.get("dataset_path") and local_dataset_path(cfg.data.dataset):  # a local dataset: the file, not its name
+        theirs["dataset"], ours["dataset"] = state["dataset_path"], local_dataset_path(cfg.data.dataset)
     for key in RESUME_SAME:
         mine, saved = ours.get(key), theirs.get(key)
         saved = tuple(saved) if isinstance(saved, list) else saved

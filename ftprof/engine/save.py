@@ -24,7 +24,16 @@ from pathlib import Path
 
 import torch
 
-from ftprof.config.saving import ADAPTER, BASE, CHECKPOINT_PREFIX, CHECKPOINT_STATE, MERGED, MODEL, TRAINER_STATE
+from ftprof.config.saving import (
+    ADAPTER,
+    BASE,
+    CHECKPOINT_PREFIX,
+    CHECKPOINT_STATE,
+    MERGED,
+    MODEL,
+    TRAINER_STATE,
+    local_dataset_path,
+)
 from ftprof.models.dequant import dequantize, is_4bit_linear
 from ftprof.results.parts import Saved
 from ftprof.results.store import partial_dir
@@ -194,7 +203,8 @@ def write_checkpoint(resolved, built, run_dir: Path, step: int, log: Callable[[s
         options = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.to_flat().items()}
         write_json_atomic(tmp / CHECKPOINT_STATE, {
             "step": step, "batches_taken": step * cfg.train.grad_accum, "method": cfg.method.method,
-            "saved": ADAPTER if cfg.method.method != "full" else MODEL, "options": options})
+            "saved": ADAPTER if cfg.method.method != "full" else MODEL, "options": options,
+            "dataset_path": local_dataset_path(cfg.data.dataset)})
 
     _publish(final, write)
     log(f"--save-steps: {final.name} written in {time.perf_counter() - t0:.1f} s")

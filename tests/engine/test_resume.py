@@ -172,3 +172,28 @@ def test_an_epoch_run_resumes_past_the_default_step_count(tmp_path):
     _, last_dir = _run(tmp_path, "last", save_steps=12, **options)
     with pytest.raises(ConfigError, match="--num-train-epochs 1 is 12 steps, none left to run"):
         _run(tmp_path, "again", resume_from_checkpoint=str(last_dir / "checkpoint-12"), **options)
+
+
+def test_a_resume_compares_the_dataset_file_and_the_lora_scale(tmp_path, monkeypatch):
+    """A local dataset is compared as the file it names (the same name from another directory is another file;
+    the same file by another name is the same), and --lora-alpha is the checkpoint's (it changes what the adapter
+    computes: another alpha resumed silently, at another loss)."""
+    from ftprof.engine.run import resolve_resume
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "a b c"}\n')
+    ckpt = _checkpoint(tmp_path, step=4, max_steps=8, dataset=str(data))
+    state = json.loads((ckpt / "ftprof_checkpoint.json").read_text())
+    state["dataset_path"] = str(data.resolve())
+    (ckpt / "ftprof_checkpoint.json").write_text(json.dumps(state))
+    monkeypatch.chdir(tmp_path)
+    resolve_resume(_cfg(tmp_path, resume_from_checkpoint=str(ckpt), max_steps=8, dataset="d.jsonl"))  # same file
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "d.jsonl").write_text('{"text": "x y z"}\n')
+    monkeypatch.chdir(other)
+    with pytest.raises(ConfigError, match="written with --dataset"):
+        resolve_resume(_cfg(tmp_path, resume_from_checkpoint=str(ckpt), max_steps=8, dataset="d.jsonl"))
+    with pytest.raises(ConfigError, match="written with --lora-alpha"):
+        resolve_resume(_cfg(tmp_path, resume_from_checkpoint=str(ckpt), max_steps=8, dataset=str(data),
+                            lora_alpha=64))
