@@ -19,8 +19,13 @@ from ftprof.results.store import write_text_atomic
 
 JSON_NAME, CSV_NAME, SWEEP_NAME = "plan.json", "plan.csv", "plan-sweep.yaml"
 COLUMNS = ("rank", "method", "checkpointing", "checkpoint_layers", "kernels", "compile", "options", "batch_size",
-           "grad_accum", "fits", "peak_gib", "headroom_gib", "tokens_per_s", "why_not", "memory_source", "speed_source",
+           "grad_accum", "fits", "peak_gib", "headroom_gib", "tokens_per_s", "tokens_per_s_error", "confidence",
+           "static_gib", "activation_gib", "transient_gib", "tie", "why_not", "memory_source", "speed_source",
            "needs_package")
+
+
+def _gib(nbytes: float | None) -> float | None:
+    return None if nbytes is None else round(nbytes / GIB, 4)
 
 
 def row_dict(rank: int, row: Row, needs: str = "") -> dict:
@@ -33,8 +38,11 @@ def row_dict(rank: int, row: Row, needs: str = "") -> dict:
             "batch_size": c.batch_size, "grad_accum": c.grad_accum, "fits": row.fits,
             "peak_gib": round(p.peak_bytes / GIB, 4), "headroom_gib": round(row.headroom_bytes / GIB, 4),
             "tokens_per_s": None if p.tokens_per_s is None else round(p.tokens_per_s),
-            "why_not": row.why_not, "memory_source": p.memory_source, "speed_source": p.speed_source,
-            "needs_package": needs}
+            "tokens_per_s_error": p.tokens_per_s_error, "confidence": p.confidence,  # (the band: relative, +-)
+            # the peak's parts: what stays resident, the activations, the largest transient on top
+            "static_gib": _gib(p.static_bytes), "activation_gib": _gib(p.activation_bytes),
+            "transient_gib": _gib(p.transient_bytes), "tie": row.tie or "", "why_not": row.why_not,
+            "memory_source": p.memory_source, "speed_source": p.speed_source, "needs_package": needs}
 
 
 def plan_json(plan: Plan) -> dict:
