@@ -130,7 +130,7 @@ def bench_command(args: argparse.Namespace) -> int:
         from ftprof.bench.runner import gpu_slots, plan
 
         dry_run(console, sweep, out_dir, plan(sweep, out_dir, force=args.force, retry_failed=args.retry_failed),
-                gpu_slots() if launcher.type == "local" else [])
+                gpu_slots() if launcher.type == "local" else [], launcher)
         return 0
     # held from here to the end: a busy output directory is refused before torch is imported (gpu_slots)
     with OutputLock(out_dir, wait=args.wait,
@@ -311,7 +311,7 @@ def resume_advice(force: bool) -> str:
 MAX_TABLE_ROWS = 500
 
 
-def dry_run(console: Console, sweep, out_dir: Path, planned, slots: list[str]) -> None:
+def dry_run(console: Console, sweep, out_dir: Path, planned, slots: list[str], launcher=None) -> None:
     """The plan as a table, then each experiment's replay command (plain lines: thousands print in a second)."""
     import sys
 
@@ -331,7 +331,12 @@ def dry_run(console: Console, sweep, out_dir: Path, planned, slots: list[str]) -
         for row in rows:
             table.add_row(*row)
         console.print(table)
-    console.print(f"GPU slots: {', '.join(slots) if slots else 'none (CPU: one experiment at a time)'}; "
-                  f"memory logging: {sweep.memory_logging}; timeout {sweep.timeout_s:g} s")
+    if launcher is not None and launcher.type == "slurm":  # (Slurm's time limit stops a job, not timeout_s)
+        limit = launcher.time or "the partition's"
+        console.print(f"Slurm: one job per experiment (partition {launcher.partition or 'the default'}, time limit "
+                      f"{limit}); memory logging: {sweep.memory_logging}")
+    else:
+        console.print(f"GPU slots: {', '.join(slots) if slots else 'none (CPU: one experiment at a time)'}; "
+                      f"memory logging: {sweep.memory_logging}; timeout {sweep.timeout_s:g} s")
     sys.stdout.write("".join(" ".join(shlex.quote(c) for c in replay_command(p.experiment, p.run_dir)) + "\n"
                              for p in planned))

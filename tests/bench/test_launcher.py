@@ -53,3 +53,12 @@ def test_a_bad_command_line_setting_exits_2(tmp_path, capsys):
     code = main(["bench", str(_sweep(tmp_path, "")), "--launcher", "slurm", "--time", "soon", "--dry-run"])
     assert code == 2
     assert "time: 'soon' is not a Slurm time limit" in capsys.readouterr().err
+
+
+def test_a_slurm_dry_run_says_where_the_jobs_go(tmp_path, capsys):
+    """Not the local run's "CPU: one experiment at a time; timeout 1800 s": Slurm's partition and time limit."""
+    code = main(["bench", str(_sweep(tmp_path, "")), "--launcher", "slurm", "--partition", "debug", "--time", "30",
+                 "--dry-run", "--output-dir", str(tmp_path / "o")])
+    out = capsys.readouterr().out
+    assert code == 0 and "Slurm: one job per experiment (partition debug, time limit 30)" in out
+    assert "one experiment at a time" not in out
