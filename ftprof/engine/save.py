@@ -36,7 +36,7 @@ from ftprof.config.saving import (
 )
 from ftprof.models.dequant import dequantize, is_4bit_linear
 from ftprof.results.parts import Saved
-from ftprof.results.store import partial_dir
+from ftprof.results.store import partial_dir, replaced_dir
 
 
 def save_trained(resolved, built, run_dir: Path, log: Callable[[str], None], root: Path | None = None,
@@ -86,9 +86,14 @@ def _publish(final: Path, write: Callable[[Path], None]) -> None:
     except BaseException:  # a full disk, a failed write, Ctrl-C: no partial directory is left behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    if final.exists():  # moved aside first: between two renames, not during a whole folder's removal, is final
+        old = replaced_dir(final)  # absent (a kill there leaves the old folder beside it, .<name>.old-<pid>)
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
 
 
 def _save_tokenizer(tokenizer, where: Path) -> None:

@@ -124,15 +124,21 @@ def partial_dir(final: Path) -> Path:
     return final.parent / f".{final.name}.tmp-{os.getpid()}"
 
 
+def replaced_dir(final: Path) -> Path:
+    """Where the directory a new one replaces is moved for the moment of the swap (``.adapter.old-<pid>``)."""
+    return final.parent / f".{final.name}.old-{os.getpid()}"
+
+
 def remove_partial_dirs(parent: str | Path, names: Iterable[str]) -> list[Path]:
-    """Remove what a killed writer left of ``parent/<name>`` for each name (its ``partial_dir``, whose process is
-    gone: a live one is still writing it); returns the paths removed."""
+    """Remove what a killed writer left of ``parent/<name>`` for each name (its ``partial_dir``, and a replaced
+    directory once its successor is in place; whose process is gone: a live one is still writing); returns the
+    paths removed. A replaced directory whose successor is missing (a kill between the two renames) is kept."""
     import re
     import shutil
 
     parent = Path(parent).expanduser()
     alternatives = "|".join(re.escape(n) for n in names)
-    pattern = re.compile(rf"^\.({alternatives})\.tmp-(\d+)$")
+    pattern = re.compile(rf"^\.({alternatives})\.(tmp|old)-(\d+)$")
     removed = []
     try:
         entries = list(parent.iterdir()) if parent.is_dir() else []
@@ -140,8 +146,10 @@ def remove_partial_dirs(parent: str | Path, names: Iterable[str]) -> list[Path]:
         return removed
     for entry in entries:
         found = pattern.match(entry.name)
-        if found is None or not entry.is_dir() or _alive(int(found.group(2))):
+        if found is None or not entry.is_dir() or _alive(int(found.group(3))):
             continue
+        if found.group(2) == "old" and not (parent / found.group(1)).exists():
+            continue  # the only copy left
         shutil.rmtree(entry, ignore_errors=True)
         if not entry.exists():
             removed.append(entry)

@@ -86,6 +86,26 @@ def test_publish_leaves_nothing_when_the_write_fails(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_publish_replaces_by_renames_and_a_kill_between_them_keeps_the_old_folder(tmp_path):
+    """The replaced folder is moved aside, not removed before the new one is in place: a kill between the two
+    renames leaves it beside (.adapter.old-<pid>), kept by the next run's cleanup while adapter/ is missing."""
+    from ftprof.engine.save import _publish
+    from ftprof.results.store import remove_partial_dirs
+
+    def write(text):
+        return lambda where: (where.mkdir(), (where / "w.txt").write_text(text))
+
+    _publish(tmp_path / "adapter", write("old"))
+    _publish(tmp_path / "adapter", write("new"))
+    assert [p.name for p in tmp_path.iterdir()] == ["adapter"] and (tmp_path / "adapter" / "w.txt").read_text() == "new"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f".adapter.old-{dead.pid}").mkdir()  # adapter/ in place: a leftover, removed
+    (tmp_path / f".base.old-{dead.pid}").mkdir()  # base/ missing: the only copy, kept
+    removed = remove_partial_dirs(tmp_path, ("adapter", "base"))
+    assert [p.name for p in removed] == [f".adapter.old-{dead.pid}"] and (tmp_path / f".base.old-{dead.pid}").is_dir()
+
+
 @pytest.mark.parametrize("flat, want", [
     ({"warmup_steps": 100, "max_steps": 10}, "--warmup-steps 100 is longer than the run"),
     ({"num_train_epochs": 1e9, "dataset": "x.jsonl"}, "--num-train-epochs 1e+09"),
