@@ -23,7 +23,8 @@ def available() -> bool:
 def _hover(c, throughput: str = "tokens/s") -> str:
     return (f"<b>{c.label}</b><br>{c.tokens_per_s:,.1f} {throughput}<br>{c.peak_bytes / GIB:.2f} GiB"
             + (f"<br>{c.repeats} runs" if c.repeats > 1 else "")
-            + (f"<br>step p90/p50 {c.spread:.2f}" if c.spread else ""))
+            + (f"<br>step p90/p50 {c.spread:.2f}" + (" (the worst of its runs)" if c.repeats > 1 else "")
+               if c.spread else ""))
 
 
 def pareto_figure(choice):
