@@ -352,9 +352,10 @@ def speed_rate(device_name: str, key: ClassKey, flops_per_token: float, micro_ba
                          f"{flops_per_token} and {micro_batch_tokens}")
     if records is None:
         records = own_records()
-    rate = _device_rate(device_name, key, flops_per_token, micro_batch_tokens, records, knobs, world_size)
-    mine = [*_matching(records, key, device_name), *_matching(shipped()["speed"], key, device_name)]
-    if rate is None or world_size in (None, 1) or any(int(r.get("world_size") or 1) == world_size for r in mine):
+    local, same_device = _matching(records, key, device_name), _matching(shipped()["speed"], key, device_name)
+    rate = _device_rate(device_name, key, flops_per_token, micro_batch_tokens, local, same_device, knobs, world_size)
+    if rate is None or world_size in (None, 1) or any(int(r.get("world_size") or 1) == world_size
+                                                      for r in [*local, *same_device]):
         return rate
     return dataclasses.replace(rate, scatter=rate.scatter + BAND_OTHER_WORLD, source=f"{rate.source}; per GPU from "
                                f"runs of another world size: {world_size} GPUs' collectives not priced")
@@ -366,10 +367,9 @@ BAND_OTHER_WORLD = 0.10
 
 
 def _device_rate(device_name: str, key: ClassKey, flops_per_token: float, micro_batch_tokens: int,
-                 records: list[dict], knobs: dict | None, world_size: int | None) -> Rate | None:
-    local = same_world(_matching(records, key, device_name), world_size)
-    defaults = shipped()["speed"]
-    same_device = same_world(_matching(defaults, key, device_name), world_size)
+                 local: list[dict], same_device: list[dict], knobs: dict | None, world_size: int | None) -> Rate | None:
+    """speed_rate's answer from the store's and the shipped runs of the class on this device, else another GPU's."""
+    local, same_device = same_world(local, world_size), same_world(same_device, world_size)
     # This GPU's runs of the class, the machine's own and the shipped: a fixed share is the class's and model's,
     # whoever measured the two sizes.
     sizes = local + same_device
@@ -381,7 +381,7 @@ def _device_rate(device_name: str, key: ClassKey, flops_per_token: float, micro_
         return _rate(same_device, key, flops_per_token, micro_batch_tokens,
                      lambda rows, what: f"shipped defaults ({_shipped_origin(rows)}, {device_name}: {what})",
                      knobs=knobs, origin="shipped", sizes=sizes)
-    return _scaled_rate(defaults, device_name, key, flops_per_token, micro_batch_tokens, knobs)
+    return _scaled_rate(shipped()["speed"], device_name, key, flops_per_token, micro_batch_tokens, knobs)
 
 
 def same_world(rows: list[dict], world_size: int | None) -> list[dict]:
