@@ -165,8 +165,6 @@ def host_floor(device_name: str, key: calibration.ClassKey, layers: int, records
             floor, source=f"{floor.source}; selective's at least: none's, as it launches all of none's kernels")
     checkpointed = (layers if key.policy == "full" else 0) if checkpointed is None else checkpointed
     family = _candidate_family(key, compile_mode, options)
-    if key.policy not in ("none", "full"):
-        return None
     shipped = calibration.shipped().get("host", [])
     # (the shipped rows hold no row of older code: benchmarks/shipped_calibration.py leaves them out)
     for origin, rows, device in (("local host-bound run(s)", [r for r in epochs.current(records) if host_bound(r)],
