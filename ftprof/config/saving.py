@@ -59,3 +59,18 @@ def local_dataset_path(dataset: str) -> str | None:
 
     path = Path(dataset).expanduser()
     return str(path.resolve()) if dataset != "synthetic" and path.exists() else None
+
+
+def checkpoint_dirs(run_dir, finished: bool = True) -> list:
+    """The checkpoints in ``run_dir`` as (step, path), by step: the finished ones (with their state file), or with
+    ``finished=False`` every checkpoint-<step> folder."""
+    from pathlib import Path
+
+    run_dir, found = Path(run_dir), []
+    if run_dir.is_dir():
+        for entry in run_dir.iterdir():
+            step = entry.name.removeprefix(CHECKPOINT_PREFIX)
+            if entry.name.startswith(CHECKPOINT_PREFIX) and step.isdigit() and entry.is_dir() and (
+                    not finished or (entry / CHECKPOINT_STATE).is_file()):
+                found.append((int(step), entry))
+    return sorted(found)

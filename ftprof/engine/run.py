@@ -17,10 +17,10 @@ from ftprof import ranks
 from ftprof.config import RunConfig
 from ftprof.config.saving import (
     ADAPTER,
-    CHECKPOINT_PREFIX,
     CHECKPOINT_STATE,
     MODEL,
     TRAINER_STATE,
+    checkpoint_dirs,
     local_dataset_path,
 )
 from ftprof.results import run_dir as files
@@ -150,17 +150,6 @@ RESUME_SAME = ("method", "model", "lora_r", "lora_alpha", "lora_targets", "datas
                "dataset_split", "packing", "seq_len", "batch_size", "grad_accum", "seed")
 
 
-def checkpoint_dirs(run_dir: Path) -> list[tuple[int, Path]]:
-    """The finished checkpoints in ``run_dir`` (those with their state file), by step."""
-    found = []
-    if run_dir.is_dir():
-        for entry in run_dir.iterdir():
-            step = entry.name.removeprefix(CHECKPOINT_PREFIX)
-            if entry.name.startswith(CHECKPOINT_PREFIX) and step.isdigit() and (entry / CHECKPOINT_STATE).is_file():
-                found.append((int(step), entry))
-    return sorted(found)
-
-
 def read_checkpoint_state(path: Path) -> dict:
     import json
 
@@ -213,16 +202,7 @@ def resolve_resume(cfg: RunConfig) -> RunConfig:
             raise ConfigError(f"--resume-from-checkpoint {spec}: no such directory")
     path = path.resolve()
     state = read_checkpoint_state(path)
-    theirs, ours = dict(state.get("options", {})), cfg.to_flat()
-    if state.get("dataset_path") and local_dataset_path(cfg.data.dataset):  # a local dataset: the file, not its name
-        theirs["dataset"], ours["dataset"] = state["dataset_path"], local_dataset_path(cfg.data.dataset)
-    for key in RESUME_SAME:
-        mine, saved = ours.get(key), theirs.get(key)
-        saved = tuple(saved) if isinstance(saved, list) else saved
-        if key in theirs and mine is not None and saved != mine:  # None: a default the run resolves (lora_r)
-            what = "method" if key == "method" else "--" + key.replace("_", "-")
-            raise ConfigError(f"--resume-from-checkpoint {path}: it was written with {what} {saved}, this run has "
-                              f"{mine}; resume with the same options")
+    _check_same_options(cfg, path, state)
     step = int(state.get("step", 0))
     # (with --num-train-epochs the steps are known once the data is read: preflight checks them then)
     if step >= cfg.train.max_steps and cfg.train.num_train_epochs is None:
@@ -233,6 +213,23 @@ def resolve_resume(cfg: RunConfig) -> RunConfig:
                           "another --run-name (or none)")
     _check_checkpoint_files(path, cfg.method.method)
     return cfg.replace(resume_from_checkpoint=str(path))
+
+
+def _check_same_options(cfg: RunConfig, path: Path, state: dict) -> None:
+    """The options of RESUME_SAME are the checkpoint's (ConfigError naming the first that is not)."""
+    from ftprof.errors import ConfigError
+
+    theirs, ours = dict(state.get("options", {})), cfg.to_flat()
+    here = local_dataset_path(cfg.data.dataset)
+    if state.get("dataset_path") and here:  # a local dataset: compared as the file, not its name
+        theirs["dataset"], ours["dataset"] = state["dataset_path"], here
+    for key in RESUME_SAME:
+        mine, saved = ours.get(key), theirs.get(key)
+        saved = tuple(saved) if isinstance(saved, list) else saved
+        if key in theirs and mine is not None and saved != mine:  # None: a default the run resolves (lora_r)
+            what = "method" if key == "method" else "--" + key.replace("_", "-")
+            raise ConfigError(f"--resume-from-checkpoint {path}: it was written with {what} {saved}, this run has "
+                              f"{mine}; resume with the same options")
 
 
 def _check_checkpoint_files(path: Path, method: str) -> None:

@@ -32,6 +32,7 @@ from ftprof.config.saving import (
     MERGED,
     MODEL,
     TRAINER_STATE,
+    checkpoint_dirs,
     local_dataset_path,
 )
 from ftprof.models.dequant import dequantize, is_4bit_linear
@@ -220,8 +221,7 @@ def prune_checkpoints(run_dir: Path, limit: int | None, log: Callable[[str], Non
     """Keep the newest ``limit`` checkpoints of the run (all when None)."""
     if limit is None:
         return
-    found = sorted((int(p.name.removeprefix(CHECKPOINT_PREFIX)), p) for p in Path(run_dir).glob(CHECKPOINT_PREFIX + "*")
-                   if p.name.removeprefix(CHECKPOINT_PREFIX).isdigit() and (p / CHECKPOINT_STATE).is_file())
+    found = checkpoint_dirs(run_dir)
     for _, path in found[:max(0, len(found) - limit)]:
         shutil.rmtree(path, ignore_errors=True)
         log(f"--save-total-limit {limit}: removed {path.name}")

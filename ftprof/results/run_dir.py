@@ -110,15 +110,14 @@ def finished_run(output_dir: str | Path, run_name: str | None) -> Path | None:
 def _refuse_stale_checkpoints(path: Path, run_name: str) -> None:
     """A run directory a killed run left checkpoints in is no new run's: its checkpoints would pass for the new
     run's (--save-total-limit pruned the new ones and kept the old, --resume-from-checkpoint latest took them)."""
-    from ftprof.config.saving import CHECKPOINT_PREFIX
+    from ftprof.config.saving import checkpoint_dirs
     from ftprof.errors import ConfigError
 
-    left = sorted((p for p in path.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir()),
-                  key=lambda p: int(p.name[len(CHECKPOINT_PREFIX):]) if p.name[len(CHECKPOINT_PREFIX):].isdigit()
-                  else -1)
+    left = checkpoint_dirs(path, finished=False)
     if left:
-        raise ConfigError(f"--run-name {run_name}: {path} holds {left[-1].name} of a run that did not finish; "
-                          f"continue it with --resume-from-checkpoint {left[-1]} and another --run-name, or give "
+        newest = left[-1][1]
+        raise ConfigError(f"--run-name {run_name}: {path} holds {newest.name} of a run that did not finish; "
+                          f"continue it with --resume-from-checkpoint {newest} and another --run-name, or give "
                           "--overwrite-output-dir to start over")
 
 
