@@ -101,13 +101,10 @@ def _steps_from_epochs(cfg: RunConfig, data, world: int, notes: list[str]) -> Ru
     notes.append(f"--num-train-epochs {t.num_train_epochs:g}: {steps} steps ({per_epoch} per epoch of "
                  f"{data.stats['sequences']} sequences)")
     resumed = cfg.save.resume_from_checkpoint
-    if resumed:  # (resolve_resume read this file already: it is there and readable)
-        import json
-        from pathlib import Path
+    if resumed:
+        from ftprof.config.saving import read_checkpoint_state
 
-        from ftprof.config.saving import CHECKPOINT_STATE
-
-        at = int(json.loads((Path(resumed) / CHECKPOINT_STATE).read_text()).get("step", 0))
+        at = int(read_checkpoint_state(resumed).get("step", 0))
         if at >= steps:
             raise ConfigError(f"--resume-from-checkpoint {resumed}: the checkpoint is at step {at}; "
                               f"--num-train-epochs {t.num_train_epochs:g} is {steps} steps, none left to run")

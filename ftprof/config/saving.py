@@ -74,3 +74,17 @@ def checkpoint_dirs(run_dir, finished: bool = True) -> list:
                     not finished or (entry / CHECKPOINT_STATE).is_file()):
                 found.append((int(step), entry))
     return sorted(found)
+
+
+def read_checkpoint_state(path) -> dict:
+    """A checkpoint's ftprof_checkpoint.json (its step, its options); ConfigError where it is not one of ftprof's."""
+    import json
+    from pathlib import Path
+
+    from ftprof.errors import ConfigError
+
+    try:
+        return json.loads((Path(path) / CHECKPOINT_STATE).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--resume-from-checkpoint {path}: not an ftprof checkpoint (no readable "
+                          f"{CHECKPOINT_STATE}: {exc.__class__.__name__}); --save-steps writes them") from None

@@ -22,6 +22,7 @@ from ftprof.config.saving import (
     TRAINER_STATE,
     checkpoint_dirs,
     local_dataset_path,
+    read_checkpoint_state,
 )
 from ftprof.results import run_dir as files
 from ftprof.results.schema import RunResult, failure_result
@@ -148,18 +149,6 @@ def _launch_and_collect(cfg: RunConfig, quiet: bool | None) -> RunResult:
 # Options a resumed run must share with its checkpoint: the weights' shapes, and what the data position means.
 RESUME_SAME = ("method", "model", "lora_r", "lora_alpha", "lora_targets", "dataset", "dataset_config",
                "dataset_split", "packing", "seq_len", "batch_size", "grad_accum", "seed")
-
-
-def read_checkpoint_state(path: Path) -> dict:
-    import json
-
-    from ftprof.errors import ConfigError
-
-    try:
-        return json.loads((path / CHECKPOINT_STATE).read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--resume-from-checkpoint {path}: not an ftprof checkpoint (no readable "
-                          f"{CHECKPOINT_STATE}: {exc.__class__.__name__}); --save-steps writes them") from None
 
 
 def resolve_resume(cfg: RunConfig) -> RunConfig:
