@@ -3,10 +3,13 @@ run and resuming from one (the HF Trainer's --save_steps, --save_total_limit, --
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from ftprof.config.options import check_types, option, require
+from ftprof.errors import ConfigError
 
 CHECKPOINT_PREFIX = "checkpoint-"  # <run dir>/checkpoint-<step>/, as the HF Trainer names them
 # A saved run's and a checkpoint's folders and files (engine/save.py writes them; resolve_resume checks a checkpoint
@@ -55,17 +58,13 @@ class SaveConfig:
 def local_dataset_path(dataset: str) -> str | None:
     """A dataset that is a local file or folder, as its absolute path (what a resume compares: the same name from
     another directory is another file, and the same file by another name is the same); None for the others."""
-    from pathlib import Path
-
     path = Path(dataset).expanduser()
     return str(path.resolve()) if dataset != "synthetic" and path.exists() else None
 
 
-def checkpoint_dirs(run_dir, finished: bool = True) -> list:
+def checkpoint_dirs(run_dir: str | Path, finished: bool = True) -> list[tuple[int, Path]]:
     """The checkpoints in ``run_dir`` as (step, path), by step: the finished ones (with their state file), or with
     ``finished=False`` every checkpoint-<step> folder."""
-    from pathlib import Path
-
     run_dir, found = Path(run_dir), []
     if run_dir.is_dir():
         for entry in run_dir.iterdir():
@@ -76,13 +75,8 @@ def checkpoint_dirs(run_dir, finished: bool = True) -> list:
     return sorted(found)
 
 
-def read_checkpoint_state(path) -> dict:
+def read_checkpoint_state(path: str | Path) -> dict:
     """A checkpoint's ftprof_checkpoint.json (its step, its options); ConfigError where it is not one of ftprof's."""
-    import json
-    from pathlib import Path
-
-    from ftprof.errors import ConfigError
-
     try:
         return json.loads((Path(path) / CHECKPOINT_STATE).read_text())
     except (OSError, ValueError) as exc:
