@@ -42,7 +42,7 @@ def _row(name: str, shape: tuple[int, int]) -> bool:
     plain, plain_state = bf.quantize_4bit(weight, blocksize=64, compress_statistics=False, quant_type="fp4")
     same &= torch.equal(dk.triton_dequantize(plain, plain_state), bf.dequantize_4bit(plain, plain_state))
     bnb_us = time_us(lambda: bf.dequantize_4bit(packed, state))
-    args, data = dk._state_args(state), packed.reshape(-1).view(torch.uint8)
+    args, data = dk.state_args(state), packed.reshape(-1).view(torch.uint8)
     out = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
     ours = [time_us(lambda b=b, w=w: dk.launch(data, *args, out, bytes_per_program=b, warps=w))
             for b, w in LAUNCHES]
