@@ -34,6 +34,7 @@ from ftprof.config.saving import (
     TRAINER_STATE,
     checkpoint_dirs,
     local_dataset_path,
+    read_checkpoint_state,
 )
 from ftprof.models.dequant import dequantize, is_4bit_linear
 from ftprof.results.parts import Saved
@@ -210,7 +211,7 @@ def write_checkpoint(resolved, built, run_dir: Path, step: int, log: Callable[[s
         write_json_atomic(tmp / CHECKPOINT_STATE, {
             "step": step, "batches_taken": step * cfg.train.grad_accum, "method": cfg.method.method,
             "saved": ADAPTER if cfg.method.method != "full" else MODEL, "options": options,
-            "dataset_path": local_dataset_path(cfg.data.dataset)})
+            "dataset_path": local_dataset_path(cfg.data.dataset), "data_hash": data_hash(resolved)})
 
     _publish(final, write)
     log(f"--save-steps: {final.name} written in {time.perf_counter() - t0:.1f} s")
@@ -225,6 +226,25 @@ def prune_checkpoints(run_dir: Path, limit: int | None, log: Callable[[str], Non
     for _, path in found[:max(0, len(found) - limit)]:
         shutil.rmtree(path, ignore_errors=True)
         log(f"--save-total-limit {limit}: removed {path.name}")
+
+
+def data_hash(resolved) -> str | None:
+    """The content hash of the real data a run trains on (None for synthetic data, which its seed makes)."""
+    return resolved.data.content_hash if resolved.data is not None else None
+
+
+def check_same_data(resolved, path: Path) -> None:
+    """A resumed run trains on the tokens its checkpoint's run did: the batches it took are drawn again and dropped,
+    so other data (the same file rewritten, another tokenizer) would silently train on rows it never saw in the
+    places of those it did. ConfigError before the model is built; checkpoints without a hash are not compared."""
+    saved = read_checkpoint_state(path).get("data_hash")
+    ours = data_hash(resolved)
+    if saved and ours and saved != ours:
+        from ftprof.errors import ConfigError
+
+        raise ConfigError(f"--resume-from-checkpoint {path}: this run's data differs from the checkpoint's (the tokens "
+                          f"of {resolved.config.data.dataset} changed since it was written); resume with the same "
+                          "data and tokenizer, or start a new run")
 
 
 def load_checkpoint(resolved, built, path: Path, log: Callable[[str], None]) -> int:

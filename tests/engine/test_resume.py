@@ -174,6 +174,29 @@ def test_an_epoch_run_resumes_past_the_default_step_count(tmp_path):
         _run(tmp_path, "again", resume_from_checkpoint=str(last_dir / "checkpoint-12"), **options)
 
 
+@pytest.mark.slow
+def test_a_resume_refuses_data_whose_tokens_changed(tmp_path):
+    """The same file rewritten with other rows is refused before the model is built (the batches the checkpoint
+    took are drawn again and dropped: other rows would take their places unseen); a file touched, not changed,
+    resumes."""
+    import os
+
+    rows = tmp_path / "d.jsonl"
+    text = "".join(json.dumps({"text": f"row {i} " + "word " * (5 + i % 7)}) + "\n" for i in range(24))
+    rows.write_text(text)
+    options = {"method": "lora", "dataset": str(rows), "max_steps": 4}
+    _, saved_dir = _run(tmp_path, "saved", save_steps=2, **options)
+    state = json.loads((saved_dir / "checkpoint-2" / "ftprof_checkpoint.json").read_text())
+    assert len(state["data_hash"]) == 32
+    os.utime(rows)  # touched: the rows' datasets fingerprint changes, their tokens do not
+    _, resumed_dir = _run(tmp_path, "resumed", resume_from_checkpoint=str(saved_dir / "checkpoint-2"), **options)
+    assert sorted(_losses(resumed_dir)) == [3, 4]
+    rows.write_text(text.replace("row 3 ", "row three "))
+    with pytest.raises(ConfigError, match="this run's data differs from the checkpoint's"):
+        _run(tmp_path, "changed", resume_from_checkpoint=str(saved_dir / "checkpoint-2"), **options)
+    assert not (tmp_path / "changed" / "steps.csv").exists()
+
+
 def test_a_resume_compares_the_dataset_file_and_the_lora_scale(tmp_path, monkeypatch):
     """A local dataset is compared as the file it names (the same name from another directory is another file;
     the same file by another name is the same), and --lora-alpha is the checkpoint's (it changes what the adapter
