@@ -1,18 +1,17 @@
-"""--fp8-base's two e4m3 dequantization kernels against launch shapes and layouts that might beat them, on the GPU:
-the forward's rows (models/triton_kernels.dequantize_4bit_kernel with ROW_SCALED) and the backward's transposed
-operand (dequantize_4bit_transposed_kernel), for llama-8b's projection shapes (double-quantized NF4). Every
-candidate's output is compared bit for bit with the shipped kernel's; times are GPU time per weight, from CUDA
-graphs of 20 launches each (an eager launch from Python costs ~30 us, more than the small weights' kernels).
+"""--fp8-base's two e4m3 dequantization kernels against their round-24 forms and other launch shapes, on the GPU:
+the forward's rows (models/triton_kernels.dequantize_4bit_kernel, ROW_SCALED) and the backward's transposed operand
+(dequantize_4bit_transposed_kernel), for llama-8b's projection shapes (double-quantized NF4). Every candidate's
+output is compared bit for bit with round 24's kernel; times are GPU time per weight, from CUDA graphs of 20
+launches each (an eager launch from Python costs ~30 us, more than the small weights' kernels).
 
     python benchmarks/fp8_dequant_tiles.py      # two Markdown tables; exit 1 if a candidate's bits differ
 
-Candidates (round 25):
-- transposed, "split": the tile is indexed in the output's orientation (packed bytes x rows) and the two values of
-  each byte are stored as two output rows, with no interleave and no explicit transpose: Triton's layout
-  conversion does the transposing through shared memory;
-- rows, "one row": each program's values lie in one row of the weight (its columns a multiple of the program's
-  values), so the row's scale is one scalar load, where the shipped launch divides each value's index by the
-  column count (an int64 division per value).
+Round 25's changes, each against its round-24 form kept here:
+- transposed, "split" (shipped): the tile is indexed in the output's orientation (packed bytes x rows) and each
+  byte's two values are stored as two output rows, with no interleave and no explicit transpose; round 24
+  ("interleaved") transposed a TILE x TILE tile of interleaved values;
+- rows, "one row" (shipped where a row is a whole number of programs): the row's scale is one scalar load, where
+  round 24 divided each value's index by the column count (an int64 division and a gather per value).
 """
 
 from __future__ import annotations
@@ -23,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ftprof.models import triton_kernels as tk
+
 SHAPES = {"q/o_proj": (4096, 4096), "k/v_proj": (1024, 4096), "gate/up_proj": (14336, 4096),
           "down_proj": (4096, 14336)}
 PER_LAYER = {"q/o_proj": 2, "k/v_proj": 2, "gate/up_proj": 2, "down_proj": 1}  # llama-8b's seven projections
@@ -30,49 +31,20 @@ LAYERS = 32
 
 
 @triton.jit
-def _scale(absmax, absmax2, code2, offset, block, inside, BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr):
-    if NESTED:
-        q = tl.load(absmax + block, mask=inside, other=0).to(tl.int32)
-        scale = tl.load(code2 + q, mask=inside, other=0.0) * tl.load(absmax2 + block // BLOCKSIZE2, mask=inside,
-                                                                     other=0.0)
-        scale = scale + tl.load(offset)
-    else:
-        scale = tl.load(absmax + block, mask=inside, other=0.0)
-    return scale
-
-
-@triton.jit
-def transposed_split_kernel(packed, absmax, code, absmax2, code2, offset, inverse, out, rows, columns,
-                            BLOCKSIZE: tl.constexpr, BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr,
-                            ROWS: tl.constexpr, PAIRS: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    pair = tl.program_id(1).to(tl.int64) * PAIRS + tl.arange(0, PAIRS)
-    inside = (pair[:, None] < columns // 2) & (row[None, :] < rows)  # PAIRS x ROWS, the output's orientation
-    index = row[None, :] * (columns // 2) + pair[:, None]
-    byte = tl.load(packed + index, mask=inside, other=0).to(tl.int32)
-    first = tl.load(code + (byte >> 4), mask=inside, other=0.0)
-    second = tl.load(code + (byte & 0xF), mask=inside, other=0.0)
-    scale = _scale(absmax, absmax2, code2, offset, index // (BLOCKSIZE // 2), inside, BLOCKSIZE2, NESTED)
-    factor = tl.load(inverse + row, mask=row < rows, other=0.0)[None, :]
-    where = (2 * pair[:, None]) * rows + row[None, :]
-    tl.store(out + where, (first * scale * factor).to(out.dtype.element_ty), mask=inside)
-    tl.store(out + where + rows, (second * scale * factor).to(out.dtype.element_ty), mask=inside)
-
-
-@triton.jit
-def rows_one_row_kernel(packed, absmax, code, absmax2, code2, offset, out, columns, inverse,
-                        BLOCKSIZE: tl.constexpr, BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr,
-                        BYTES: tl.constexpr):
-    program = tl.program_id(0).to(tl.int64)
-    index = program * BYTES + tl.arange(0, BYTES)
-    inside = index >= 0  # whole programs (columns a multiple of 2 x BYTES)
-    byte = tl.load(packed + index).to(tl.int32)
-    first = tl.load(code + (byte >> 4))
-    second = tl.load(code + (byte & 0xF))
-    scale = _scale(absmax, absmax2, code2, offset, index // (BLOCKSIZE // 2), inside, BLOCKSIZE2, NESTED)
-    factor = tl.load(inverse + program * (2 * BYTES) // columns)  # the program's one row
-    values = tl.interleave(first * scale, second * scale) * factor
-    tl.store(out + program * (2 * BYTES) + tl.arange(0, 2 * BYTES), values.to(out.dtype.element_ty))
+def interleaved_transposed_kernel(packed, absmax, code, absmax2, code2, offset, inverse, out, rows, columns,
+                                  BLOCKSIZE: tl.constexpr, BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr,
+                                  TILE: tl.constexpr):
+    """Round 24's transposing kernel: a TILE x TILE tile of the weight, interleaved values, transposed."""
+    row = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
+    pair = tl.program_id(1).to(tl.int64) * (TILE // 2) + tl.arange(0, TILE // 2)
+    inside = (row[:, None] < rows) & (pair[None, :] < columns // 2)
+    index = row[:, None] * (columns // 2) + pair[None, :]
+    values = tk._values(packed, absmax, code, absmax2, code2, offset, index, inside, BLOCKSIZE, BLOCKSIZE2, NESTED)
+    values = values * tl.load(inverse + row, mask=row < rows, other=0.0)[:, None]
+    values = tl.trans(values.to(out.dtype.element_ty))
+    column = tl.program_id(1).to(tl.int64) * TILE + tl.arange(0, TILE)
+    inside = (column[:, None] < columns) & (row[None, :] < rows)
+    tl.store(out + column[:, None] * rows + row[None, :], values, mask=inside)
 
 
 def gpu_us(fn, launches: int = 20, replays: int = 5) -> float:
@@ -111,35 +83,35 @@ def _constants(args):
     return (absmax, code, absmax2, code2, offset), dict(BLOCKSIZE=blocksize, BLOCKSIZE2=blocksize2, NESTED=True)
 
 
-TRANSPOSED = [("shipped", 128, 128, 8), ("shipped", 64, 64, 4), ("shipped", 64, 64, 8), ("shipped", 128, 128, 4)] + [
+TRANSPOSED = [("interleaved", 128, 128, 8), ("interleaved", 64, 64, 4)] + [
     ("split", rows, pairs, warps) for rows in (64, 128, 256) for pairs in (16, 32, 64) for warps in (4, 8)
     if rows * pairs * 2 <= 32768]
 
 
 def _transposed_row(name, shape) -> tuple[list[float], bool]:
-    from ftprof.models import dequant_kernels as dk
-    from ftprof.models import triton_kernels as tk
-
     data, args, inverse = _weight(shape)
     tensors, constants = _constants(args)
     rows, columns = shape
-    reference = dk.dequantize_fp8_transposed(data, *args, list(shape), inverse)
     out = torch.empty(columns, rows, dtype=torch.float8_e4m3fn, device="cuda")
+    grid = (-(-rows // 128), -(-columns // 128))
+    interleaved_transposed_kernel[grid](data, *tensors, inverse, out, rows, columns, TILE=128, num_warps=8,
+                                        enable_fp_fusion=False, **constants)
+    reference = out.clone()
     times, same = [], True
     for style, tile_rows, tile_cols, warps in TRANSPOSED:
-        if style == "shipped":
+        if style == "interleaved":
             grid = (-(-rows // tile_rows), -(-columns // tile_cols))
 
             def go(grid=grid, tile=tile_rows, warps=warps):
-                tk.dequantize_4bit_transposed_kernel[grid](data, *tensors, inverse, out, rows, columns, inverse,
-                                                           TILE=tile, num_warps=warps, enable_fp_fusion=False,
-                                                           **constants)
+                interleaved_transposed_kernel[grid](data, *tensors, inverse, out, rows, columns, TILE=tile,
+                                                    num_warps=warps, enable_fp_fusion=False, **constants)
         else:
             grid = (-(-rows // tile_rows), -(-(columns // 2) // tile_cols))
 
             def go(grid=grid, r=tile_rows, p=tile_cols, warps=warps):
-                transposed_split_kernel[grid](data, *tensors, inverse, out, rows, columns, ROWS=r, PAIRS=p,
-                                              num_warps=warps, enable_fp_fusion=False, **constants)
+                tk.dequantize_4bit_transposed_kernel[grid](data, *tensors, inverse, out, rows, columns, inverse,
+                                                           ROWS=r, PAIRS=p, num_warps=warps,
+                                                           enable_fp_fusion=False, **constants)
         out.zero_()
         go()
         same &= torch.equal(out.view(torch.uint8), reference.view(torch.uint8))
@@ -147,30 +119,25 @@ def _transposed_row(name, shape) -> tuple[list[float], bool]:
     return times, bool(same)
 
 
-ROWS = [("shipped", 1024, 4), ("shipped", 2048, 8), ("one row", 1024, 4), ("one row", 1024, 8), ("one row", 2048, 8),
-        ("one row", 512, 4)]
+ROWS = [("per value", 1024, 4), ("per value", 2048, 8), ("one row", 1024, 4), ("one row", 1024, 8),
+        ("one row", 2048, 8), ("one row", 512, 4)]
 
 
 def _rows_row(name, shape) -> tuple[list[float], bool]:
-    from ftprof.models import dequant_kernels as dk
-
     data, args, inverse = _weight(shape)
     tensors, constants = _constants(args)
-    reference = dk.fp8_rows(data, *args, list(shape), inverse)
     out = torch.empty(shape, dtype=torch.float8_e4m3fn, device="cuda")
-    times, same = [], True
+    times, same, reference = [], True, None
     for style, size, warps in ROWS:
-        if style == "shipped":
-            def go(size=size, warps=warps):
-                dk.launch(data, *args, out, columns=shape[1], inverse=inverse, bytes_per_program=size, warps=warps)
-        else:
-            assert shape[1] % (2 * size) == 0, shape
+        assert shape[1] % (2 * size) == 0, shape
 
-            def go(size=size, warps=warps):
-                rows_one_row_kernel[(data.numel() // size,)](data, *tensors, out, shape[1], inverse, BYTES=size,
-                                                            num_warps=warps, enable_fp_fusion=False, **constants)
+        def go(size=size, warps=warps, one_row=style == "one row"):
+            tk.dequantize_4bit_kernel[(data.numel() // size,)](
+                data, *tensors, out, data.numel(), shape[1], 1, inverse, BYTES=size, STRIDED=False, ROW_SCALED=True,
+                ONE_ROW=one_row, num_warps=warps, enable_fp_fusion=False, **constants)
         out.zero_()
         go()
+        reference = out.clone() if reference is None else reference
         same &= torch.equal(out.view(torch.uint8), reference.view(torch.uint8))
         times.append(gpu_us(go))
     return times, bool(same)
@@ -194,7 +161,7 @@ def _table(title, candidates, label, measure) -> bool:
 def main() -> int:
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
-    same = _table("The backward's transposed e4m3 operand (rows x byte-columns per tile, warps)", TRANSPOSED,
+    same = _table("The backward's transposed e4m3 operand (rows x packed bytes per tile, warps)", TRANSPOSED,
                   lambda c: f"{c[0]} {c[1]}x{c[2]}/{c[3]}w", _transposed_row)
     same &= _table("The forward's e4m3 rows (bytes per program, warps)", ROWS, lambda c: f"{c[0]} {c[1]}B/{c[2]}w",
                    _rows_row)

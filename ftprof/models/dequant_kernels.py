@@ -67,11 +67,12 @@ def launch(data, absmax, code, absmax2, code2, offset, blocksize: int, blocksize
     nested = absmax2 is not None
     size = bytes_per_program or BYTES
     strided = bool(columns) and out.stride(0) != columns
+    one_row = inverse is not None and not strided and columns % (2 * size) == 0  # (the kernel's ONE_ROW)
     launcher(_kernels().dequantize_4bit_kernel, traced)[(-(-data.numel() // size),)](  # programs: ceil(bytes / size)
         data, absmax, code, absmax2 if nested else absmax, code2 if nested else code, offset if nested else absmax,
         out, data.numel(), columns or 1, out.stride(0) if strided else 1, inverse if inverse is not None else absmax,
         BLOCKSIZE=blocksize, BLOCKSIZE2=blocksize2 if nested else 1, NESTED=nested, BYTES=size, STRIDED=strided,
-        ROW_SCALED=inverse is not None, num_warps=warps or WARPS, **_unfused(traced))
+        ROW_SCALED=inverse is not None, ONE_ROW=one_row, num_warps=warps or WARPS, **_unfused(traced))
 
 
 def _unfused(traced: bool) -> dict:
@@ -98,7 +99,8 @@ def blockwise(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absm
     return scaled.reshape(shape).to(dtype)
 
 
-TILE = 128  # rows and columns of the weight per program of the transposing kernel
+# The transposing kernel's program: rows of the weight, packed bytes of a row (two columns each), warps.
+TRANSPOSED_TILE = (64, 32, 4)
 
 
 def dequantize_fp8_transposed(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
@@ -115,11 +117,13 @@ def dequantize_fp8_transposed(data: torch.Tensor, absmax: torch.Tensor, code: to
     nested = absmax2 is not None
     traced = after is not None
     out = torch.empty(columns, rows, dtype=torch.float8_e4m3fn, device=data.device)
-    grid = (-(-rows // TILE), -(-columns // TILE))
+    tile_rows, pairs, warps = TRANSPOSED_TILE
+    grid = (-(-rows // tile_rows), -(-(columns // 2) // pairs))
     launcher(_kernels().dequantize_4bit_transposed_kernel, traced)[grid](
         data, absmax, code, absmax2 if nested else absmax, code2 if nested else code, offset if nested else absmax,
         inverse, out, rows, columns, after if traced else inverse, BLOCKSIZE=blocksize,
-        BLOCKSIZE2=blocksize2 if nested else 1, NESTED=nested, TILE=TILE, num_warps=8, **_unfused(traced))
+        BLOCKSIZE2=blocksize2 if nested else 1, NESTED=nested, ROWS=tile_rows, PAIRS=pairs, num_warps=warps,
+        **_unfused(traced))
     return out
 
 

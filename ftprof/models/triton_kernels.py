@@ -11,6 +11,20 @@ import triton.language as tl
 
 
 @triton.jit
+def _block_scale(absmax, absmax2, code2, offset, block, inside, BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr):
+    """The fp32 absmax of each 4-bit block at ``block`` (any shape): as stored, or under double quantization an 8-bit
+    code scaled per group of BLOCKSIZE2 blocks, plus an offset (bitsandbytes' arithmetic)."""
+    if NESTED:
+        q = tl.load(absmax + block, mask=inside, other=0).to(tl.int32)
+        scale = tl.load(code2 + q, mask=inside, other=0.0) * tl.load(absmax2 + block // BLOCKSIZE2, mask=inside,
+                                                                     other=0.0)
+        scale = scale + tl.load(offset)
+    else:
+        scale = tl.load(absmax + block, mask=inside, other=0.0)
+    return scale
+
+
+@triton.jit
 def _values(packed, absmax, code, absmax2, code2, offset, index, inside, BLOCKSIZE: tl.constexpr,
             BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr):
     """The two fp32 values of each packed byte at ``index`` (any shape), interleaved along the last dimension:
@@ -18,28 +32,27 @@ def _values(packed, absmax, code, absmax2, code2, offset, index, inside, BLOCKSI
     byte = tl.load(packed + index, mask=inside, other=0).to(tl.int32)
     first = tl.load(code + (byte >> 4), mask=inside, other=0.0)  # the high nibble holds the first value
     second = tl.load(code + (byte & 0xF), mask=inside, other=0.0)
-    block = index // (BLOCKSIZE // 2)  # a block's values never straddle a byte
-    if NESTED:  # the block's absmax is an 8-bit code, scaled per group of BLOCKSIZE2 blocks, plus an offset
-        q = tl.load(absmax + block, mask=inside, other=0).to(tl.int32)
-        scale = tl.load(code2 + q, mask=inside, other=0.0) * tl.load(absmax2 + block // BLOCKSIZE2, mask=inside,
-                                                                     other=0.0)
-        scale = scale + tl.load(offset)
-    else:
-        scale = tl.load(absmax + block, mask=inside, other=0.0)
+    # a block's values never straddle a byte
+    scale = _block_scale(absmax, absmax2, code2, offset, index // (BLOCKSIZE // 2), inside, BLOCKSIZE2, NESTED)
     return tl.interleave(first * scale, second * scale)
 
 
 @triton.jit
 def dequantize_4bit_kernel(packed, absmax, code, absmax2, code2, offset, out, n_bytes, columns, row_stride, inverse,
                            BLOCKSIZE: tl.constexpr, BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr,
-                           BYTES: tl.constexpr, STRIDED: tl.constexpr, ROW_SCALED: tl.constexpr):
-    """Each program a run of BYTES packed bytes into 2 x BYTES contiguous values of ``out``."""
+                           BYTES: tl.constexpr, STRIDED: tl.constexpr, ROW_SCALED: tl.constexpr,
+                           ONE_ROW: tl.constexpr):
+    """Each program a run of BYTES packed bytes into 2 x BYTES contiguous values of ``out``. ONE_ROW: each
+    program's values lie in one row (``columns`` a multiple of 2 x BYTES), whose ROW_SCALED factor is then one
+    scalar load, not an int64 division and a gather per value."""
     index = tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES)
     values = _values(packed, absmax, code, absmax2, code2, offset, index, index < n_bytes, BLOCKSIZE, BLOCKSIZE2,
                      NESTED)
     where = tl.program_id(0).to(tl.int64) * (2 * BYTES) + tl.arange(0, 2 * BYTES)
     inside = where < 2 * n_bytes
-    if ROW_SCALED:  # e4m3 rows (--fp8-base): each value times its row's inverse scale, in fp32
+    if ROW_SCALED and ONE_ROW:  # e4m3 rows (--fp8-base): each value times its row's inverse scale, in fp32
+        values = values * tl.load(inverse + tl.program_id(0).to(tl.int64) * (2 * BYTES) // columns)
+    elif ROW_SCALED:
         values = values * tl.load(inverse + where // columns, mask=inside, other=0.0)
     values = values.to(out.dtype.element_ty)
     if STRIDED:  # the weight's rows land ``row_stride`` apart: the left columns of a wider matrix
@@ -50,20 +63,24 @@ def dequantize_4bit_kernel(packed, absmax, code, absmax2, code2, offset, out, n_
 @triton.jit
 def dequantize_4bit_transposed_kernel(packed, absmax, code, absmax2, code2, offset, inverse, out, rows, columns,
                                       after, BLOCKSIZE: tl.constexpr, BLOCKSIZE2: tl.constexpr,
-                                      NESTED: tl.constexpr, TILE: tl.constexpr):
-    """Each program a TILE x TILE tile of the weight (rows x columns), read as packed bytes row by row and written
-    as its transpose (columns x rows): dequantize_4bit_kernel's ROW_SCALED values (e4m3). ``after`` is not read:
-    a tensor the launch must wait for in a traced graph (see dequant_kernels.dequantize_fp8_transposed)."""
-    row = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
-    pair = tl.program_id(1).to(tl.int64) * (TILE // 2) + tl.arange(0, TILE // 2)  # byte columns of a row
-    inside = (row[:, None] < rows) & (pair[None, :] < columns // 2)
-    index = row[:, None] * (columns // 2) + pair[None, :]  # the packed byte (rows hold whole bytes)
-    values = _values(packed, absmax, code, absmax2, code2, offset, index, inside, BLOCKSIZE, BLOCKSIZE2, NESTED)
-    values = values * tl.load(inverse + row, mask=row < rows, other=0.0)[:, None]  # TILE x TILE, row order
-    values = tl.trans(values.to(out.dtype.element_ty))
-    column = tl.program_id(1).to(tl.int64) * TILE + tl.arange(0, TILE)
-    inside = (column[:, None] < columns) & (row[None, :] < rows)
-    tl.store(out + column[:, None] * rows + row[None, :], values, mask=inside)
+                                      NESTED: tl.constexpr, ROWS: tl.constexpr, PAIRS: tl.constexpr):
+    """Each program ROWS rows x PAIRS packed bytes of the weight (rows x columns), written as its transpose (columns
+    x rows): dequantize_4bit_kernel's ROW_SCALED values (e4m3). The tile is indexed in the output's orientation
+    (bytes x rows) and each byte's two values are stored as two output rows: no interleave and no explicit
+    transpose, Triton's layout conversion moves the tile through shared memory once per store. ``after`` is not
+    read: a tensor the launch must wait for in a traced graph (see dequant_kernels.dequantize_fp8_transposed)."""
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    pair = tl.program_id(1).to(tl.int64) * PAIRS + tl.arange(0, PAIRS)  # byte columns of a row
+    inside = (pair[:, None] < columns // 2) & (row[None, :] < rows)
+    index = row[None, :] * (columns // 2) + pair[:, None]  # the packed byte (rows hold whole bytes)
+    byte = tl.load(packed + index, mask=inside, other=0).to(tl.int32)
+    first = tl.load(code + (byte >> 4), mask=inside, other=0.0)
+    second = tl.load(code + (byte & 0xF), mask=inside, other=0.0)
+    scale = _block_scale(absmax, absmax2, code2, offset, index // (BLOCKSIZE // 2), inside, BLOCKSIZE2, NESTED)
+    factor = tl.load(inverse + row, mask=row < rows, other=0.0)[None, :]
+    where = (2 * pair[:, None]) * rows + row[None, :]  # the first value's output row, then the second's
+    tl.store(out + where, (first * scale * factor).to(out.dtype.element_ty), mask=inside)
+    tl.store(out + where + rows, (second * scale * factor).to(out.dtype.element_ty), mask=inside)
 
 
 @triton.jit

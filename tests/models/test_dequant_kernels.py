@@ -47,8 +47,9 @@ TRANSPOSED_CHILD = textwrap.dedent('''
 
     torch.manual_seed(0)
     for nested in (True, False):
-        # whole tiles, partial tiles, blocks straddling rows (96 columns)
-        for shape in ((256, 384), (96, 640), (33, 192), (34, 96)):
+        # whole tiles, partial tiles, blocks straddling rows (96 columns); rows of whole programs (1024 columns:
+        # the rows kernel's one-row scale)
+        for shape in ((256, 384), (96, 640), (33, 192), (34, 96), (64, 1024)):
             weight = torch.randn(*shape) * torch.logspace(-3, 1, shape[0])[:, None]
             packed, state = bf.quantize_4bit(weight.bfloat16(), blocksize=64, compress_statistics=nested,
                                              quant_type="nf4", quant_storage=torch.bfloat16)
