@@ -129,7 +129,9 @@ def _rows_row(name, shape) -> tuple[list[float], bool]:
     out = torch.empty(shape, dtype=torch.float8_e4m3fn, device="cuda")
     times, same, reference = [], True, None
     for style, size, warps in ROWS:
-        assert shape[1] % (2 * size) == 0, shape
+        if style == "one row" and shape[1] % (2 * size):  # a row is not whole programs: the shipped launch's
+            times.append(float("nan"))                    # per-value scale serves it
+            continue
 
         def go(size=size, warps=warps, one_row=style == "one row"):
             tk.dequantize_4bit_kernel[(data.numel() // size,)](
@@ -143,6 +145,10 @@ def _rows_row(name, shape) -> tuple[list[float], bool]:
     return times, bool(same)
 
 
+def _cells(values: list[float], digits: int) -> str:
+    return " | ".join("-" if x != x else f"{x:.{digits}f}" for x in values)  # (x != x: NaN, a launch not made)
+
+
 def _table(title, candidates, label, measure) -> bool:
     print(f"\n{title}\n")
     print("| weight | " + " | ".join(label(c) for c in candidates) + " | same bits |")
@@ -153,8 +159,8 @@ def _table(title, candidates, label, measure) -> bool:
         times, same = measure(name, shape)
         all_same &= same
         total = [t + PER_LAYER[name] * LAYERS * x / 1000 for t, x in zip(total, times, strict=True)]
-        print(f"| {name} {shape[0]} x {shape[1]} (us) | " + " | ".join(f"{x:.1f}" for x in times) + f" | {same} |")
-    print("| llama-8b, all 224 weights (ms) | " + " | ".join(f"{t:.2f}" for t in total) + " | |")
+        print(f"| {name} {shape[0]} x {shape[1]} (us) | " + _cells(times, 1) + f" | {same} |")
+    print("| llama-8b, all 224 weights (ms) | " + _cells(total, 2) + " | |")
     return all_same
 
 
