@@ -100,7 +100,7 @@ def blockwise(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, absm
 
 
 # The transposing kernel's program: rows of the weight, packed bytes of a row (two columns each), warps.
-TRANSPOSED_TILE = (64, 32, 4)
+TRANSPOSED_TILE = (64, 64, 8)
 
 
 def dequantize_fp8_transposed(data: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
