@@ -329,13 +329,14 @@ def test_compiled_fp8_keeps_no_e4m3_weights(tmp_path):
 def test_triton_e4m3_rows_equal_the_torch_arithmetic(nested):
     """--fp8-base's 4-bit weights dequantized into e4m3 rows by the Triton kernel, and into their transpose by the
     tiled one: the same bits as the torch ops (bitsandbytes' fp32 value, times the row's inverse scale, one
-    rounding to e4m3) that the CPU runs."""
+    rounding to e4m3) that the CPU runs. 4096 columns: rows of whole programs (the rows kernel's scalar row
+    scale); the others: a scale per value, partial tiles."""
     import bitsandbytes.functional as bf
 
     from ftprof.models import dequant_kernels
 
     torch.manual_seed(0)
-    for shape in [(4096, 1024), (96, 640), (33, 192)]:
+    for shape in [(4096, 1024), (96, 640), (33, 192), (300, 4096)]:
         weight = (torch.randn(*shape, device="cuda") * torch.logspace(-3, 1, shape[0], device="cuda")[:, None])
         packed, state = bf.quantize_4bit(weight.bfloat16(), blocksize=64, compress_statistics=nested,
                                          quant_type="nf4", quant_storage=torch.bfloat16)
