@@ -44,14 +44,14 @@ def from_trace(events: TraceEvents, facts: RunFacts) -> Breakdown:
     inside = step_index(ops.ts, steps) >= 0
     np.add.at(flops, ops.bucket[inside].astype(np.int64), ops.flops[inside])
     split = {"lora_r": ctx.lora_r, "vocab": ctx.vocab, "tokens_per_micro_batch": ctx.tokens, "method": facts.method}
-    out = build(*timed, flops=flops, shapes=shapes, model_flops_per_step=facts.model_flops_per_step,
+    out = build(*timed, flops=flops, shapes=shapes, hfu_flops_per_step=facts.hfu_flops_per_step,
                 peak=_peak(facts.device) if gpu else None, split=split, notes=notes, gpu=gpu)
     out.device = facts.device if gpu else "cpu"
     return out
 
 
 def build(per_step: np.ndarray, step_ms: list[float], kernels: dict[str, Counter], counts: dict[str, Counter],
-          overlap_ms: float | None, *, flops: np.ndarray, shapes: bool, model_flops_per_step: float | None,
+          overlap_ms: float | None, *, flops: np.ndarray, shapes: bool, hfu_flops_per_step: float | None,
           peak: float | None, split: dict, notes: list[str], gpu: bool = True) -> Breakdown:
     """``per_step``: [steps, buckets] microseconds; ``flops``: [buckets] over all steps; ``kernels``/``counts``:
     per bucket, time and calls of each kernel (operator, on CPU traces)."""
@@ -76,7 +76,7 @@ def build(per_step: np.ndarray, step_ms: list[float], kernels: dict[str, Counter
         }
     total_flops = float(flops.sum()) / n if shapes and flops.any() else None
     return Breakdown(steps=per_step.shape[0], step_ms=list(step_ms), buckets=buckets, flops_per_step=total_flops,
-                     model_flops_per_step=model_flops_per_step, peak_tflops=peak / 1e12 if peak else None,
+                     hfu_flops_per_step=hfu_flops_per_step, peak_tflops=peak / 1e12 if peak else None,
                      communication_overlap_ms=overlap_ms, split=split, notes=notes)
 
 

@@ -187,7 +187,7 @@ class Breakdown:
     step_ms: list[float]  # wall time of each active step
     buckets: dict[str, dict[str, Any]]
     flops_per_step: float | None  # sum over buckets; None without shapes
-    model_flops_per_step: float | None  # the run's HFU count (model + recompute FLOPs) per step, when known
+    hfu_flops_per_step: float | None  # the run's HFU count (model + recompute FLOPs) per step, when known
     peak_tflops: float | None
     communication_overlap_ms: float | None  # of the communication time, how much ran beside compute kernels
     split: dict[str, Any]
@@ -196,8 +196,8 @@ class Breakdown:
 
     @property
     def flops_ratio(self) -> float | None:
-        if self.flops_per_step and self.model_flops_per_step:
-            return self.flops_per_step / self.model_flops_per_step
+        if self.flops_per_step and self.hfu_flops_per_step:
+            return self.flops_per_step / self.hfu_flops_per_step
         return None
 
     def to_dict(self) -> dict[str, Any]:

@@ -18,7 +18,7 @@ class RunFacts:
     lora_fused_a: bool = False  # one A matmul per input that several adapted projections read (--lora-fused-a)
     dtype: str | None = None
     checkpointing: bool | None = None
-    model_flops_per_step: float | None = None  # the run's HFU count per optimizer step
+    hfu_flops_per_step: float | None = None  # the run's HFU count per optimizer step
     device: str | None = None  # the GPU's name, from the trace's deviceProperties
 
 
@@ -34,7 +34,7 @@ def run_facts(meta: dict[str, Any], run_config: dict | None) -> RunFacts:
         lora_fused_a=bool(method_cfg.get("lora_fused_a", ftmeta.get("lora_fused_a"))),
         dtype=config.get("model", {}).get("dtype") or ftmeta.get("dtype"),
         checkpointing=_recomputed(config.get("model", {}), ftmeta),
-        model_flops_per_step=_model_flops(config, ftmeta), device=device_name(meta))
+        hfu_flops_per_step=_hfu_flops(config, ftmeta), device=device_name(meta))
 
 
 def _recomputed(model_config: dict, ftmeta: dict) -> bool | None:
@@ -50,7 +50,7 @@ def _recomputed(model_config: dict, ftmeta: dict) -> bool | None:
     return model_config.get("gradient_checkpointing")
 
 
-def _model_flops(run_config: dict, ftmeta: dict) -> float | None:
+def _hfu_flops(run_config: dict, ftmeta: dict) -> float | None:
     """The run's HFU FLOPs per optimizer step (model + recompute FLOPs per token, times tokens per step)."""
     per_token = ftmeta.get("flops_per_token")
     if not per_token:

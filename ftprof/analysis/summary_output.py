@@ -40,7 +40,7 @@ def _flops_line(bd: dict) -> str | None:
         return None
     line = f"FLOPs counted from shapes: {si_flops(bd['flops_per_step'])} per step"
     if bd.get("flops_ratio"):
-        line += f", {100 * bd['flops_ratio']:.1f}% of the run's HFU count ({si_flops(bd['model_flops_per_step'])})"
+        line += f", {100 * bd['flops_ratio']:.1f}% of the run's HFU count ({si_flops(bd['hfu_flops_per_step'])})"
     return line
 
 

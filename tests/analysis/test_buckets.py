@@ -149,7 +149,7 @@ def test_bucket_flops_reconcile_with_the_runs_hfu_count(lora_checkpointed):
     bd = summary["breakdown"]
     assert bd["steps"] == 2 and len(bd["step_ms"]) == 2
     # every FLOP the run executed, recompute included, is in some bucket: within 5% of the HFU count
-    assert bd["model_flops_per_step"] > 0
+    assert bd["hfu_flops_per_step"] > 0
     assert bd["flops_ratio"] == pytest.approx(1.0, abs=0.05)
     b = bd["buckets"]
     assert {"base_gemm", "lora_gemm", "recompute", "attention", "loss", "optimizer"} <= set(b)
@@ -197,7 +197,7 @@ def test_buckets_of_a_plain_torch_profiler_trace(tmp_path):
     assert b["base_gemm"]["flops_per_step"] == pytest.approx(2 * 2 * tokens * 48 * 96)
     assert b["weight_grad_gemm"]["flops_per_step"] == pytest.approx(2 * tokens * 48 * 96)
     assert b["loss"]["flops_per_step"] == pytest.approx(3 * 2 * tokens * 96 * 300)  # lm_head fwd, input and weight grad
-    assert bd["model_flops_per_step"] is None and bd["flops_ratio"] is None
+    assert bd["hfu_flops_per_step"] is None and bd["flops_ratio"] is None
 
 
 def test_selective_checkpointing_replays_carry_no_flops(tmp_path):

@@ -92,7 +92,7 @@ def test_the_trace_metadata_takes_the_same_length(tmp_path):
     assert (meta["seq_len"], meta["batch_size"]) == (DOC, DOCS)
     assert meta["flops_per_token"] == result["flops_per_token"]
     summary = _json(run / "profile" / "summary.json")
-    assert summary["breakdown"]["model_flops_per_step"] == pytest.approx(result["flops_per_token"] * DOCS * DOC)
+    assert summary["breakdown"]["hfu_flops_per_step"] == pytest.approx(result["flops_per_token"] * DOCS * DOC)
 
 
 def _padding_free_collator(rows: list[dict]) -> dict:

@@ -127,7 +127,7 @@ def test_buckets_add_up_and_flops_match_the_runs_count(run_dir):
     # the FLOPs counted from the recorded shapes against the run's HFU count (result.json's, per step)
     result = _json(run_dir / "result.json")
     per_step = (result["flops_per_token"] + result["recompute_flops_per_token"]) * ROWS * SEQ
-    assert bd["model_flops_per_step"] == pytest.approx(per_step)
+    assert bd["hfu_flops_per_step"] == pytest.approx(per_step)
     assert bd["flops_ratio"] == pytest.approx(1.0, abs=0.1)
     assert bd["split"]["lora_r"] == 8 and bd["split"]["tokens_per_micro_batch"] == ROWS * SEQ
 
@@ -178,7 +178,7 @@ def test_measure_takes_the_window_as_prof_options(tmp_path):
     # the first cycle collected from the first step on, before the run's shape was seen: its trace still carries
     # the run's FLOP count (added after the first step)
     result = _json(run / "result.json")
-    assert summary["breakdown"]["model_flops_per_step"] == pytest.approx(result["flops_per_token"] * 4 * SEQ)
+    assert summary["breakdown"]["hfu_flops_per_step"] == pytest.approx(result["flops_per_token"] * 4 * SEQ)
     assert _json(run / "config.json")["profiling"]["prof_repeat"] == 2
 
 
