@@ -71,7 +71,7 @@ def build(per_step: np.ndarray, step_ms: list[float], kernels: dict[str, Counter
             "ms_per_step": ms, "share": ms / mean_step if mean_step else None,
             "per_step_ms": [float(x) for x in col], "flops_per_step": f or None, "tflops": tflops,
             "peak_fraction": tflops * 1e12 / peak if tflops and peak else None,
-            "kernels": [{"name": k, "ms_per_step": t / 1000.0 / n, "count": counts[key][k]}
+            "kernels": [{"name": k, "ms_per_step": t / 1000.0 / n, "calls_per_step": counts[key][k] / n}
                         for k, t in kernels.get(key, Counter()).most_common(KERNELS_PER_BUCKET)],
         }
     total_flops = float(flops.sum()) / n if shapes and flops.any() else None

@@ -116,6 +116,19 @@ def test_buckets_on_a_hand_made_gpu_trace(tmp_path):
     assert bd["steps"] == 1 and bd["step_ms"] == [1.0]
 
 
+def test_bucket_kernels_are_per_step_like_their_time(tmp_path):
+    """A bucket's top kernels give milliseconds and calls per profiled step (the calls were window totals beside
+    per-step times: twice the calls of a step in a two-step window)."""
+    t = GpuTrace()
+    lora_step(t, 0.0)
+    lora_step(t, 1000.0)
+    path = _write(tmp_path / "t.json", t.events, ftprof=encode_metadata({"method": "lora", "lora_r": 8}))
+    bd = summarize(path).breakdown
+    assert bd["steps"] == 2
+    top = bd["buckets"]["weight_grad_gemm"]["kernels"][0]
+    assert top["calls_per_step"] == 1 and round(top["ms_per_step"] * 1000) == 40
+
+
 def test_gemm_split_rules():
     ctx = SplitContext(lora_r=16, vocab=32000, tokens=4096)
     assert gemm_bucket("aten::mm", [[4096, 4096], [4096, 16]], FORWARD, ctx) == "lora_gemm"
