@@ -20,7 +20,7 @@ from ftprof.results import run_dir as files
 from ftprof.results.run_dir import RunDirWriter
 from ftprof.results.schema import failure_result
 from ftprof.results.status import Status
-from ftprof.results.store import write_json_atomic, write_text_atomic
+from ftprof.results.store import remove_partial_files, write_json_atomic, write_text_atomic
 
 PEER_CONFIG = "peer_config.json"  # a peer cell's validated configuration for its recipe (FtprofCallback rewrites
 # config.json with what it measured)
@@ -124,6 +124,7 @@ def record_no_result(run_dir: Path, cfg: RunConfig, status: Status, reason: str,
     """The cell's process ended without writing result.json: record what the launcher knows, keep what the process
     wrote. An ``error`` says the last line of stderr (a recipe's exception); another failure class says ``reason``;
     both keep stderr's tail and a note naming ``reason``."""
+    remove_partial_files(run_dir)  # a killed writer's half-written .steps.csv.<random>.tmp
     stderr = tail(run_dir / files.STDERR)
     last = last_error_line(stderr, reason)
     res = failure_result(cfg, run_dir, status.value, error_type or status.value,

@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+TMP_SUFFIX = ".tmp"  # write_bytes_atomic's temp files: ".<name>.<random>.tmp" beside the file they become
+
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
     return write_bytes_atomic(path, text.encode("utf-8"))
@@ -20,7 +22,7 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
 def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp creates 0600; results are meant to be shared
         with os.fdopen(fd, "wb") as fh:
@@ -117,6 +119,17 @@ def write_csv_atomic(path: str | Path, rows: Iterable[dict[str, Any]], columns: 
 
 def read_json(path: str | Path) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def remove_partial_files(directory: str | Path) -> list[Path]:
+    """The temp files that writers killed mid-write (SIGKILL: no cleanup ran) left in ``directory``; call it only
+    once every writer of the directory is gone (bench, for a cell whose process died). Returns what was removed."""
+    removed = []
+    for path in Path(directory).glob(f".*{TMP_SUFFIX}"):
+        if path.is_file():
+            _unlink_quietly(str(path))
+            removed.append(path)
+    return removed
 
 
 def partial_dir(final: Path) -> Path:

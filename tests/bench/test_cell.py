@@ -23,6 +23,20 @@ def test_an_error_is_the_processs_last_line_not_sruns(tmp_path):
     assert any("Slurm job 7 ended FAILED" in n for n in result["notes"])
 
 
+def test_a_killed_cells_half_written_files_are_removed(tmp_path):
+    """A SIGKILL between an atomic write's temp file and its rename leaves the temp file: bench removes it when it
+    records the dead cell, and keeps every finished file."""
+    from ftprof.results.store import write_text_atomic
+
+    write_text_atomic(tmp_path / files.STEPS, "step,loss\n1,2.0\n")
+    left = tmp_path / f".{files.STEPS}.k3j2x9.tmp"
+    left.write_text("step,loss\n1,2.0\n2,")
+    cell.record_no_result(tmp_path, RunConfig(), Status.KILLED, "killed by SIGKILL")
+    assert not left.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([files.STEPS, files.RESULT])
+    assert json.loads((tmp_path / files.RESULT).read_text())["steps_completed"] == 1
+
+
 def test_stderr_with_only_launcher_lines_says_the_reason():
     assert cell.last_error_line("srun: error: node1: task 0: Exited with exit code 1\n", "exit status 1") == \
         "exit status 1"
