@@ -17,9 +17,12 @@
 #   benchmarks/memory_levers.sh auto OUT       the GPU test of --offload-embeddings, then --checkpointing auto
 #                                              within 8 GiB (llama-8b QLoRA 4 x 2048, Liger, compiled): what it
 #                                              chose (result.json's checkpointing_auto) and what it measured
+#   benchmarks/memory_levers.sh microbatch OUT where micro-batch 1 x 4 loses to 4 x 1 at the same policy (FP8, CUDA
+#                                              graphs: 16,240 against 21,211 tokens/s in round 25, issue 39 asks
+#                                              for 90%): ftprof profile of each (kernel names survive graph replays)
 # Each phase keeps to BUDGET_S seconds and packs runs/ into OUT/PHASE.tgz (no traces, no snapshots).
 set -u
-phase=${1:?phase: graphs, snapshot, fp8offload, fp8partial or auto}
+phase=${1:?phase: graphs, snapshot, fp8offload, fp8partial, microbatch or auto}
 out=${2:?output folder}
 budget=${BUDGET_S:-550}
 . "$(dirname "$0")/common.sh"  # left(), scratch in memory, runs/machine.txt
@@ -56,6 +59,14 @@ case $phase in
     timeout -s INT $(( $(left) - 20 )) python3 -m ftprof profile "${cell[@]}" --checkpoint-layers 16 --max-steps 7 \
       --prof-wait-steps 3 --prof-warmup-steps 1 --prof-active-steps 2 --output-dir runs/profile-fp8partial \
       > runs/profile-fp8partial.log 2>&1 ;;
+  microbatch)
+    cell=(qlora --model llama-8b --seq-len 2048 --max-steps 7 --kernels liger --compile --compile-mode reduce-overhead
+          --fp8-base --offload-embeddings --prof-wait-steps 3 --prof-warmup-steps 1 --prof-active-steps 2 --device cuda)
+    for shape in "1 4" "4 1"; do
+      set -- $shape
+      timeout -s INT $(( $(left) / 2 - 10 )) python3 -m ftprof profile "${cell[@]}" --batch-size "$1" --grad-accum "$2" \
+        --output-dir "runs/profile-microbatch-$1x$2" > "runs/profile-microbatch-$1x$2.log" 2>&1
+    done ;;
   auto)
     timeout $(( $(left) / 3 )) python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_memory_levers.py \
       > runs/pytest-gpu-memory-levers.log 2>&1
