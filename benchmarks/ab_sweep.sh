@@ -2,7 +2,8 @@
 # One sweep before and after a change, in one call on one H200, from the repository root, with the GPU machine's
 # wheels in .whl:
 #   SWEEP=benchmarks/sweeps/NAME.yaml [TESTS=-k-expression|0] benchmarks/ab_sweep.sh OUT [BEFORE]
-# First the GPU tests of tests/gpu/test_gpu_fast_paths.py matching TESTS (default "fp8"; 0: none), then the sweep;
+# First the GPU tests of tests/gpu/test_gpu_fast_paths.py matching TESTS (default the FP8 ones: "fp8 or e4m3 or
+# transpos"; 0: none), then the sweep;
 # with BEFORE (a checkout of the commit before the change), the same cells again from that checkout in the time
 # left, in the sweep's order. Packs runs/ into OUT/NAME.tgz.
 set -u
@@ -12,7 +13,7 @@ sweep=${SWEEP:?SWEEP=the sweep file}
 name=$(basename "$sweep" .yaml)
 budget=${BUDGET_S:-570}
 . "$(dirname "$0")/common.sh"  # left(), scratch in memory, runs/machine.txt
-tests=${TESTS:-fp8}
+tests=${TESTS:-fp8 or e4m3 or transpos}
 [ "$tests" = 0 ] || timeout 230 python3 -m pytest -m gpu -q -p no:cacheprovider \
   tests/gpu/test_gpu_fast_paths.py -k "$tests" > "runs/pytest-gpu-$name.log" 2>&1
 timeout -s INT $(( $(left) - 200 )) python3 -m ftprof bench "$sweep" --output-dir "runs/$name" \
