@@ -43,6 +43,10 @@ def preflight(cfg: RunConfig) -> ResolvedRun:
                                    method=cfg.method.resolved(dtype, preset=source.kind == "preset",
                                                               triton=_triton_dequantizes(cfg, device)))
     tokenizer, data = _prepare_data(cfg, source)
+    if data is not None and cfg.save.resume_from_checkpoint:
+        from ftprof.config.saving import check_same_data
+
+        check_same_data(cfg.save.resume_from_checkpoint, data.content_hash, cfg.data.dataset)
     if data is not None and data.stats.get("rows_dropped"):
         why = " once cut to --seq-len" if not cfg.data.packing else ""
         notes.append(f"--dataset: {data.stats['rows_dropped']} of {data.stats['rows_loaded']} rows dropped: no token "

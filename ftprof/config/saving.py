@@ -82,3 +82,15 @@ def read_checkpoint_state(path: str | Path) -> dict:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--resume-from-checkpoint {path}: not an ftprof checkpoint (no readable "
                           f"{CHECKPOINT_STATE}: {exc.__class__.__name__}); --save-steps writes them") from None
+
+
+def check_same_data(path: str | Path, data_hash: str, dataset: str) -> None:
+    """A resumed run trains on the tokens its checkpoint's run did (``data_hash``: PreparedData.content_hash): the
+    batches it took are drawn again and dropped, so other data (the same file rewritten, another tokenizer) would
+    silently train on rows it never saw in the places of those it did. ConfigError; checkpoints without a hash
+    (written before they recorded one) are not compared."""
+    saved = read_checkpoint_state(path).get("data_hash")
+    if saved and saved != data_hash:
+        raise ConfigError(f"--resume-from-checkpoint {path}: this run's data differs from the checkpoint's (the tokens "
+                          f"of {dataset} changed since it was written); resume with the same data and tokenizer, or "
+                          "start a new run")

@@ -233,30 +233,15 @@ def data_hash(resolved) -> str | None:
     return resolved.data.content_hash if resolved.data is not None else None
 
 
-def check_same_data(resolved, path: Path) -> None:
-    """A resumed run trains on the tokens its checkpoint's run did: the batches it took are drawn again and dropped,
-    so other data (the same file rewritten, another tokenizer) would silently train on rows it never saw in the
-    places of those it did. ConfigError before the model is built; checkpoints without a hash are not compared."""
-    saved = read_checkpoint_state(path).get("data_hash")
-    ours = data_hash(resolved)
-    if saved and ours and saved != ours:
-        from ftprof.errors import ConfigError
-
-        raise ConfigError(f"--resume-from-checkpoint {path}: this run's data differs from the checkpoint's (the tokens "
-                          f"of {resolved.config.data.dataset} changed since it was written); resume with the same "
-                          "data and tokenizer, or start a new run")
-
-
 def load_checkpoint(resolved, built, path: Path, log: Callable[[str], None]) -> int:
     """Put ``built`` where the checkpoint left its run: trained weights, optimizer, scheduler, the data stream's
     position (the batches it took are drawn again and dropped) and the RNG states. Returns the checkpoint's step."""
-    import json
     import random
 
     import numpy as np
 
     path = Path(path)
-    info = json.loads((path / CHECKPOINT_STATE).read_text())
+    info = read_checkpoint_state(path)
     model = built.model.module if isinstance(built.model, torch.nn.parallel.DistributedDataParallel) else built.model
     if resolved.config.method.method == "full":
         _load_full(model, path / MODEL)

@@ -27,14 +27,7 @@ from ftprof.engine.compile import eager_rounding
 from ftprof.engine.loop import run_steps
 from ftprof.engine.proof import NotTrainedError, TrainingCheck
 from ftprof.engine.result import Recorded, assemble
-from ftprof.engine.save import (
-    check_same_data,
-    load_checkpoint,
-    prune_checkpoints,
-    save_merged,
-    save_trained,
-    write_checkpoint,
-)
+from ftprof.engine.save import load_checkpoint, prune_checkpoints, save_merged, save_trained, write_checkpoint
 from ftprof.engine.trackers import FirstStepMemory, NvmlTracker, StepLog
 from ftprof.errors import ConfigError
 from ftprof.lifetime import stop_requested
@@ -142,8 +135,6 @@ class Trainer:
                                     self.cfg.model.compile))
                 trackers.enter_context(attention.preferred(self.cfg.model.sdpa_backend))
                 trackers.enter_context(eager_rounding(self.cfg.model.compile))
-                if self.cfg.save.resume_from_checkpoint:
-                    check_same_data(self.resolved, Path(self.cfg.save.resume_from_checkpoint))
                 t0 = time.perf_counter()
                 self.built = build(self.resolved, self.memory, self.log)
                 self.setup_time_s = time.perf_counter() - t0
