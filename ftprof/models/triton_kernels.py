@@ -1,7 +1,7 @@
 """ftprof's Triton kernels, in one module that imports Triton at the top: models/dequant_kernels.py and
 models/fp8_kernels.py import it only where a kernel launches (on CUDA, or under Triton's interpreter in the CPU
 tests), so that the rest of ftprof imports without Triton. Those modules say what each kernel is for and how its
-bits were checked; the arithmetic shared by the two 4-bit kernels is one function here (``_values``).
+bits were checked; the arithmetic shared by the two 4-bit kernels is one function here (``_pair``).
 """
 
 from __future__ import annotations
@@ -11,30 +11,30 @@ import triton.language as tl
 
 
 @triton.jit
-def _block_scale(absmax, absmax2, code2, offset, block, inside, BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr):
-    """The fp32 absmax of each 4-bit block at ``block`` (any shape): as stored, or under double quantization an 8-bit
-    code scaled per group of BLOCKSIZE2 blocks, plus an offset (bitsandbytes' arithmetic)."""
-    if NESTED:
+def _pair(packed, absmax, code, absmax2, code2, offset, index, inside, BLOCKSIZE: tl.constexpr,
+          BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr):
+    """The two fp32 values of each packed byte at ``index`` (any shape), the first and the second apart:
+    bitsandbytes' arithmetic (the 4-bit code's table value times its block's absmax)."""
+    byte = tl.load(packed + index, mask=inside, other=0).to(tl.int32)
+    first = tl.load(code + (byte >> 4), mask=inside, other=0.0)  # the high nibble holds the first value
+    second = tl.load(code + (byte & 0xF), mask=inside, other=0.0)
+    block = index // (BLOCKSIZE // 2)  # a block's values never straddle a byte
+    if NESTED:  # the block's absmax is an 8-bit code, scaled per group of BLOCKSIZE2 blocks, plus an offset
         q = tl.load(absmax + block, mask=inside, other=0).to(tl.int32)
         scale = tl.load(code2 + q, mask=inside, other=0.0) * tl.load(absmax2 + block // BLOCKSIZE2, mask=inside,
                                                                      other=0.0)
         scale = scale + tl.load(offset)
     else:
         scale = tl.load(absmax + block, mask=inside, other=0.0)
-    return scale
+    return first * scale, second * scale
 
 
 @triton.jit
 def _values(packed, absmax, code, absmax2, code2, offset, index, inside, BLOCKSIZE: tl.constexpr,
             BLOCKSIZE2: tl.constexpr, NESTED: tl.constexpr):
-    """The two fp32 values of each packed byte at ``index`` (any shape), interleaved along the last dimension:
-    bitsandbytes' arithmetic (the 4-bit code's table value times its block's absmax)."""
-    byte = tl.load(packed + index, mask=inside, other=0).to(tl.int32)
-    first = tl.load(code + (byte >> 4), mask=inside, other=0.0)  # the high nibble holds the first value
-    second = tl.load(code + (byte & 0xF), mask=inside, other=0.0)
-    # a block's values never straddle a byte
-    scale = _block_scale(absmax, absmax2, code2, offset, index // (BLOCKSIZE // 2), inside, BLOCKSIZE2, NESTED)
-    return tl.interleave(first * scale, second * scale)
+    """``_pair``'s two values interleaved along the last dimension (the weight's order)."""
+    first, second = _pair(packed, absmax, code, absmax2, code2, offset, index, inside, BLOCKSIZE, BLOCKSIZE2, NESTED)
+    return tl.interleave(first, second)
 
 
 @triton.jit
@@ -73,14 +73,11 @@ def dequantize_4bit_transposed_kernel(packed, absmax, code, absmax2, code2, offs
     pair = tl.program_id(1).to(tl.int64) * PAIRS + tl.arange(0, PAIRS)  # byte columns of a row
     inside = (pair[:, None] < columns // 2) & (row[None, :] < rows)
     index = row[None, :] * (columns // 2) + pair[:, None]  # the packed byte (rows hold whole bytes)
-    byte = tl.load(packed + index, mask=inside, other=0).to(tl.int32)
-    first = tl.load(code + (byte >> 4), mask=inside, other=0.0)
-    second = tl.load(code + (byte & 0xF), mask=inside, other=0.0)
-    scale = _block_scale(absmax, absmax2, code2, offset, index // (BLOCKSIZE // 2), inside, BLOCKSIZE2, NESTED)
+    first, second = _pair(packed, absmax, code, absmax2, code2, offset, index, inside, BLOCKSIZE, BLOCKSIZE2, NESTED)
     factor = tl.load(inverse + row, mask=row < rows, other=0.0)[None, :]
     where = (2 * pair[:, None]) * rows + row[None, :]  # the first value's output row, then the second's
-    tl.store(out + where, (first * scale * factor).to(out.dtype.element_ty), mask=inside)
-    tl.store(out + where + rows, (second * scale * factor).to(out.dtype.element_ty), mask=inside)
+    tl.store(out + where, (first * factor).to(out.dtype.element_ty), mask=inside)
+    tl.store(out + where + rows, (second * factor).to(out.dtype.element_ty), mask=inside)
 
 
 @triton.jit
