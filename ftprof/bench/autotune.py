@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ftprof.config import SCHEMA_VERSION
 from ftprof.errors import FtprofError
 
 TRIAL_WARMUP = 3  # measurement warm-up steps of a trial (compile and allocator warm-up): the rest are timed
@@ -37,17 +36,13 @@ class Trial:
 
 def trial_sweep(plan, k: int, base: dict, trial_steps: int) -> str:
     """The sweep YAML of the top ``k``, each for ``trial_steps`` steps (``base``: the plan's own options)."""
-    import yaml
+    from ftprof.plan.output import sweep_yaml
 
     trials = {**base, "max_steps": trial_steps, "measure_warmup_steps": min(TRIAL_WARMUP, trial_steps - 1)}
     trials = {key: value for key, value in trials.items() if value is not None}
     for key in ("num_train_epochs", "save", "save_dir", "eval_steps"):  # a trial measures speed, nothing else
         trials.pop(key, None)
-    experiments = [r.candidate.flat() for r in plan.fitting[:k]]
-    # schema_version: the options mean today's, as the full run's (version 1 would train the trials at a constant
-    # learning rate)
-    return yaml.safe_dump({"name": "trials", "schema_version": SCHEMA_VERSION, "base": trials,
-                           "experiments": experiments}, sort_keys=False)
+    return sweep_yaml(plan, k, trials, name="trials")
 
 
 def run_trials(plan, k: int, base: dict, trial_steps: int, out_dir: Path) -> list[Trial]:

@@ -36,7 +36,7 @@ def row_dict(rank: int, row: Row, needs: str = "") -> dict:
             "checkpoint_layers": c.checkpoint_layers, "kernels": c.kernels, "compile": c.compile,
             "options": " ".join(BY_NAME[n].spell(v) for n, v in c.options),  # the declared options it sets
             "batch_size": c.batch_size, "grad_accum": c.grad_accum, "fits": row.fits,
-            "peak_gib": round(p.peak_bytes / GIB, 4), "headroom_gib": round(row.headroom_bytes / GIB, 4),
+            "peak_gib": _gib(p.peak_bytes), "headroom_gib": _gib(row.headroom_bytes),
             "tokens_per_s": None if p.tokens_per_s is None else round(p.tokens_per_s),
             "tokens_per_s_error": p.tokens_per_s_error, "confidence": p.confidence,  # (the band: relative, +-)
             # the peak's parts: what stays resident, the activations, the largest transient on top
@@ -81,12 +81,13 @@ def sweep_name(model: str) -> str:
     return f"plan-{model.strip('/').split('/')[-1]}"
 
 
-def sweep_yaml(plan: Plan, top: int, base: dict) -> str:
-    """A sweep of the top ``top`` configurations that fit: ``base`` (the options given) plus one experiment each."""
+def sweep_yaml(plan: Plan, top: int, base: dict, name: str | None = None) -> str:
+    """A sweep of the top ``top`` configurations that fit: ``base`` (the options given) plus one experiment each;
+    ``name``: the sweep's (default: the plan's, ``sweep_name``)."""
     import yaml
 
     experiments = [r.candidate.flat() for r in plan.fitting[:top]]
-    name = sweep_name(plan.request.cfg.model.model)
+    name = name or sweep_name(plan.request.cfg.model.model)
     # schema_version: the options mean today's (without it a sweep is read as version 1: a constant learning rate)
     text = yaml.safe_dump({"name": name, "schema_version": SCHEMA_VERSION, "base": base, "experiments": experiments},
                           sort_keys=False)
