@@ -123,6 +123,7 @@ def test_a_run_multiplies_every_base_linear_in_e4m3(tmp_path, method):
     assert 1e-4 < float(diff / norm) < 0.1, float(diff / norm)
 
 
+@pytest.mark.slow  # two training runs: about 3 s
 def test_training_with_fp8_bases_follows_the_16_bit_run(tmp_path):
     import ftprof
 

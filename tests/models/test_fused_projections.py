@@ -61,6 +61,7 @@ def test_lora_bases_share_one_buffer_and_follow_the_adapters(tmp_path):
     assert not group.joined[rows, columns:columns + 16].any()  # the zero blocks stay zero
 
 
+@pytest.mark.slow  # two training runs: about 3 s
 def test_training_with_joined_groups_matches_peft(tmp_path):
     """Several optimizer steps: the joined weights follow B as AdamW moves it (a stale copy would diverge)."""
     joined = ftprof.train(tiny_config(tmp_path / "j", "lora", max_steps=5, lora_fused_projections=True))

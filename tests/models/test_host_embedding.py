@@ -23,7 +23,8 @@ def _losses(result) -> list[float]:
         return [float(r["loss"]) for r in csv.DictReader(fh)]
 
 
-@pytest.mark.parametrize("method", ["lora", pytest.param("qlora", marks=pytest.mark.slow)])  # (qlora: over 3 s)
+@pytest.mark.slow  # two training runs each: about 3 s for lora, more for qlora
+@pytest.mark.parametrize("method", ["lora", "qlora"])
 def test_runs_train_the_same_losses_with_the_table_on_the_host(tmp_path, method):
     runs = {on: ftprof.train(tiny_config(tmp_path / str(on), method, max_steps=3, lr=3e-3, grad_accum=2,
                                          offload_embeddings=on)) for on in (False, True)}
