@@ -122,6 +122,22 @@ def test_compile_matches_eager_on_cpu(tmp_path, mode):
         assert compiled.throughput.loss_last == pytest.approx(eager.throughput.loss_last, rel=1e-6)
 
 
+@pytest.mark.slow
+def test_compile_under_selective_checkpointing_traces_each_block_whole(tmp_path, policy_runs):
+    """A side effect in the block's forward (transformers' hub-kernel wrapper sets a context variable) broke the
+    selective checkpoint's graph, and the blocks ran mostly eager: slower compiled than not."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    compiled = ftprof.train(tiny_config(tmp_path / "c", "lora", checkpointing="selective", max_steps=3, seq_len=64,
+                                        lr=3e-3, compile=True))
+    assert compiled.status == "ok"
+    if compiled.compile.outcome.compiled:
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        eager = policy_runs["selective"].throughput
+        assert compiled.throughput.loss_last == pytest.approx(eager.loss_last, rel=COMPILED_LOSS)
+
+
 def test_a_failed_compile_puts_blocks_and_loss_back_to_eager(tmp_path):
     """warm_up's fallback: whatever fails in the first forward, every compiled block and the loss run eager again."""
     import contextlib
