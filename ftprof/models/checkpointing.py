@@ -38,7 +38,20 @@ def _saved_ops() -> set:
                  "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"):
         if hasattr(aten, name):
             ops.add(getattr(aten, name).default)
-    return ops
+    return ops | set(_own_matmuls())
+
+
+@functools.cache
+def _own_matmuls() -> dict:
+    """ftprof's own base-matmul ops -> their output's (rows-of-this-arg, columns) reader: --fp8-base's e4m3 GEMM
+    and --lora-fused-projections' joined GEMM. Left out, selective recomputed them in backward, a whole base
+    forward again (and their outputs are what the backward's LoRA and attention read)."""
+    from ftprof.models import fp8_kernels, fused_projections  # noqa: F401 - registers the ops
+
+    ops = torch.ops.ftprof
+    return {ops.fp8_linear.default: lambda args: (args[0], args[3].shape[1]),  # (x, ..., scale: 1 x out, ...)
+            ops.fp8_linear_quantized.default: lambda args: (args[0], args[5].shape[1]),
+            ops.joined_linear.default: lambda args: (args[0], sum(args[-1]))}  # (x, ..., rows)
 
 
 class SelectivePolicy:
@@ -77,7 +90,7 @@ class SelectivePolicy:
 def _low_rank(op, args, rank: int) -> bool:
     """A matmul whose inner dimension is the LoRA rank (LoRA's B: rank r in, a full projection out) costs little to
     redo and its output is as large as the projection's: recompute it rather than save a second such tensor."""
-    if "attention" in op.__name__ or "gemm_4bit" in op.__name__:
+    if "attention" in op.__name__ or "gemm_4bit" in op.__name__ or op in _own_matmuls():
         return False
     return rank > 0 and args[-2].shape[-1] == rank
 
@@ -88,6 +101,10 @@ def _output_bytes(op, args) -> int:
     if "gemm_4bit" in op.__name__:  # (A, packed B, [N, K], ...): A's rows times N outputs
         a, n = args[0], args[2][0]
         return a.numel() // a.shape[-1] * n * a.element_size()
+    own = _own_matmuls().get(op)
+    if own is not None:  # bf16 out (the FP8 ops), or the input's dtype (the joined GEMM)
+        a, n = own(args)
+        return a.numel() // a.shape[-1] * n * (2 if "fp8" in op.__name__ else a.element_size())
     a, b = args[-2], args[-1]
     if "attention" in op.__name__:
         q, v = args[0], args[2]

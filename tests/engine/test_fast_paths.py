@@ -37,6 +37,19 @@ def test_selective_keeps_less_than_none_and_more_than_full(policy_runs):
     assert policy_runs["selective"].flops.recompute_flops_per_token == 0
 
 
+@pytest.mark.slow
+def test_selective_saves_the_joined_projections_output_as_it_saves_a_matmuls(tmp_path, policy_runs):
+    """ftprof's own GEMM ops (--lora-fused-projections' joined GEMM, --fp8-base's) are matmuls to selective's
+    policy: left out, their outputs were recomputed in backward, a whole base forward again."""
+    joined = ftprof.train(tiny_config(tmp_path, "lora", checkpointing="selective", max_steps=3, seq_len=64, lr=3e-3,
+                                      lora_fused_projections=True))
+    plain = policy_runs["selective"]
+    assert joined.status == "ok"
+    saved = joined.memory.memory_breakdown.activations_saved
+    assert saved == pytest.approx(plain.memory.memory_breakdown.activations_saved, rel=0.02)
+    assert joined.throughput.loss_last == pytest.approx(plain.throughput.loss_last, rel=LOSS_AFTER_STEPS)
+
+
 def test_auto_records_its_choice_and_estimates(tmp_path):
     result = ftprof.train(tiny_config(tmp_path, "lora", checkpointing="auto", max_steps=2, run_name="a"))
     auto = result.checkpointing.checkpointing_auto
