@@ -27,10 +27,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ["FTPROF_CALIBRATION"] = "off"  # no local store: the shipped calibration alone, less the held-out rows
 
+from ftprof.config import declarations  # noqa: E402
 from ftprof.plan import calibration  # noqa: E402
 
+# The options ftprof plan varies: a row with others off their defaults is a configuration plan never proposes
+PLANNED = {d.name for d in declarations.DECLARED if d.planner_values}
 CONFIG = ("model", "method", "policy", "checkpointed_layers", "kernels", "compile")
 
 
@@ -129,25 +131,35 @@ ORIGINAL = calibration.shipped
 def _result(row: dict, pred, mem: dict | None) -> dict:
     speed = None if not pred.tokens_per_s else pred.tokens_per_s / row["tokens_per_s"] - 1
     peak = None if not mem else pred.peak_bytes / mem["training_peak"] - 1
-    options = [f"{k}={v}" for k, v in sorted(calibration.off_default(row).items())]
+    off = calibration.off_default(row)
+    options = [f"{k}={v}" for k, v in sorted(off.items())]
     layers = f" {row['checkpointed_layers']}" if row.get("checkpointed_layers") else ""
     return {"model": row["model"], "method": row["method"], "policy": f"{row['policy']}{layers}",
             "kernels": row["kernels"], "compile": row["compile"], "fp8": bool(row["knobs"].get("fp8_base")),
+            "candidate": _proposed(row, off),
             "options": " ".join(options), "shape": f"{row['batch_size']} x {row['seq_len']} x {row['grad_accum']}",
             "measured": round(row["tokens_per_s"]), "predicted": round(pred.tokens_per_s or 0) or None,
             "speed_error": speed, "peak_error": peak, "confidence": pred.confidence, "csv": row["csv"],
             "speed_source": pred.speed_source}
 
 
+def _proposed(row: dict, off: dict) -> bool:
+    """Whether ftprof plan proposes this configuration: its options off their defaults are ones the plan varies
+    (--keep-dequantized resolves off where it does not apply: beside --fp8-base, or without full checkpointing)."""
+    void = bool(row["knobs"].get("fp8_base")) or row["policy"] != "full"
+    return all(k in PLANNED or (k == "keep_dequantized" and void) for k in off)
+
+
 def summary(results: list[dict], label: str) -> str:
     speed = [r["speed_error"] for r in results if r["speed_error"] is not None]
     peak = [r["peak_error"] for r in results if r["peak_error"] is not None]
+    unpriced = sum(r["predicted"] is None for r in results)
     if not speed:
-        return f"| {label} | 0 | | | | |"
+        return f"| {label} | 0 | {unpriced} | | | | | | |"
     worst = max(speed, key=abs)
     within = sum(abs(e) <= 0.15 for e in speed) / len(speed)
     mem = (f"{statistics.median(peak):+.1%} | {min(peak):+.1%}" if peak else " | ")
-    return (f"| {label} | {len(speed)} | {statistics.median(abs(e) for e in speed):.1%} | {worst:+.1%} | "
+    return (f"| {label} | {len(speed)} | {unpriced} | {statistics.median(abs(e) for e in speed):.1%} | {worst:+.1%} | "
             f"{within:.0%} | {len(peak)} | {mem} |")
 
 
@@ -157,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", help="only this model's rows")
     ap.add_argument("--only-fp8", action="store_true", help="only --fp8-base rows")
     args = ap.parse_args(argv)
+    os.environ["FTPROF_CALIBRATION"] = "off"  # no local store: the shipped calibration alone, less the held out
     data = ORIGINAL()
     rows = [r for r in data["speed"] if (r.get("world_size") or 1) == 1 and "H200" in r["device_name"]
             and (args.model is None or r["model"] == args.model)
@@ -170,9 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         peak = "" if r["peak_error"] is None else f"{r['peak_error']:+.1%}"
         print(f"| {r['model']} | {r['method']} | {r['policy']} | {r['kernels']} | {r['compile']} | {r['options']} | "
               f"{r['shape']} | {r['measured']:,} | {r['predicted'] or 0:,} | {speed} | {peak} |")
-    print("\n| rows | speed n | median abs error | worst | within 15% | peak n | peak median | peak lowest |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("\n| rows | priced | no price | median abs error | worst | within 15% | peaks | peak median | peak lowest |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     print(summary(results, "all"))
+    print(summary([r for r in results if r["candidate"]], "configurations ftprof plan proposes"))
     for model in sorted({r["model"] for r in results}):
         for fp8 in (False, True):
             part = [r for r in results if r["model"] == model and r["fp8"] == fp8]
