@@ -235,7 +235,7 @@ def _rank(rows: list[Row]) -> list[Row]:
         passed = [r for r in pool if r.prediction.tokens_per_s > first.prediction.tokens_per_s
                   and _confidence(r) > _confidence(first) and _bounds(r)[0] <= _bounds(first)[1]]
         if passed:
-            first.tie = f"above {len(passed)} faster but less certain prediction(s) within its error"
+            first.tie = f"ranked above {len(passed)} less certain row(s) predicted faster, within its error"
         elif len(near) > 1:
             others = len(near) - 1
             first.tie = (f"tied with {others} other row{'s' if others > 1 else ''} as certain, within "

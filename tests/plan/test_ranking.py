@@ -29,7 +29,7 @@ def test_a_low_confidence_lead_inside_the_error_goes_below_a_confident_row():
     rows = [_row(1, 14_669, 0.30, 7.0), _row(2, 14_401, 0.05, 1.7), _row(3, 9_000, 0.05, 9.0)]
     ranked = _rank(rows)
     assert _order(rows) == [2, 1, 3]
-    assert ranked[0].tie == "above 1 faster but less certain prediction(s) within its error"
+    assert ranked[0].tie == "ranked above 1 less certain row(s) predicted faster, within its error"
 
 
 def test_a_tie_of_equal_confidence_goes_to_the_larger_headroom():
