@@ -121,30 +121,26 @@ class Planner:
         rate = calibration.speed_rate(self.target.device_name, other, flops_per_token, micro_tokens,
                                       records=self.records, knobs=knobs, world_size=self.target.world_size)
         if rate is None:
-            return self._kernels_stand_in(key, flops_per_token, micro_tokens, knobs)
+            return self._twin_stand_in(key, flops_per_token, micro_tokens, knobs)
         return dataclasses.replace(rate, stand_in=True, source=f"{rate.source}; no {key.describe()} run: "
                                                                f"{other.policy}'s rate per executed FLOP")
 
-    def _kernels_stand_in(self, key, flops_per_token: float, micro_tokens: int, knobs: dict | None):
-        """A class with speed-class options measured only with the other kernel set (Liger + FP8 + CUDA graphs,
-        say, beside eager + FP8 + CUDA graphs): that class's rate times this kernel set's against the other's
-        without the options."""
-        if not key.options:
-            return None
-        other = "eager" if key.kernels == "liger" else "liger"
-
+    def _twin_stand_in(self, key, flops_per_token: float, micro_tokens: int, knobs: dict | None):
+        """A class with speed-class options measured only as a twin that differs in one way (the other kernel set,
+        compiled or not, with or without CUDA graphs): the twin's rate times what that difference does to the class
+        without the options (``_twins``). Liger + FP8 + CUDA graphs, say, from eager + FP8 + CUDA graphs times Liger
+        against eager; uncompiled FP8 from compiled FP8 times uncompiled against compiled in 16 bits."""
         def rate_of(k):
             return calibration.speed_rate(self.target.device_name, k, flops_per_token, micro_tokens,
                                           records=self.records, knobs=knobs, world_size=self.target.world_size)
 
-        twin, mine, theirs = (rate_of(dataclasses.replace(key, kernels=other)), rate_of(key.base),
-                              rate_of(dataclasses.replace(key.base, kernels=other)))
-        if twin is None or mine is None or theirs is None:
-            return None
-        share = mine.flops_per_s / theirs.flops_per_s
-        return dataclasses.replace(twin, flops_per_s=twin.flops_per_s * share, stand_in=True,
-                                   source=f"{twin.source}; no {key.describe()} run: x{share:.2f}, {key.kernels} "
-                                          f"against {other} for {key.base.describe()}")
+        for twin_key, mine_key, theirs_key, words in _twins(key):
+            twin, mine, theirs = rate_of(twin_key), rate_of(mine_key), rate_of(theirs_key)
+            if twin is not None and mine is not None and theirs is not None:
+                share = mine.flops_per_s / theirs.flops_per_s
+                return dataclasses.replace(twin, flops_per_s=twin.flops_per_s * share, stand_in=True,
+                                           source=f"{twin.source}; no {key.describe()} run: x{share:.2f}, {words}")
+        return None
 
     def _selective_stand_in(self, key, flops_per_token: float, micro_tokens: int, knobs: dict | None):
         """This class's none rate times selective / none of the nearest class that has both
@@ -208,6 +204,40 @@ class Planner:
     @property
     def layer_count(self) -> int:
         return self.source.config.num_hidden_layers
+
+
+GRAPHS = ("compile_mode", "reduce-overhead")  # the speed-class option CUDA graphs are
+ADAPTERS = ("qlora", "lora")  # methods whose options' effects stand in for each other's (and GPTQ-LoRA's)
+
+
+def _twins(key) -> list[tuple]:
+    """(twin, mine, theirs, words) for each one-way difference a class may stand in across: the twin is ``key``
+    changed that way, and mine / theirs is what the change does to the class without the options (for a class
+    without options: to the same class of another adapter method)."""
+    kernels = "eager" if key.kernels == "liger" else "liger"
+    changes = [lambda k: dataclasses.replace(k, kernels=kernels)]
+    if "compile_mode" not in dict(key.options):  # compiled or not (a CUDA-graph mode needs compile)
+        changes.append(lambda k: dataclasses.replace(k, compile=not k.compile))
+    if key.options:
+        if key.compile and dict(key.options).get("compile_mode") in (None, GRAPHS[1]):
+            changes.append(_graphs_toggled)
+        out = [(change(key), key.base, change(key.base)) for change in changes]
+        if key.method in (*ADAPTERS, "gptq-lora"):  # the options' effect as another adapter method measured it
+            out += [(dataclasses.replace(key, method=m), key.base, dataclasses.replace(key.base, method=m))
+                    for m in ADAPTERS if m != key.method]
+    elif key.method in ADAPTERS or key.method == "gptq-lora":
+        out = [(change(key), dataclasses.replace(key, method=m), dataclasses.replace(change(key), method=m))
+               for m in ADAPTERS if m != key.method for change in changes]
+    else:
+        return []
+    return [(twin, mine, theirs, f"{mine.describe()} against {theirs.describe()}") for twin, mine, theirs in out]
+
+
+def _graphs_toggled(key):
+    """``key`` with CUDA graphs if it has none, without if it has."""
+    if GRAPHS in key.options:
+        return dataclasses.replace(key, options=tuple(o for o in key.options if o != GRAPHS))
+    return dataclasses.replace(key, options=tuple(sorted((*key.options, GRAPHS))))
 
 
 def _selective_references(key) -> list:

@@ -40,3 +40,18 @@ def test_compiled_selective_stands_in_as_compiled_selective_of_another_method_me
     assert pred.tokens_per_s and "selective against none for qlora selective" in pred.speed_source
     assert " compiled" in pred.speed_source.split("selective against none for")[1]
     assert "uncompiled" not in pred.speed_source.split("selective against none for")[1]
+
+
+def test_uncompiled_fp8_stands_in_as_compiled_fp8_times_what_compile_does_in_16_bits():
+    uncompiled = _predict(checkpointing="full", kernels="liger", fp8_base=True)
+    compiled = _predict(checkpointing="full", kernels="liger", compile=True, fp8_base=True)
+    assert uncompiled.tokens_per_s and "no qlora full liger uncompiled fp8 run" in uncompiled.speed_source
+    assert "qlora full liger uncompiled against qlora full liger compiled" in uncompiled.speed_source
+    assert uncompiled.tokens_per_s < compiled.tokens_per_s  # compile's gain in 16 bits carries over
+    assert uncompiled.tokens_per_s_error > compiled.tokens_per_s_error  # and a stand-in says it is less sure
+
+
+def test_a_gptq_lora_class_without_runs_stands_in_as_qlora_measures_the_difference():
+    pred = _predict(method="gptq-lora", checkpointing="full", kernels="liger")  # uncompiled: no GPTQ-LoRA run
+    assert pred.tokens_per_s and "no gptq-lora full liger uncompiled run" in pred.speed_source
+    assert "against" in pred.speed_source
