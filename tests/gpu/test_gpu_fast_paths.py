@@ -55,6 +55,8 @@ FP8_PATHS = {
     "compile": {"compile": True},
     "compile+full": {"compile": True, "checkpointing": "full"},
     "compile-cudagraphs": {"compile": True, "compile_mode": "reduce-overhead"},
+    # selective saves the e4m3 GEMM's output (models/checkpointing.py), compiled whole (engine/compile.py)
+    "compile+selective": {"compile": True, "checkpointing": "selective"},
 }
 FP8_LOSS = 0.02
 FP8_GRADIENTS = 0.4
