@@ -1,13 +1,15 @@
 """ftprof plan's accuracy on configurations it was not calibrated with: each H200 configuration in the shipped
 calibration predicted from the others (leave one configuration out), on this machine's CPU, no GPU needed.
 
-    python benchmarks/plan_holdout.py [--csv OUT.csv] [--model llama-8b] [--only-fp8]
+    python benchmarks/plan_holdout.py [--by configuration|sweep] [--csv OUT.csv] [--model llama-8b] [--only-fp8]
 
 The split: for each one-GPU speed row of ftprof/plan/shipped_calibration.json, every measurement of that
 configuration (its speed row, its memory row and any host-floor row of the same configuration) is removed from the
 shipped calibration, and the planner predicts it from what is left, with no local store (FTPROF_CALIBRATION=off),
 as a user's first plan would. Other shapes, micro-batches and policies of the same class stay: they are what the
-planner scales from. Errors are signed, (predicted - measured) / measured: + predicted above measured. Memory is
+planner scales from. With ``--by sweep`` every row of the measurement file the row came from is held out too (the
+sweep or plan check that measured it: its neighbours at that shape, on that machine, with that day's code): the
+stricter split, a configuration as a new sweep meets it. Errors are signed, (predicted - measured) / measured: + predicted above measured. Memory is
 the training peak of torch's allocator (the memory rows' ``training_peak``), where the shipped memory row of the
 configuration exists.
 
@@ -45,13 +47,19 @@ def memory_identity(row: dict) -> str:
     return json.dumps([row.get(k) for k in (*CONFIG, "micro_batch_tokens")] + [sorted(row["knobs"].items())])
 
 
-def without(data: dict, held: dict) -> dict:
-    """The shipped calibration less every row of ``held``'s configuration."""
+def without(data: dict, held: dict, by: str = "configuration") -> dict:
+    """The shipped calibration less every row of ``held``'s configuration, or (``by="sweep"``) less every row of
+    the measurement file it came from as well (the sweep or plan check that measured it: its other shapes,
+    policies and options on the same machine, the day's code)."""
     speed_id, memory_id = speed_identity(held), memory_identity(held)
+
+    def kept(r: dict, same: bool) -> bool:
+        return not same and not (by == "sweep" and r.get("csv") == held.get("csv"))
+
     return {**data,
-            "speed": [r for r in data["speed"] if speed_identity(r) != speed_id],
-            "host": [r for r in data.get("host", []) if speed_identity(r) != speed_id],
-            "memory": [r for r in data["memory"] if memory_identity(r) != memory_id]}
+            "speed": [r for r in data["speed"] if kept(r, speed_identity(r) == speed_id)],
+            "host": [r for r in data.get("host", []) if kept(r, speed_identity(r) == speed_id)],
+            "memory": [r for r in data["memory"] if kept(r, memory_identity(r) == memory_id)]}
 
 
 def flat_config(row: dict) -> dict:
@@ -102,12 +110,12 @@ class Predictor:
         return self.planners[name]
 
 
-def held_out(rows: list[dict], data: dict, predictor: Predictor) -> list[dict]:
+def held_out(rows: list[dict], data: dict, predictor: Predictor, by: str = "configuration") -> list[dict]:
     memory_by_id = {memory_identity(r): r for r in data["memory"]}
     out = []
     for row in rows:
         calibration.shipped.cache_clear()
-        rest = without(data, row)
+        rest = without(data, row, by)
         calibration.shipped = _fixed(rest)
         try:
             pred = predictor.predict(row)
@@ -168,13 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--csv", type=Path, help="write every row's prediction and error here")
     ap.add_argument("--model", help="only this model's rows")
     ap.add_argument("--only-fp8", action="store_true", help="only --fp8-base rows")
+    ap.add_argument("--by", choices=("configuration", "sweep"), default="configuration",
+                    help="hold out the row's configuration (default), or every row of its measurement file too")
     args = ap.parse_args(argv)
     os.environ["FTPROF_CALIBRATION"] = "off"  # no local store: the shipped calibration alone, less the held out
     data = ORIGINAL()
     rows = [r for r in data["speed"] if (r.get("world_size") or 1) == 1 and "H200" in r["device_name"]
             and (args.model is None or r["model"] == args.model)
             and (not args.only_fp8 or r["knobs"].get("fp8_base"))]
-    results = held_out(rows, data, Predictor())
+    results = held_out(rows, data, Predictor(), args.by)
     print("| model | method | policy | kernels | compiled | options | batch x seq x accum | measured | predicted | "
           "error | peak error |")
     print("| --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |")

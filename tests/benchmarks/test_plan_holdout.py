@@ -50,3 +50,11 @@ def test_a_held_out_row_is_predicted_without_its_own_measurement():
     assert predicted
     # with its own row in the calibration a row predicts its own speed; held out, it cannot have been read
     assert all(abs(r["speed_error"]) > 1e-6 for r in predicted)
+
+
+def test_holding_out_by_sweep_removes_the_rows_file_as_well():
+    data = calibration.shipped()
+    row = next(r for r in data["speed"] if r["knobs"].get("fp8_base") and r["policy"] == "none")
+    rest = plan_holdout.without(data, row, by="sweep")
+    assert not [r for r in rest["speed"] + rest["memory"] + rest["host"] if r.get("csv") == row["csv"]]
+    assert len(rest["speed"]) < len(plan_holdout.without(data, row)["speed"]) < len(data["speed"])
