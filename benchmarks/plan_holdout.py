@@ -9,9 +9,9 @@ shipped calibration, and the planner predicts it from what is left, with no loca
 as a user's first plan would. Other shapes, micro-batches and policies of the same class stay: they are what the
 planner scales from. With ``--by sweep`` every row of the measurement file the row came from is held out too (the
 sweep or plan check that measured it: its neighbours at that shape, on that machine, with that day's code): the
-stricter split, a configuration as a new sweep meets it. Errors are signed, (predicted - measured) / measured: + predicted above measured. Memory is
-the training peak of torch's allocator (the memory rows' ``training_peak``), where the shipped memory row of the
-configuration exists.
+stricter split, a configuration as a new sweep meets it. Errors are signed, (predicted - measured) / measured: +
+predicted above measured. Memory is the training peak of torch's allocator (the memory rows' ``training_peak``),
+where the shipped memory row of the configuration exists.
 
 Prints a Markdown table per row and the medians and worst errors overall and by model and FP8; probes each model
 once per method family on the CPU (about a minute each, cached like ftprof plan's).
