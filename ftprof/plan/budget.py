@@ -36,10 +36,11 @@ def margin_for(available: int) -> int:
     return budget_margin(available)
 
 
-def fewest_layers(planner: Planner, cand: Candidate, budget: int) -> int | None:
-    """The fewest decoder layers (1 .. L-1) under full checkpointing whose predicted peak fits ``budget``."""
+def fewest_layers(planner: Planner, cand: Candidate, budget: int, policy: str = "full") -> int | None:
+    """The fewest decoder layers (1 .. L-1) under ``policy`` (full or selective) whose predicted peak fits
+    ``budget``."""
     for layers in range(1, planner.layer_count):
-        if planner.predict(dataclasses.replace(cand, checkpointing="full", checkpoint_layers=layers)).peak_bytes \
+        if planner.predict(dataclasses.replace(cand, checkpointing=policy, checkpoint_layers=layers)).peak_bytes \
                 <= budget:
             return layers
     return None

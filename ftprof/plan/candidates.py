@@ -53,7 +53,8 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        ckpt = self.checkpointing if self.checkpoint_layers is None else f"full x{self.checkpoint_layers}"
+        ckpt = self.checkpointing if self.checkpoint_layers is None else \
+            f"{self.checkpointing} x{self.checkpoint_layers}"
         parts = [self.method, f"ckpt {ckpt}", self.kernels]
         if self.compile:
             parts.append("compiled")

@@ -3,8 +3,8 @@ budget, without training the model (``make_plan``).
 
 Ranking: the configurations that fit the budget (less auto's margin) first, fastest predicted first (those without
 a speed prediction after, least memory first); then the ones that do not fit, least memory first, each with why.
-For full checkpointing the fewest layers that fit the budget are added to the candidates: the partial policy
-``--checkpointing auto`` would pick.
+For full checkpointing the fewest layers that fit the budget are added to the candidates (the partial policy
+``--checkpointing auto`` would pick), and for selective checkpointing the same (the rest of the layers as none).
 """
 
 from __future__ import annotations
@@ -156,11 +156,14 @@ def _this_machine(cfg: RunConfig, gpus: int):
 
 def _fewest_layers(p: Planner, pool: list[Candidate], budget_bytes: int) -> list[Candidate]:
     """For each (method, kernels, compile, micro-batch) whose none and selective do not fit: full checkpointing on
-    the fewest layers that do. Only from the pool's full-checkpointing candidates: their options are those the
-    declarations allow under full checkpointing (CUDA graphs are not, say), where none's may not be."""
+    the fewest layers that do; where none does not fit, selective on the fewest layers that do (the rest run as
+    none: faster than selective on all, and than full on fewer layers in the same memory, as selective costs less
+    per GiB it saves). Only from the pool's candidates of that policy: their options are those the declarations
+    allow under it (CUDA graphs are not under full, say), where none's may not be."""
     out = []
-    for cand in {dataclasses.replace(c, checkpoint_layers=None) for c in pool if c.checkpointing == "full"}:
-        layers = budget.fewest_layers(p, cand, budget_bytes)
+    for cand in {dataclasses.replace(c, checkpoint_layers=None) for c in pool
+                 if c.checkpointing in ("full", "selective")}:
+        layers = budget.fewest_layers(p, cand, budget_bytes, cand.checkpointing)
         if layers is not None:
             out.append(dataclasses.replace(cand, checkpoint_layers=layers))
     return sorted(out, key=lambda c: c.label)

@@ -120,7 +120,7 @@ def table(plan: Plan, shown: int):
     for r in rows:
         d = row_dict(plan.rows.index(r) + 1, r)
         ckpt = d["checkpointing"] if d["checkpoint_layers"] is None else (
-            f"full on {d['checkpoint_layers']} of {plan.layer_count} layers")
+            f"{d['checkpointing']} on {d['checkpoint_layers']} of {plan.layer_count} layers")
         t.add_row(str(d["rank"]), d["method"], ckpt, d["kernels"], "yes" if d["compile"] else "no",
                   d["options"] or "-", f"{d['batch_size']} x {d['grad_accum']}", gib(r.prediction.peak_bytes),
                   ("+" if r.headroom_bytes >= 0 else "-") + gib(abs(r.headroom_bytes)),

@@ -69,6 +69,8 @@ class Planner:
         mem = memory.predict_memory(result, cand, self.shape(cand), factor.activation_ratio, rest.activation_ratio)
         flops = speed.flops_per_token(result, cand, self.cfg.data.seq_len, self.attn_dim)
         rate = self.rate(key, flops.model, micro_tokens, dict(cand.options))
+        if rate and cand.checkpointing == "selective" and cand.checkpoint_layers:
+            rate = self._partial_selective(rate, key, cand, flops.model, micro_tokens)
         band = speed.error_band(rate, micro_tokens) if rate else None
         spread = speed.spread(rate, micro_tokens) if rate else None
         measured_at = (rate.micro_batch_tokens or micro_tokens) if rate else 0  # (before the move)
@@ -124,6 +126,18 @@ class Planner:
             return self._twin_stand_in(key, flops_per_token, micro_tokens, knobs)
         return dataclasses.replace(rate, stand_in=True, source=f"{rate.source}; no {key.describe()} run: "
                                                                f"{other.policy}'s rate per executed FLOP")
+
+    def _partial_selective(self, rate, key, cand: Candidate, flops_per_token: float, micro_tokens: int):
+        """Selective checkpointing on N of L layers: N layers at selective's rate, the rest at none's. Neither rate
+        counts selective's recomputation (elementwise ops, no FLOPs counted), so unlike partial full checkpointing
+        the FLOPs alone cannot tell N layers from L; each layer's time is its policy's, added."""
+        none = self.rate(dataclasses.replace(key, policy="none"), flops_per_token, micro_tokens, dict(cand.options))
+        if none is None or none.flops_per_s <= rate.flops_per_s or cand.checkpoint_layers >= self.layer_count:
+            return rate
+        share = cand.checkpoint_layers / self.layer_count
+        flops_per_s = 1 / (share / rate.flops_per_s + (1 - share) / none.flops_per_s)
+        return dataclasses.replace(rate, flops_per_s=flops_per_s, source=f"{rate.source}; on {cand.checkpoint_layers}"
+                                   f" of {self.layer_count} layers, the rest at none's rate ({none.source})")
 
     def _twin_stand_in(self, key, flops_per_token: float, micro_tokens: int, knobs: dict | None):
         """A class with speed-class options measured only as a twin that differs in one way (the other kernel set,
