@@ -30,21 +30,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.shipped_calibration import CONFIGURATION  # noqa: E402 - what makes rows one configuration
 from ftprof.config import declarations  # noqa: E402
 from ftprof.plan import calibration  # noqa: E402
 
 # The options ftprof plan varies: a row with others off their defaults is a configuration plan never proposes
 PLANNED = {d.name for d in declarations.DECLARED if d.planner_values}
-CONFIG = ("model", "method", "policy", "checkpointed_layers", "kernels", "compile")
+# a memory row names no sequence or batch, only the micro-batch's tokens
+MEMORY_CONFIGURATION = ("device_name", "model", "method", "policy", "checkpointed_layers", "kernels", "compile",
+                        "micro_batch_tokens")
 
 
 def speed_identity(row: dict) -> str:
-    return json.dumps([row.get(k) for k in (*CONFIG, "seq_len", "batch_size", "grad_accum")]
-                      + [sorted(row["knobs"].items())])
+    """A speed (or host) row's configuration, as benchmarks/shipped_calibration.py tells repeats apart."""
+    return json.dumps([row.get(k) for k in CONFIGURATION] + [sorted(row["knobs"].items())])
 
 
 def memory_identity(row: dict) -> str:
-    return json.dumps([row.get(k) for k in (*CONFIG, "micro_batch_tokens")] + [sorted(row["knobs"].items())])
+    return json.dumps([row.get(k) for k in MEMORY_CONFIGURATION] + [sorted(row["knobs"].items())])
 
 
 def without(data: dict, held: dict, by: str = "configuration") -> dict:
@@ -114,9 +117,8 @@ def held_out(rows: list[dict], data: dict, predictor: Predictor, by: str = "conf
     memory_by_id = {memory_identity(r): r for r in data["memory"]}
     out = []
     for row in rows:
-        calibration.shipped.cache_clear()
         rest = without(data, row, by)
-        calibration.shipped = _fixed(rest)
+        calibration.shipped = lambda rest=rest: rest  # what every look-up reads, for this row alone
         try:
             pred = predictor.predict(row)
         finally:
@@ -124,13 +126,6 @@ def held_out(rows: list[dict], data: dict, predictor: Predictor, by: str = "conf
         mem = memory_by_id.get(memory_identity(row))
         out.append(_result(row, pred, mem))
     return out
-
-
-def _fixed(data: dict):
-    def shipped() -> dict:
-        return data
-    shipped.cache_clear = lambda: None
-    return shipped
 
 
 ORIGINAL = calibration.shipped

@@ -110,22 +110,25 @@ class Planner:
     def rate(self, key, flops_per_token: float, micro_tokens: int, knobs: dict | None = None):
         """The class's calibrated rate; for none or full without one, the other's per executed FLOP: the rate
         counts recomputation, and the two differ by 3.5% on an H200 (llama-8b LoRA compiled: 605 against 584
-        TFLOP/s). Selective's elementwise recomputation is no counted FLOP (8,320 tokens/s against none's 16,794
+        TFLOP/s). Selective's elementwise recomputation is no counted FLOP (15,549 tokens/s against none's 16,794
         for compiled QLoRA): without a run of its class, selective stands in as a class that has both runs has it,
         relative to none (``_selective_stand_in``)."""
-        rate = calibration.speed_rate(self.target.device_name, key, flops_per_token, micro_tokens,
-                                      records=self.records, knobs=knobs, world_size=self.target.world_size)
+        rate = self._calibrated(key, flops_per_token, micro_tokens, knobs)
         if rate is not None:
             return rate
         if key.policy == "selective":
             return self._selective_stand_in(key, flops_per_token, micro_tokens, knobs)
         other = dataclasses.replace(key, policy="full" if key.policy == "none" else "none")
-        rate = calibration.speed_rate(self.target.device_name, other, flops_per_token, micro_tokens,
-                                      records=self.records, knobs=knobs, world_size=self.target.world_size)
+        rate = self._calibrated(other, flops_per_token, micro_tokens, knobs)
         if rate is None:
             return self._twin_stand_in(key, flops_per_token, micro_tokens, knobs)
         return dataclasses.replace(rate, stand_in=True, source=f"{rate.source}; no {key.describe()} run: "
                                                                f"{other.policy}'s rate per executed FLOP")
+
+    def _calibrated(self, key, flops_per_token: float, micro_tokens: int, knobs: dict | None):
+        """The rate runs of class ``key`` measured on the target's GPU (the store's, else the shipped), no stand-in."""
+        return calibration.speed_rate(self.target.device_name, key, flops_per_token, micro_tokens,
+                                      records=self.records, knobs=knobs, world_size=self.target.world_size)
 
     def _partial_selective(self, rate, key, cand: Candidate, flops_per_token: float, micro_tokens: int):
         """Selective checkpointing on N of L layers: N layers at selective's rate, the rest at none's. Neither rate
@@ -140,16 +143,13 @@ class Planner:
                                    f" of {self.layer_count} layers, the rest at none's rate ({none.source})")
 
     def _twin_stand_in(self, key, flops_per_token: float, micro_tokens: int, knobs: dict | None):
-        """A class with speed-class options measured only as a twin that differs in one way (the other kernel set,
-        compiled or not, with or without CUDA graphs): the twin's rate times what that difference does to the class
-        without the options (``_twins``). Liger + FP8 + CUDA graphs, say, from eager + FP8 + CUDA graphs times Liger
+        """A class measured only as a twin that differs in one way (the other kernel set, compiled or not, with or
+        without CUDA graphs, another adapter method): the twin's rate times what that difference does where both
+        sides were measured (``_twins``). Liger + FP8 + CUDA graphs, say, from eager + FP8 + CUDA graphs times Liger
         against eager; uncompiled FP8 from compiled FP8 times uncompiled against compiled in 16 bits."""
-        def rate_of(k):
-            return calibration.speed_rate(self.target.device_name, k, flops_per_token, micro_tokens,
-                                          records=self.records, knobs=knobs, world_size=self.target.world_size)
-
         for twin_key, mine_key, theirs_key, words in _twins(key):
-            twin, mine, theirs = rate_of(twin_key), rate_of(mine_key), rate_of(theirs_key)
+            twin, mine, theirs = (self._calibrated(k, flops_per_token, micro_tokens, knobs)
+                                  for k in (twin_key, mine_key, theirs_key))
             if twin is not None and mine is not None and theirs is not None:
                 share = mine.flops_per_s / theirs.flops_per_s
                 return dataclasses.replace(twin, flops_per_s=twin.flops_per_s * share, stand_in=True,
@@ -159,15 +159,12 @@ class Planner:
     def _selective_stand_in(self, key, flops_per_token: float, micro_tokens: int, knobs: dict | None):
         """This class's none rate times selective / none of the nearest class that has both
         (``_selective_references``)."""
-        def rate_of(k):
-            return calibration.speed_rate(self.target.device_name, k, flops_per_token, micro_tokens,
-                                          records=self.records, knobs=knobs, world_size=self.target.world_size)
-
         none = self.rate(dataclasses.replace(key, policy="none"), flops_per_token, micro_tokens, knobs)
         if none is None:
             return None
         for other in _selective_references(key):
-            selective, base = rate_of(other), rate_of(dataclasses.replace(other, policy="none"))
+            selective, base = (self._calibrated(k, flops_per_token, micro_tokens, knobs)
+                               for k in (other, dataclasses.replace(other, policy="none")))
             if selective is not None and base is not None:
                 # at most none's: the pair's none may be an older, slower measurement than its selective (x1.05
                 # for QLoRA compiled with Liger, none measured before prefetching), and selective does what none does
@@ -239,7 +236,7 @@ def _twins(key) -> list[tuple]:
         if key.method in (*ADAPTERS, "gptq-lora"):  # the options' effect as another adapter method measured it
             out += [(dataclasses.replace(key, method=m), key.base, dataclasses.replace(key.base, method=m))
                     for m in ADAPTERS if m != key.method]
-    elif key.method in ADAPTERS or key.method == "gptq-lora":
+    elif key.method in (*ADAPTERS, "gptq-lora"):
         out = [(change(key), dataclasses.replace(key, method=m), dataclasses.replace(change(key), method=m))
                for m in ADAPTERS if m != key.method for change in changes]
     else:
