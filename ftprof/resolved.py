@@ -52,6 +52,12 @@ class ResolvedRun:
         return policy_of(self.config, self.auto_choice)[1]
 
     @property
+    def selective_rest(self) -> bool:
+        """Whether the layers partial full checkpointing leaves out are selective-checkpointed: --selective-rest, or
+        --checkpointing auto's choice."""
+        return selective_rest_of(self.config, self.auto_choice)
+
+    @property
     def offload_checkpoints(self) -> bool:
         """Whether full checkpointing's saved layer inputs wait in pinned host memory: --offload-checkpoints, or
         --checkpointing auto's choice (it tries the offload on CUDA where full checkpointing needs it)."""
@@ -73,6 +79,17 @@ def policy_of(cfg: RunConfig, auto_choice=None) -> tuple[str, int | None]:
         return auto_choice.policy, auto_choice.layers
     policy = m.checkpointing or ("full" if m.gradient_checkpointing else "none")
     return policy, m.checkpoint_layers if policy in ("full", "selective") else None
+
+
+def selective_rest_of(cfg: RunConfig, auto_choice=None) -> bool:
+    """Whether a configuration runs the layers partial full checkpointing leaves out under selective: under auto,
+    the choice made for it."""
+    if cfg.model.checkpointing == "auto":
+        if auto_choice is None:
+            raise ValueError("--checkpointing auto has not chosen yet (preflight chooses before the model loads)")
+        return auto_choice.policy == "full" and auto_choice.layers is not None and \
+            bool(getattr(auto_choice, "selective_rest", False))
+    return bool(cfg.model.selective_rest)
 
 
 def offload_of(cfg: RunConfig, auto_choice=None) -> bool:

@@ -158,6 +158,11 @@ DECLARED: tuple[Declared, ...] = (
              void_when=(When("checkpointing", ("none", "selective", "auto", None)),)),
     Declared("dequant_kernel", "method", frozenset({"speed"}), "triton", methods=("qlora",), family="bitsandbytes",
              refuse=frozenset({"methods"})),
+    # full checkpointing on the first --checkpoint-layers, selective on the rest (models/checkpointing.py): a class of
+    # its own, priced until it is measured as its layers' policies' rates combined (plan/predict.py)
+    Declared("selective_rest", "model", frozenset({"speed", "activations"}), False,
+             needs=(When("checkpointing", ("full",)), When("checkpoint_layers", (ON,))), refuse=frozenset({"needs"}),
+             word="selective-rest", planner_values=(False, True), speed_class=True),
     # full checkpointing's saved layer inputs held in pinned host memory (models/offload.py)
     Declared("offload_checkpoints", "model", frozenset({"speed", "activations"}), False,
              needs=(When("checkpointing", ("full",)),), refuse=frozenset({"needs"}), word="offload",

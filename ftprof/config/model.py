@@ -33,6 +33,11 @@ class ModelConfig:
     checkpoint_layers: Optional[int] = option(
         None, "with --checkpointing full or selective: checkpoint only the first N decoder layers; the others keep "
         "their activations (faster, more memory). Default: all. auto picks N itself when selective does not fit")
+    selective_rest: bool = option(
+        False, "with --checkpointing full --checkpoint-layers N: the other layers are selective-checkpointed (their "
+        "matmul and attention outputs saved, the cheap ops between them recomputed) instead of keeping every "
+        "activation: less memory than none per layer at a few percent of its speed, so fewer layers need full "
+        "recomputation in the same memory; full on the first N layers, selective on the rest")
     offload_checkpoints: bool = option(
         False, "with --checkpointing full: the checkpointed decoder layers' inputs (all full checkpointing keeps) "
         "wait for backward in pinned host memory, copied off and back on a side CUDA stream that overlaps compute, "

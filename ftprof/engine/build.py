@@ -103,7 +103,7 @@ def build(resolved: ResolvedRun, memory: MemoryTracker, log: Callable[[str], Non
         with memory.stage("compile"):
             first = next(make_batches(cfg.data, tokenizer, vocab, cfg.train.seed + rank))  # stream untouched
             compiled = warm_up(model, params, {k: v.to(resolved.device) for k, v in first.items()}, autocast, log,
-                               policy, cfg.model.compile_mode,
+                               cfg.model.compile_mode,
                                compile_loss=cfg.model.compile_loss and not kernels.fuses_loss(cfg.model.kernels),
                                tuning=cfg.model.compile_tuning)
             compiled.dequant = torch_dequant if compiled.compiled else 0

@@ -19,8 +19,10 @@ from ftprof.results.parts import AutoChoice  # what auto chose, as result.json r
 def resolve_policy(model, run: ResolvedRun) -> tuple[str, int | None, AutoChoice | None, SelectivePolicy | None]:
     """Apply the policy that runs (under auto, the one ftprof.plan chose before the model loaded). Returns (policy,
     how many layers are checkpointed or None for all, the auto choice or None, the selective policy object, whose
-    counter sizes what selective checkpointing caches, or None)."""
+    counter sizes what selective checkpointing caches, or None; under --selective-rest, that of the layers full
+    checkpointing leaves out)."""
     policy, layers = run.policy, run.checkpointed_layers
-    selective = SelectivePolicy(run.config.method.lora_r or 0) if policy == "selective" else None
-    apply_policy(model, policy, selective, layers, offload=run.offload_checkpoints)
+    rest = run.selective_rest
+    selective = SelectivePolicy(run.config.method.lora_r or 0) if policy == "selective" or rest else None
+    apply_policy(model, policy, selective, layers, offload=run.offload_checkpoints, selective_rest=rest)
     return policy, layers, run.auto_choice, selective

@@ -4,7 +4,8 @@ graph serves them all, and the loss, the optimizer and PEFT's wrappers stay eage
 Under full checkpointing a block is compiled inside its checkpoint (engine/compiled_checkpoint.py): torch's
 checkpoint stays outside compiled code, keeping only the layer's input, and recomputes the compiled forward (under
 the CUDA-graph modes the block's children are compiled instead, the way measured there).
-Selective checkpointing keeps the compiled block with the checkpoint inside: its policy is traced with it.
+Selective checkpointing keeps the compiled block with the checkpoint inside: its policy is traced with it. Layer by
+layer: under --selective-rest the full layers are compiled inside their checkpoint, the selective ones whole.
 
 ``--compile-mode`` is torch.compile's mode, applied to each block: max-autotune-no-cudagraphs lets inductor
 benchmark its Triton GEMM templates (which can fuse the elementwise work around a matmul, such as adding LoRA's
@@ -37,6 +38,7 @@ import torch
 from ftprof import metrics, models
 from ftprof.config.options import CUDA_GRAPH_MODES
 from ftprof.engine import compiled_checkpoint
+from ftprof.models.checkpointing import selective_layers
 from ftprof.results.parts import CompileOutcome  # what --compile did, as result.json records it
 
 
@@ -97,14 +99,15 @@ def allow_forward_side_effects_under_checkpoint() -> None:
         dynamo_config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
 
 
-def compile_targets(model, checkpointing: str, mode: str = "default") -> list[torch.nn.Module]:
+def compile_targets(model, mode: str = "default") -> list[torch.nn.Module]:
     """The modules to compile as modules: each decoder block, except those full checkpointing applies to (all, or
-    the first --checkpoint-layers), which are compiled inside their checkpoint instead. Under a CUDA-graph mode
+    the first --checkpoint-layers), which are compiled inside their checkpoint instead (a selective layer's
+    checkpoint is traced inside its block). Under a CUDA-graph mode
     their children are compiled, as before that: the way measured to run there (QLoRA 9,268 tokens/s on an H200,
     2026-12-02; the planner avoids it); whole layers as graphs replayed by recomputation were never run."""
     targets: list[torch.nn.Module] = []
     for block in metrics.decoder_layers(model):
-        if not (checkpointing == "full" and compiled_checkpoint.checkpointed(block)):
+        if not compiled_checkpoint.checkpointed(block):
             targets.append(block)
         elif mode in CUDA_GRAPH_MODES:
             targets += list(block.children())
@@ -149,20 +152,20 @@ def _forward_backward(model, batch: dict, autocast: Callable) -> None:
 
 
 def warm_up(model, params, batch: dict, autocast: Callable, log: Callable[[str], None],
-            checkpointing: str = "none", mode: str = "default", compile_loss: bool = True,
+            mode: str = "default", compile_loss: bool = True,
             tuning: bool = False) -> CompileOutcome:
     """Compile the blocks (and, with ``compile_loss``, transformers' loss) by running one forward and backward.
     When that fails with the loss compiled, the loss goes back to eager and the blocks are tried alone; when the
     blocks fail, the run is eager. Each fallback is one line through ``log``. Gradients are cleared.
-    ``checkpointing`` is the policy in force (none, selective or full): it decides what is compiled; ``mode`` is
+    The model's checkpointing, layer by layer, decides what is compiled (``compile_targets``); ``mode`` is
     torch.compile's; ``tuning`` adds coordinate-descent kernel tuning to blocks and loss."""
     tag_caches()
-    if checkpointing == "selective":
+    if selective_layers(model):  # --checkpointing selective, or the rest of --selective-rest
         allow_forward_side_effects_under_checkpoint()
-    blocks, targets = metrics.decoder_layers(model), compile_targets(model, checkpointing, mode)
+    blocks, targets = metrics.decoder_layers(model), compile_targets(model, mode)
     for module in targets:
         module.compile(**compile_kwargs(mode, tuning))
-    if checkpointing == "full" and mode not in CUDA_GRAPH_MODES:
+    if mode not in CUDA_GRAPH_MODES:  # the full-checkpointed layers, if any
         compiled_checkpoint.attach(model, compile_kwargs(mode, tuning))
     lm = causal_lm(model) if compile_loss else None
     eager_loss = lm.loss_function if lm is not None else None

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 from ftprof import metrics
-from ftprof.models import offload
+from ftprof.models import checkpointing, offload
 
 
 class CompiledForward:
@@ -43,9 +43,11 @@ class CompiledForward:
 
 
 def checkpointed(block: torch.nn.Module) -> bool:
-    """Whether full checkpointing applies to ``block`` (transformers' flag, read at each call)."""
-    return bool(getattr(block, "gradient_checkpointing", False)) and \
-        getattr(block, "_gradient_checkpointing_func", None) is not None
+    """Whether full checkpointing applies to ``block`` (transformers' flag, read at each call; a selective layer's
+    checkpoint stays inside its compiled block, engine/compile.py)."""
+    function = _checkpoint(block)
+    return bool(getattr(block, "gradient_checkpointing", False)) and function is not None and \
+        not checkpointing.is_selective(function)
 
 
 def attach(model, compile_kwargs: dict) -> list[torch.nn.Module]:

@@ -12,7 +12,9 @@ store, preferred as the candidate's own options, could move its rate), so in pra
 lets fewer layers be recomputed, or where only it fits. On the CPU the offload is a plain copy (its declaration's
 ``planner_devices``): auto does not try it there. ``--offload-embeddings`` (the input embedding table in host memory)
 is tried the same way, and before that with none and selective: a policy that recomputes nothing wins over one that
-does wherever the table's gigabyte is the difference (llama-8b: 1.0 GiB).
+does wherever the table's gigabyte is the difference (llama-8b: 1.0 GiB). Full on part of the layers is also tried
+with selective on the rest (``--selective-rest``): fewer layers recomputed whole in the same memory, priced by
+each layer's policy (plan/predict.py).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from __future__ import annotations
 import dataclasses
 
 from ftprof.config import declarations
+from ftprof.config.options import CUDA_GRAPH_MODES
 from ftprof.metrics import GIB, budget_margin
-from ftprof.plan.candidates import POLICIES, Candidate, micro_batches
+from ftprof.plan.candidates import POLICIES, REST, Candidate, micro_batches, policy_words
 from ftprof.plan.predict import Planner
 from ftprof.results.parts import AutoChoice, Prediction
 
@@ -44,6 +47,17 @@ def fewest_layers(planner: Planner, cand: Candidate, budget: int, policy: str = 
                 <= budget:
             return layers
     return None
+
+
+def rest_applies(cand: Candidate) -> bool:
+    """Whether full checkpointing on part of ``cand``'s layers may run the rest under selective (--selective-rest):
+    under full, where the declarations refuse nothing of it, and not under the CUDA-graph modes the planner avoids
+    under checkpointing (config/declarations.py)."""
+    d = declarations.BY_NAME[REST]
+    values = {**dict(cand.options), "method": cand.method, "kernels": cand.kernels, "compile": cand.compile,
+              "checkpointing": cand.checkpointing, "checkpoint_layers": 1, REST: True}
+    graphs = cand.compile and cand.option("compile_mode") in CUDA_GRAPH_MODES
+    return cand.checkpointing == "full" and d.applies(values) and not graphs and not declarations.problems(values)
 
 
 def with_offload(cand: Candidate, name: str = OFFLOAD) -> Candidate:
@@ -119,8 +133,9 @@ def _without_recomputation(planner: Planner, by_policy: dict[str, Candidate],
 
 
 def describe_full(choice: Candidate, layer_count: int) -> str:
-    """"full", "full on 2 of 32 layers", each "... with --offload-checkpoints (...)" where the offload is on."""
-    out = "full" if choice.checkpoint_layers is None else f"full on {choice.checkpoint_layers} of {layer_count} layers"
+    """"full", "full on 2 of 32 layers" (", selective on the rest" under --selective-rest), each "... with
+    --offload-checkpoints (...)" where the offload is on."""
+    out = policy_words(choice, layer_count)
     out = f"{out} {OFFLOAD_WORDS}" if choice.option(OFFLOAD) else out
     return f"{out} {EMBED_WORDS}" if choice.option(EMBED) else out
 
@@ -130,11 +145,14 @@ def full_ways(planner: Planner, full: Candidate, budget: int) -> list[tuple[Cand
     then (where auto may try them) with the layer inputs, the embedding table or both in host memory."""
     out = []
     for base in memory_variants(planner, full, (OFFLOAD, EMBED)):
-        layers = fewest_layers(planner, base, budget)
-        choice = base if layers is None else dataclasses.replace(base, checkpoint_layers=layers)
-        pred = planner.predict(choice)
-        if pred.peak_bytes <= budget:
-            out.append((choice, pred))
+        for way in [base] + ([with_offload(base, REST)] if rest_applies(base) else []):
+            layers = fewest_layers(planner, way, budget)
+            if layers is None and way.option(REST):  # a selective rest needs full on part of the layers
+                continue
+            choice = way if layers is None else dataclasses.replace(way, checkpoint_layers=layers)
+            pred = planner.predict(choice)
+            if pred.peak_bytes <= budget:
+                out.append((choice, pred))
     return out
 
 
@@ -149,12 +167,13 @@ def best_full(planner: Planner, full: Candidate, budget: int) -> tuple[Candidate
     def key(way: tuple[Candidate, Prediction]) -> tuple:
         c, p = way
         return (-(p.tokens_per_s or 0.0) if timed else 0.0, c.checkpoint_layers or planner.layer_count,
-                bool(c.option(OFFLOAD)) + bool(c.option(EMBED)), bool(c.option(OFFLOAD)))
+                bool(c.option(OFFLOAD)) + bool(c.option(EMBED)), bool(c.option(OFFLOAD)), bool(c.option(REST)))
 
     choice, pred = min(ways, key=key)
     why = "none and selective did not" if choice.checkpoint_layers is not None else "faster policies did not"
     if choice.option(OFFLOAD) or choice.option(EMBED):
-        plain = next((c for c, _ in ways if not c.option(OFFLOAD) and not c.option(EMBED)), None)
+        plain = next((c for c, _ in ways if not c.option(OFFLOAD) and not c.option(EMBED)
+                      and c.option(REST) == choice.option(REST)), None)
         if plain is None:
             why += "; without the offload full does not fit"
         else:
@@ -171,7 +190,7 @@ def _record(choice: Candidate, reason: str, predicted: dict[str, Prediction], av
                       {p: v.activation_bytes / max(1, _tokens(v)) for p, v in predicted.items()},
                       predicted["none"].static_bytes, available, margin,
                       max(0, predicted["full"].transient_bytes), offload=bool(choice.option(OFFLOAD)),
-                      host_embeddings=bool(choice.option(EMBED)))
+                      host_embeddings=bool(choice.option(EMBED)), selective_rest=bool(choice.option(REST)))
 
 
 def _tokens(pred: Prediction) -> int:

@@ -28,7 +28,7 @@ from typing import Any
 from ftprof.config import declarations
 from ftprof.metrics import peak_flops
 from ftprof.plan.epochs import stale
-from ftprof.plan.records import DEFAULT_KNOBS, model_layers, run_knobs, run_record  # noqa: F401 - read as calibration.*
+from ftprof.plan.records import DEFAULT_KNOBS, model_layers, option_values, run_knobs, run_record  # noqa: F401
 from ftprof.plan.store import (  # noqa: F401 - the store's I/O, read and written under these names too
     OFF,
     STORE_ENV,
@@ -166,8 +166,7 @@ def memory_options_off(record: dict) -> set[str]:
 
 
 def class_key(record: dict) -> ClassKey:
-    values = {**(record.get("knobs") or {}), "method": record.get("method"), "kernels": record.get("kernels"),
-              "compile": bool(record.get("compile"))}
+    values = option_values(record)
     return ClassKey(str(record.get("method")), str(record.get("policy")), str(record.get("kernels")),
                     bool(record.get("compile")), speed_class_options(values))
 

@@ -64,6 +64,15 @@ class Candidate:
 
 
 FIELDS = frozenset(f.name for f in dataclasses.fields(Candidate)) - {"options"}
+REST = "selective_rest"  # the option whose words are the policy's (``policy_words``), not an option's
+
+
+def policy_words(cand: Candidate, layer_count: int) -> str:
+    """"full", "selective on 20 of 32 layers", "full on 6 of 32 layers, selective on the rest"."""
+    if cand.checkpoint_layers is None:
+        return cand.checkpointing
+    words = f"{cand.checkpointing} on {cand.checkpoint_layers} of {layer_count} layers"
+    return f"{words}, selective on the rest" if cand.option(REST) else words
 
 
 def of_config(cfg: RunConfig) -> Candidate:
@@ -149,6 +158,9 @@ def pinned(pool: list[Candidate], pins: Mapping[str, Any]) -> list[Candidate]:
     layers = pins.get("checkpoint_layers")
     if layers is not None:
         pool = [dataclasses.replace(c, checkpoint_layers=layers) for c in pool if c.checkpointing == "full"]
+        if pins.get(REST):  # (it needs the layer count: the pool never lists it)
+            pool = [dataclasses.replace(c, options=tuple(sorted({**dict(c.options), REST: True}.items())))
+                    for c in pool]
     return [c for c in dict.fromkeys(pool) if all(c.value(name) == value for name, value in pins.items())]
 
 

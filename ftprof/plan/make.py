@@ -163,9 +163,11 @@ def _fewest_layers(p: Planner, pool: list[Candidate], budget_bytes: int) -> list
     out = []
     for cand in {dataclasses.replace(c, checkpoint_layers=None) for c in pool
                  if c.checkpointing in ("full", "selective")}:
-        layers = budget.fewest_layers(p, cand, budget_bytes, cand.checkpointing)
-        if layers is not None:
-            out.append(dataclasses.replace(cand, checkpoint_layers=layers))
+        ways = [cand] + ([budget.with_offload(cand, budget.REST)] if budget.rest_applies(cand) else [])
+        for way in ways:
+            layers = budget.fewest_layers(p, way, budget_bytes, cand.checkpointing)
+            if layers is not None:
+                out.append(dataclasses.replace(way, checkpoint_layers=layers))
     return sorted(out, key=lambda c: c.label)
 
 

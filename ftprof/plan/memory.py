@@ -7,8 +7,9 @@
   its layers' 4-bit linears re-sized to GPTQ's layout). Under FSDP2 each GPU holds 1/world of them, plus one
   layer's weights gathered at a time.
 - activations: bytes per token for the policy times the micro-batch's tokens; with full checkpointing on N of L
-  layers, N layers at full's rate and L - N at none's. A fused loss (Liger's fused linear cross entropy) saves
-  none of the loss's logits, only the gradient of its input, which it computes in the forward. Times the
+  layers, N layers at full's rate and L - N at none's (at selective's under --selective-rest). A fused loss
+  (Liger's fused linear cross entropy) saves none of the loss's logits, only the gradient of its input, which it
+  computes in the forward. Times the
   calibration's factor for this kind of run on a GPU (compile and fused kernels save less than the eager probe
   measured; ftprof/plan/calibration.py). A CPU run saves what the CPU probe measured: no factor.
 - transients: the larger of the loss backward's fp32 logits gradients (none with a fused loss; one logits-sized
@@ -102,7 +103,7 @@ def activations_per_token(probe: ProbeResult, cand: Candidate, shape: Shape) -> 
     outside, layer, policy = probe.outside, probe.per_layer, cand.checkpointing
     checkpointed = _checkpointed_layers(probe, cand)
     total = (outside.activations[policy] + checkpointed * layer.activations[policy]
-             + (probe.layers - checkpointed) * layer.activations["none"])
+             + (probe.layers - checkpointed) * layer.activations[rest_policy(cand)])
     if fuses_loss(cand.kernels):
         total += shape.fused_loss_bytes_per_token - outside.loss_activations
     elif compiled_loss(cand, shape):
@@ -123,7 +124,7 @@ def activations_fixed(probe: ProbeResult, cand: Candidate) -> float:
     outside, layer, policy = probe.outside, probe.per_layer, cand.checkpointing
     checkpointed = _checkpointed_layers(probe, cand)
     return max(0.0, outside.activations_fixed[policy] + checkpointed * layer.activations_fixed[policy]
-               + (probe.layers - checkpointed) * layer.activations_fixed["none"])
+               + (probe.layers - checkpointed) * layer.activations_fixed[rest_policy(cand)])
 
 
 # Liger's fused linear cross entropy works through the logits in chunks of about tokens x hidden values (its chunk
@@ -166,12 +167,13 @@ def transient_bytes(probe: ProbeResult, cand: Candidate, shape: Shape, freed: in
 def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: float = 1.0,
                    rest_factor: float | None = None) -> MemoryPrediction:
     """``factor`` scales the policy's activations; ``rest_factor`` those of the layers partial checkpointing leaves
-    unchecked (none's; default ``factor``)."""
+    unchecked (none's, or selective's under --selective-rest; default ``factor``)."""
     weights, grads, state = static_parts(probe, cand, shape)
     tokens = cand.batch_size * shape.seq_len
     probed = activations_per_token(probe, cand, shape) * tokens + activations_fixed(probe, cand)
     unchecked = 0 if cand.checkpointing == "none" else probe.layers - _checkpointed_layers(probe, cand)
-    rest = unchecked * (probe.per_layer.activations["none"] * tokens + probe.per_layer.activations_fixed["none"])
+    other = rest_policy(cand)
+    rest = unchecked * (probe.per_layer.activations[other] * tokens + probe.per_layer.activations_fixed[other])
     rest = min(rest, probed)
     rest_saved = int(rest * (factor if rest_factor is None else rest_factor))
     activations = int((probed - rest) * factor) + rest_saved
@@ -194,6 +196,13 @@ def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: fl
         dynamic = max(activations + transients, grads)
     return MemoryPrediction(weights + state + dynamic, weights + grads + state, weights, grads, state, activations,
                             int(probed), activations / probed if probed else factor, transients)
+
+
+def rest_policy(cand: Candidate) -> str:
+    """The policy of the layers partial checkpointing leaves out: selective under --selective-rest (full on the
+    first N layers), else none (they keep their activations)."""
+    partial_full = cand.checkpointing == "full" and cand.checkpoint_layers is not None
+    return "selective" if partial_full and cand.option("selective_rest") else "none"
 
 
 def _checkpointed_layers(probe: ProbeResult, cand: Candidate) -> int:

@@ -13,7 +13,7 @@ from ftprof.config import SCHEMA_VERSION
 from ftprof.config.declarations import BY_NAME
 from ftprof.console import fmt_gib_digits as gib
 from ftprof.metrics import BUDGET_MARGIN_WORDS, GIB
-from ftprof.plan.candidates import pin_words
+from ftprof.plan.candidates import REST, pin_words, policy_words
 from ftprof.plan.make import Plan, Row
 from ftprof.results.store import write_text_atomic
 
@@ -119,10 +119,10 @@ def table(plan: Plan, shown: int):
     rows = plan.fitting[:shown] + [r for r in plan.rows if not r.fits][:3]
     for r in rows:
         d = row_dict(plan.rows.index(r) + 1, r)
-        ckpt = d["checkpointing"] if d["checkpoint_layers"] is None else (
-            f"{d['checkpointing']} on {d['checkpoint_layers']} of {plan.layer_count} layers")
+        ckpt = policy_words(r.candidate, plan.layer_count)
+        options = " ".join(BY_NAME[n].spell(v) for n, v in r.candidate.options if n != REST)
         t.add_row(str(d["rank"]), d["method"], ckpt, d["kernels"], "yes" if d["compile"] else "no",
-                  d["options"] or "-", f"{d['batch_size']} x {d['grad_accum']}", gib(r.prediction.peak_bytes),
+                  options or "-", f"{d['batch_size']} x {d['grad_accum']}", gib(r.prediction.peak_bytes),
                   ("+" if r.headroom_bytes >= 0 else "-") + gib(abs(r.headroom_bytes)),
                   "-" if d["tokens_per_s"] is None else f"{d['tokens_per_s']:,}",
                   "-" if r.prediction.tokens_per_s_error is None else f"{r.prediction.tokens_per_s_error:.0%}",

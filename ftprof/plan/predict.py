@@ -55,7 +55,8 @@ class Planner:
 
     def predict(self, cand: Candidate) -> Prediction:
         result = self.probe(cand.method)
-        values = {**dict(cand.options), "method": cand.method, "kernels": cand.kernels, "compile": cand.compile}
+        values = {**dict(cand.options), "method": cand.method, "kernels": cand.kernels, "compile": cand.compile,
+                  "checkpointing": cand.checkpointing, "checkpoint_layers": cand.checkpoint_layers}
         key = calibration.ClassKey(cand.method, cand.checkpointing, cand.kernels, cand.compile,
                                    calibration.speed_class_options(values))
         # Speed-class options save what the base class saves (FP8 base matmuls: neither keeps its input for a frozen
@@ -63,14 +64,17 @@ class Planner:
         micro_tokens = cand.batch_size * self.cfg.data.seq_len
         at = calibration.Shape(self.cfg.model.model, self.cfg.data.seq_len, micro_tokens, cand.checkpoint_layers)
         factor = self.factor(key.base, at)
-        # Partial checkpointing: the layers left unchecked save what none saves, calibrated as none is.
-        rest = self.factor(dataclasses.replace(key.base, policy="none"), dataclasses.replace(
+        # Partial checkpointing: the layers left unchecked save what none saves (selective under --selective-rest),
+        # calibrated as that policy is.
+        rest = self.factor(dataclasses.replace(key.base, policy=memory.rest_policy(cand)), dataclasses.replace(
             at, checkpointed_layers=None)) if cand.checkpoint_layers else factor
         mem = memory.predict_memory(result, cand, self.shape(cand), factor.activation_ratio, rest.activation_ratio)
         flops = speed.flops_per_token(result, cand, self.cfg.data.seq_len, self.attn_dim)
         rate = self.rate(key, flops.model, micro_tokens, dict(cand.options))
         if rate and cand.checkpointing == "selective" and cand.checkpoint_layers:
             rate = self._partial_selective(rate, key, cand, flops.model, micro_tokens)
+        if memory.rest_policy(cand) == "selective" and not (rate and not rate.stand_in):
+            rate = self._selective_rest(key, cand, flops, micro_tokens) or rate
         band = speed.error_band(rate, micro_tokens) if rate else None
         spread = speed.spread(rate, micro_tokens) if rate else None
         measured_at = (rate.micro_batch_tokens or micro_tokens) if rate else 0  # (before the move)
@@ -141,6 +145,25 @@ class Planner:
         flops_per_s = 1 / (share / rate.flops_per_s + (1 - share) / none.flops_per_s)
         return dataclasses.replace(rate, flops_per_s=flops_per_s, source=f"{rate.source}; on {cand.checkpoint_layers}"
                                    f" of {self.layer_count} layers, the rest at none's rate ({none.source})")
+
+    def _selective_rest(self, key, cand: Candidate, flops: speed.FlopsPerToken, micro_tokens: int):
+        """Full checkpointing on N of L layers, selective on the rest (--selective-rest), before a run of its own
+        class is measured: the N layers' share of the model FLOPs and all the recomputation at full's rate, the rest
+        at selective's (each layer's time is its policy's, added, as ``_partial_selective`` adds them). Neither rate
+        was measured with this option: the prediction says so (its band widens as for an unmatched option)."""
+        plain = dataclasses.replace(key, options=tuple(o for o in key.options if o[0] != "selective_rest"))
+        knobs = {k: v for k, v in cand.options if k != "selective_rest"}
+        full = self.rate(plain, flops.model, micro_tokens, knobs)
+        selective = self.rate(dataclasses.replace(plain, policy="selective"), flops.model, micro_tokens, knobs)
+        if full is None or selective is None:
+            return None
+        share = cand.checkpoint_layers / self.layer_count
+        seconds = (share * flops.model + flops.recomputed) / full.flops_per_s \
+            + (1 - share) * flops.model / selective.flops_per_s
+        return dataclasses.replace(full, flops_per_s=flops.executed / seconds, knobs_matched=False,
+                                   stand_in=full.stand_in or selective.stand_in,
+                                   source=f"{full.source}; full on {cand.checkpoint_layers} of {self.layer_count} "
+                                          f"layers, the rest at selective's rate ({selective.source})")
 
     def _twin_stand_in(self, key, flops_per_token: float, micro_tokens: int, knobs: dict | None):
         """A class measured only as a twin that differs in one way (the other kernel set, compiled or not, with or

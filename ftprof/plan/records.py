@@ -129,6 +129,14 @@ def _bucket_tflops(run_dir: Path, result: dict) -> dict[str, float | None]:
     return {name: b.get("tflops") for name, b in buckets.items() if isinstance(b, dict)}
 
 
+def option_values(record: dict) -> dict[str, Any]:
+    """A record's option values as the declarations read them (config/declarations.py): its knobs, with its method,
+    kernels, compile and checkpointing (policy and layers) under their option names."""
+    return {**(record.get("knobs") or {}), "method": record.get("method"), "kernels": record.get("kernels"),
+            "compile": bool(record.get("compile")), "checkpointing": record.get("policy"),
+            "checkpoint_layers": record.get("checkpointed_layers")}
+
+
 def run_knobs(cfg: dict, method: str | None, kernels: str, compiled: bool) -> dict[str, Any]:
     """The DEFAULT_KNOBS options of a run from its flat configuration; None where an option does not apply to it
     (keep_dequantized is kept under every policy: ``memory_options_off`` reads it where layers are recomputed)."""

@@ -142,11 +142,13 @@ class AutoChoice(Record):
     kept_weight_bytes: int = 0  # QLoRA under full: the recomputed layer's dequantized weights (in the full estimate)
     offload: bool = False  # under full: --offload-checkpoints chosen too (CUDA only; files without the key: False)
     host_embeddings: bool = False  # --offload-embeddings chosen too (CUDA only; files without the key: False)
+    selective_rest: bool = False  # under full on some layers: the rest selective-checkpointed (files without: False)
 
 
 # The memory options --checkpointing auto may choose, each with the AutoChoice field that records the choice: the
 # one vocabulary the store's records (plan/records.py) and the reports' effective configuration read it by.
-AUTO_OPTIONS = (("offload_checkpoints", "offload"), ("offload_embeddings", "host_embeddings"))
+AUTO_OPTIONS = (("offload_checkpoints", "offload"), ("offload_embeddings", "host_embeddings"),
+                ("selective_rest", "selective_rest"))
 
 
 def auto_chosen(checkpointing_auto: dict | None) -> list[str]:

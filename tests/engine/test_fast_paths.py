@@ -88,14 +88,14 @@ def test_compile_under_partial_checkpointing_compiles_checkpointed_blocks_inside
     apply_policy(model, "full", layers=1)
     first, second = decoder_layers(model)
     assert first.gradient_checkpointing and not second.gradient_checkpointing
-    targets = compile_targets(model, "full")
+    targets = compile_targets(model)
     assert targets == [second]  # the first is compiled inside its checkpoint (engine/compiled_checkpoint.py)
     assert _scope([first, second], targets) == "block inside its checkpoint in 1 of 2 blocks"  # compile.scope
-    graphs = compile_targets(model, "full", "reduce-overhead")  # CUDA graphs: the checkpointed block's children
+    graphs = compile_targets(model, "reduce-overhead")  # CUDA graphs: the checkpointed block's children
     assert second in graphs and all(c in graphs for c in first.children()) and first not in graphs
     assert _scope([first, second], graphs) == "block children in 1 of 2 blocks"
     apply_policy(model, "none")
-    assert compile_targets(model, "none") == [first, second]
+    assert compile_targets(model) == [first, second]
 
 
 def test_compile_tuning_spells_the_mode_out_as_options():
@@ -166,7 +166,7 @@ def test_a_failed_compile_puts_blocks_and_loss_back_to_eager(tmp_path):
     outcome = warm_up(built.model, built.params, bad, contextlib.nullcontext, notes.append)
     assert not outcome.compiled and not outcome.loss and outcome.fallback, outcome
     assert notes and notes[0].startswith("--compile: decoder blocks did not compile")
-    assert all(m._compiled_call_impl is None for m in compile_targets(built.model, "none"))
+    assert all(m._compiled_call_impl is None for m in compile_targets(built.model))
     assert causal_lm(built.model).loss_function is eager_loss
 
 
@@ -185,7 +185,7 @@ def test_a_failed_compile_under_full_checkpointing_puts_the_layers_checkpoint_ba
     eager = [block._gradient_checkpointing_func for block in layers]
     vocab = causal_lm(built.model).config.vocab_size
     bad = {"input_ids": torch.full((1, 8), vocab + 5), "labels": torch.zeros((1, 8), dtype=torch.long)}
-    outcome = warm_up(built.model, built.params, bad, contextlib.nullcontext, lambda _line: None, "full")
+    outcome = warm_up(built.model, built.params, bad, contextlib.nullcontext, lambda _line: None)
     assert not outcome.compiled and outcome.scope == "block inside its checkpoint", outcome
     assert [block._gradient_checkpointing_func for block in layers] == eager
     assert not any(isinstance(f, compiled_checkpoint.CompiledForward) for f in eager)
@@ -216,7 +216,7 @@ def test_a_loss_that_does_not_compile_runs_eager_and_the_blocks_stay_compiled(tm
         return
     assert outcome.fallback is None
     assert notes == [notes[0]] and notes[0].startswith("--compile: the loss did not compile"), notes
-    assert all(m._compiled_call_impl is not None for m in compile_targets(built.model, "none"))
+    assert all(m._compiled_call_impl is not None for m in compile_targets(built.model))
     assert all(p.grad is None for p in built.params)
 
 

@@ -28,6 +28,10 @@ FAST_PATHS = {
     "compile+full": {"compile": True, "checkpointing": "full"},  # each block compiled inside its checkpoint
     "partial": {"checkpointing": "full", "checkpoint_layers": 8},  # 8 of llama-1b's 16 layers
     "compile+partial": {"compile": True, "checkpointing": "full", "checkpoint_layers": 8},
+    # full on the first 8 layers, selective on the other 8 (--selective-rest): each compiled as its policy is
+    "selective-rest": {"checkpointing": "full", "checkpoint_layers": 8, "selective_rest": True},
+    "compile+selective-rest": {"compile": True, "checkpointing": "full", "checkpoint_layers": 8,
+                               "selective_rest": True},
     "cudnn": {"sdpa_backend": "cudnn"},
     "compile+cudnn": {"compile": True, "sdpa_backend": "cudnn"},
     "compile-autotune": {"compile": True, "compile_mode": "max-autotune-no-cudagraphs"},
@@ -57,6 +61,8 @@ FP8_PATHS = {
     "compile-cudagraphs": {"compile": True, "compile_mode": "reduce-overhead"},
     # selective saves the e4m3 GEMM's output (models/checkpointing.py), compiled whole (engine/compile.py)
     "compile+selective": {"compile": True, "checkpointing": "selective"},
+    "compile+selective-rest": {"compile": True, "checkpointing": "full", "checkpoint_layers": 8,
+                               "selective_rest": True},
 }
 FP8_LOSS = 0.02
 FP8_GRADIENTS = 0.4
@@ -176,7 +182,7 @@ def _lora_grads(cfg) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=requires_run("lora", **FAST_PATHS[name])) for name in [
     "addmm", "liger", "compile", "selective", "compile+liger", "compile+full", "cudnn", "compile-tuning", "fused-a",
-    "compile-cudagraphs-fused-a", "fused-proj", "compile+fused-proj"]])
+    "compile-cudagraphs-fused-a", "fused-proj", "compile+fused-proj", "compile+selective-rest"]])
 def test_fast_path_lora_gradients_match_eager(tmp_path, name):
     eager = _lora_grads(fast_config(tmp_path / "e", **_reference("lora")))
     fast = _lora_grads(fast_config(tmp_path / "f", **FAST_PATHS[name]))

@@ -26,6 +26,13 @@ def deep(tmp_path_factory):
     return save_checkpoint(tmp_path_factory.mktemp("deep") / "ckpt", layers=8)
 
 
+@pytest.fixture(autouse=True)
+def _without_a_selective_rest(monkeypatch):
+    """The offload against plain full checkpointing alone: with a selective rest auto recomputes fewer layers still
+    (tests/plan/test_selective_rest_plan.py)."""
+    monkeypatch.setattr(budget, "rest_applies", lambda cand: False)
+
+
 def _planner(deep, target=H200, **flat):
     cfg = RunConfig.from_flat({"model": deep, "method": "lora", "seq_len": 512, "batch_size": 4,
                                "checkpointing": "auto", **flat})

@@ -57,6 +57,8 @@ def test_auto_checkpoints_the_fewest_layers_that_fit_before_all_of_them(tmp_path
                for n in (1, 2, 3)}
     assert peaks["none"] > partial[1] > partial[2] > partial[3] > peaks["full"]
     assert partial[2] < peaks["selective"]  # a budget of partial[2] leaves selective out
+    # (with the rest selective, fewer layers still: tests/plan/test_selective_rest_plan.py)
+    monkeypatch.setattr(budget, "rest_applies", lambda cand: False)
     plan = auto_with(monkeypatch, config(tmp_path, "lora", deep, "auto"), GIB + partial[2])
     assert (plan.auto_choice.policy, plan.auto_choice.layers) == ("full", 2), plan.auto_choice.reason
     assert "full on 2 of 4 layers" in plan.auto_choice.reason
