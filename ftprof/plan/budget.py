@@ -41,12 +41,32 @@ def margin_for(available: int) -> int:
 
 def fewest_layers(planner: Planner, cand: Candidate, budget: int, policy: str = "full") -> int | None:
     """The fewest decoder layers (1 .. L-1) under ``policy`` (full or selective) whose predicted peak fits
-    ``budget``."""
-    for layers in range(1, planner.layer_count):
-        if planner.predict(dataclasses.replace(cand, checkpointing=policy, checkpoint_layers=layers)).peak_bytes \
-                <= budget:
-            return layers
-    return None
+    ``budget``. The peak falls as layers are checkpointed, except where the layer being recomputed sets it (it
+    rises by one layer's input per layer there): bisection finds the first that fits where the last one does,
+    and a step back confirms it; otherwise every count is tried, fewest first, unless what stays resident (the
+    least any count can peak at) is over. (A plan asks this of every configuration under full and selective:
+    15,000 predictions of a 24 GiB llama-8b plan's 18,000 when each count was tried in turn.)"""
+    def peak(layers: int) -> Prediction:
+        return planner.predict(dataclasses.replace(cand, checkpointing=policy, checkpoint_layers=layers))
+
+    def fits(layers: int) -> bool:
+        return peak(layers).peak_bytes <= budget
+
+    last = planner.layer_count - 1
+    if last < 1:
+        return None
+    at_last = peak(last)
+    if at_last.static_bytes > budget:  # weights, gradients and optimizer state alone: no layer count fits
+        return None
+    if at_last.peak_bytes > budget:
+        return next((n for n in range(1, last) if fits(n)), None)
+    low, high = 1, last  # high fits
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits(middle) else (middle + 1, high)
+    while high > 1 and fits(high - 1):  # (where the peak is not monotone in the layers)
+        high -= 1
+    return high
 
 
 def rest_applies(cand: Candidate) -> bool:

@@ -219,8 +219,9 @@ def measured_ceiling(device_name: str, key: calibration.ClassKey, model: str, la
     family = _candidate_family(key, compile_mode, options)
     seconds = [micro_batch_seconds(r) for r in [*epochs.current(records), *calibration.shipped().get("speed", [])]
                if r.get("device_name") == device_name and r.get("model") == model
-               and calibration.class_key(r).policy == key.policy and _family(r) == family
-               and (r.get("checkpointed_layers") or (layers if r.get("policy") == "full" else 0)) == recomputed]
+               and str(r.get("policy")) == key.policy  # (class_key's policy; the family last: it costs most)
+               and (r.get("checkpointed_layers") or (layers if r.get("policy") == "full" else 0)) == recomputed
+               and _family(r) == family]
     seconds = [s for s in seconds if s]
     return min(seconds) if seconds else None
 

@@ -14,6 +14,7 @@ from ftprof.plan import budget
 from ftprof.plan.candidates import of_config
 from ftprof.plan.predict import Target, planner
 from ftprof.preflight import preflight
+from ftprof.results.parts import Prediction
 from tests.conftest import assert_train_refuses, tiny_config
 from tests.data_files import save_checkpoint
 
@@ -85,3 +86,38 @@ def test_describe_change_names_the_flags():
     b = Candidate("lora", "full", None, "liger", True, 2, 2)
     assert budget.describe_change(a, b) == ("--method lora --checkpointing full --kernels liger --compile "
                                             "--batch-size 2 --grad-accum 2")
+
+
+class _Peaks:
+    """A planner whose predicted peak is ``peak(layers)``, what stays resident ``static``."""
+
+    def __init__(self, layer_count: int, peak, static: int = 0):
+        self.layer_count, self.peak, self.static = layer_count, peak, static
+        self.asked: list[int] = []
+
+    def predict(self, cand):
+        self.asked.append(cand.checkpoint_layers)
+        return dataclasses.replace(Prediction(), peak_bytes=self.peak(cand.checkpoint_layers),
+                                   static_bytes=self.static)
+
+
+def _linear(planner, budget_bytes):
+    return next((n for n in range(1, planner.layer_count) if planner.peak(n) <= budget_bytes), None)
+
+
+@pytest.mark.parametrize("shape", ["falling", "valley", "flat-then-rising"])
+def test_fewest_layers_is_the_first_count_that_fits_in_few_predictions(shape):
+    from ftprof.plan.candidates import Candidate
+
+    shapes = {"falling": lambda n: 100 - 3 * n,  # activations set the peak: it falls as layers are checkpointed
+             "valley": lambda n: max(100 - 3 * n, 40 + n),  # the recomputed layer sets it past the valley
+             "flat-then-rising": lambda n: max(60, 30 + 2 * n)}
+    cand = Candidate("lora", "full", None, "eager", True, 4, 1)
+    for budget_bytes in range(35, 101):
+        planner = _Peaks(32, shapes[shape])
+        assert budget.fewest_layers(planner, cand, budget_bytes) == _linear(planner, budget_bytes), budget_bytes
+    planner = _Peaks(32, shapes["falling"])
+    budget.fewest_layers(planner, cand, 50)
+    assert len(planner.asked) <= 8, planner.asked  # (each count in turn: 17)
+    resident = _Peaks(32, shapes["falling"], static=60)  # weights and state over the budget: no count is tried
+    assert budget.fewest_layers(resident, cand, 50) is None and resident.asked == [31]
