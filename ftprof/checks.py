@@ -114,6 +114,9 @@ def _check_model_shape(cfg: RunConfig) -> None:
     if cfg.model.checkpoint_layers is not None and layers and cfg.model.checkpoint_layers > layers:
         raise ConfigError(f"--checkpoint-layers {cfg.model.checkpoint_layers}: '{cfg.model.model}' has {layers} "
                           "decoder layers")
+    if cfg.model.selective_rest and layers and (cfg.model.checkpoint_layers or 0) >= layers:
+        raise ConfigError(f"--selective-rest: --checkpoint-layers {cfg.model.checkpoint_layers} covers all of "
+                          f"'{cfg.model.model}''s {layers} decoder layers, leaving none to be selective")
     limit = max_positions(cfg.model.model)
     if limit is not None and cfg.data.seq_len > limit:
         raise ConfigError(f"--seq-len {cfg.data.seq_len} exceeds the {limit} positions of model '{cfg.model.model}'")

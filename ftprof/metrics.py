@@ -143,21 +143,32 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
             and any(p.numel() for p in m.parameters())]
 
 
-def recomputed_params(model: nn.Module) -> ParamCounts:
+# A decoder layer's output projection, by the names of the supported architectures (Llama, Mistral, Qwen: down_proj):
+# its output only joins the residual stream, which no tensor saved for backward depends on (--lean-recompute)
+OUTPUT_PROJECTIONS = ("down_proj", "w2", "fc2", "dense_4h_to_h")
+
+
+def is_output_projection(name: str) -> bool:
+    """Whether a decoder layer's module of this qualified name (``mlp.down_proj``) is its output projection."""
+    return name.rsplit(".", 1)[-1] in OUTPUT_PROJECTIONS
+
+
+def recomputed_params(model: nn.Module, lean: bool = False) -> ParamCounts:
     """Matmul parameters that activation checkpointing runs again in backward.
 
     torch's non-reentrant checkpointing stops recomputing once every tensor backward needs is back. A block's last
     matmul (down_proj in Llama/Mistral; with LoRA on it, that projection's lora_B, which runs after the base
     matmul and lora_A) produces only the block output, which nothing saves: it is not recomputed. lm_head is
-    outside the blocks and not recomputed either. (Checked against FlopCounterMode with and without LoRA.)"""
+    outside the blocks and not recomputed either. (Checked against FlopCounterMode with and without LoRA.)
+    ``lean`` (--lean-recompute): the output projection's frozen base matmul is not recomputed either."""
     trainable = frozen = 0
     for layer in decoder_layers(model):
-        leaves = [m for m in layer.modules() if _is_leaf_linear(m)]
-        for module in leaves[:-1]:  # registration order is execution order for HF blocks and PEFT wrappers
+        leaves = [(n, m) for n, m in layer.named_modules() if _is_leaf_linear(m)]
+        for name, module in leaves[:-1]:  # registration order is execution order for HF blocks and PEFT wrappers
             size, trains = _matmul_size(module)
             if trains:
                 trainable += size
-            else:
+            elif not (lean and is_output_projection(name.removesuffix(".base_layer"))):
                 frozen += size
     return ParamCounts(trainable, frozen, 0, trainable + frozen)
 

@@ -175,6 +175,9 @@ def _check_model_options(cfg: RunConfig, source: ModelSource, device) -> None:
     if cfg.model.checkpoint_layers is not None and layers and cfg.model.checkpoint_layers > layers:
         raise ConfigError(f"--checkpoint-layers {cfg.model.checkpoint_layers}: '{cfg.model.model}' has {layers} "
                           "decoder layers")
+    if cfg.model.selective_rest and layers and (cfg.model.checkpoint_layers or 0) >= layers:
+        raise ConfigError(f"--selective-rest: --checkpoint-layers {cfg.model.checkpoint_layers} covers all of "
+                          f"'{cfg.model.model}''s {layers} decoder layers, leaving none to be selective")
     if cfg.model.sdpa_backend != "auto":
         from ftprof.models.attention import check_backend
 

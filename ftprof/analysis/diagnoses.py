@@ -157,9 +157,13 @@ def _recomputation(s: TraceSummary) -> list[Diagnosis]:
     if flops and extra:
         evidence["flops_share"] = extra / (flops + extra)
         text += f"; {100 * evidence['flops_share']:.0f}% of the FLOPs executed"
+    levers = [] if meta.get("lean_recompute") else ["--lean-recompute leaves the output projection's matmul out"]
+    if not meta.get("selective_rest"):
+        levers.append("--checkpointing selective saves the matmul outputs instead (--selective-rest on the layers "
+                      "--checkpoint-layers leaves out)")
     return [Diagnosis("recomputation", "info", "activation checkpointing recomputes the forward in backward: " + text
-                      + "; --checkpointing selective saves the matmul outputs instead, --checkpointing auto picks "
-                      "the fastest policy that fits the GPU's memory", evidence)]
+                      + "".join(f"; {lever}" for lever in levers) + "; --checkpointing auto picks the fastest "
+                      "policy that fits the GPU's memory", evidence)]
 
 
 def _logits(s: TraceSummary, total: float) -> list[Diagnosis]:

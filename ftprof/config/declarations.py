@@ -163,6 +163,18 @@ DECLARED: tuple[Declared, ...] = (
     Declared("selective_rest", "model", frozenset({"speed", "activations"}), False,
              needs=(When("checkpointing", ("full",)), When("checkpoint_layers", (ON,))), refuse=frozenset({"needs"}),
              word="selective-rest", planner_values=(False, True), speed_class=True),
+    # full checkpointing's recomputation without the output projection's base matmul (models/recompute.py): fewer
+    # recomputed FLOPs, priced as such (plan/speed.py)
+    Declared("lean_recompute", "model", frozenset({"speed"}), False, methods=("lora", "qlora"),
+             void_when=(When("checkpointing", ("none", "selective")),),
+             word="lean-recompute", planner_values=(False, True),
+             excludes=(Excludes(When("method", ("full", "gptq-lora")), "{flag} is a LoRA and QLoRA option (a full "
+                                "fine-tune trains the weight it would leave out, GPTQ-LoRA's kernels are their own): "
+                                "leave it off with methods 'full' and 'gptq-lora'"),
+                       Excludes(When("fp8_base", (ON,)), "{flag} skips 16-bit base matmuls: {other}'s e4m3 ones are "
+                                "recomputed whole; leave one off"),
+                       Excludes(When(SHARDED, (True,)), "{flag} is not tried under FSDP, which gathers each layer's "
+                                "weights around its forward: use --parallel ddp or leave it off"))),
     # full checkpointing's saved layer inputs held in pinned host memory (models/offload.py)
     Declared("offload_checkpoints", "model", frozenset({"speed", "activations"}), False,
              needs=(When("checkpointing", ("full",)),), refuse=frozenset({"needs"}), word="offload",

@@ -208,7 +208,8 @@ def count_flops(model, counts: metrics.ParamCounts, resolved: ResolvedRun, polic
     seq = resolved.config.data.seq_len
     recompute = 0.0
     if policy == "full":
-        recompute = metrics.recompute_flops_per_token(metrics.recomputed_params(model), layers, attn_dim, seq)
+        recomputed = metrics.recomputed_params(model, lean=bool(resolved.config.model.lean_recompute))
+        recompute = metrics.recompute_flops_per_token(recomputed, layers, attn_dim, seq)
         if checkpointed is not None and layers:
             recompute *= checkpointed / layers  # identical layers: each recomputes the same share
     return FlopCounts(metrics.flops_per_token(counts, layers, attn_dim, seq), recompute)

@@ -27,6 +27,7 @@ import torch
 
 from ftprof import metrics
 from ftprof.models import offload as offloading
+from ftprof.models import recompute
 from ftprof.profiling.memory import SavedActivations
 
 SPEED_ORDER = ("none", "selective", "full")  # fastest first: less recomputation
@@ -121,13 +122,15 @@ def _output_bytes(op, args) -> int:
 
 
 def apply_policy(model, policy: str, selective: SelectivePolicy | None = None, layers: int | None = None,
-                 offload: bool = False, selective_rest: bool = False) -> None:
+                 offload: bool = False, selective_rest: bool = False, lean: bool = False) -> None:
     """Set ``model``'s checkpointing to ``policy`` (none, full or selective), on HF models and PEFT wrappers; with
     ``layers``, on the first ``layers`` decoder layers only, the others keeping their activations or, with
     ``selective_rest`` (full only), selective-checkpointed by ``selective``; with ``offload`` (full only), the
-    full-checkpointed layers' inputs are kept in host memory."""
-    if offload and policy != "full":
-        raise ValueError(f"offloading checkpointed layer inputs needs full checkpointing, not {policy}")
+    full-checkpointed layers' inputs are kept in host memory; with ``lean`` (full only), their recomputation
+    skips the output projection's base matmul (models/recompute.py)."""
+    if (offload or lean) and policy != "full":
+        raise ValueError(f"{'offloading checkpointed layer inputs' if offload else 'a lean recomputation'} needs "
+                         f"full checkpointing, not {policy}")
     if selective_rest and (policy != "full" or layers is None):
         raise ValueError(f"a selective rest needs full checkpointing on part of the layers, not {policy} on {layers}")
     enabled = getattr(model, "is_activation_checkpointing", None) or getattr(model, "is_gradient_checkpointing",
@@ -138,6 +141,8 @@ def apply_policy(model, policy: str, selective: SelectivePolicy | None = None, l
             disable()
         return
     kwargs = _checkpoint_kwargs(policy, selective)
+    if lean:  # the recomputation's context says when the output projection may skip its matmul
+        kwargs["context_fn"] = recompute.context_fn
     # transformers 5.24 renamed the method; PEFT wrappers forward either name to the base model.
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
@@ -151,6 +156,8 @@ def apply_policy(model, policy: str, selective: SelectivePolicy | None = None, l
                 block.gradient_checkpointing = False  # the flag transformers' layer wrapper reads at each call
             else:
                 block._gradient_checkpointing_func = rest  # the function it calls the layer's forward through
+    if lean:
+        recompute.attach(model, layers)
     if offload:
         offloading.attach(model, layers)  # after the layers' checkpoint function is set (enabling sets it anew)
 
@@ -169,8 +176,12 @@ def _checkpoint_kwargs(policy: str, selective: SelectivePolicy | None) -> dict:
 
 def is_selective(function) -> bool:
     """Whether a layer's checkpoint function (``_gradient_checkpointing_func``) is selective checkpointing's:
-    torch's checkpoint with a policy's context (``_checkpoint_kwargs``)."""
-    return isinstance(function, functools.partial) and "context_fn" in function.keywords
+    torch's checkpoint with a policy's contexts (``_checkpoint_kwargs``; full checkpointing's context under
+    --lean-recompute is another)."""
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    context = function.keywords.get("context_fn") if isinstance(function, functools.partial) else None
+    return isinstance(context, functools.partial) and context.func is create_selective_checkpoint_contexts
 
 
 def selective_layers(model) -> int:

@@ -32,7 +32,7 @@ import types
 import torch
 from torch import nn
 
-from ftprof.models import dequant_kernels
+from ftprof.models import dequant_kernels, recompute
 
 
 def keeps_weights(method) -> bool:
@@ -91,6 +91,9 @@ def _forward(keep: bool, dequantizer: str):
         if keep:  # plain autograd saves the dequantized weight for the input gradient
             bias = None if self.bias is None else self.bias.to(dtype)
             weight = dequantize(self, dequantizer).to(dtype)
+            if recompute.marked(self):  # --lean-recompute's output projection: the same saved weight
+                out = recompute.output_linear(x.to(dtype), weight)
+                return (out if bias is None else out + bias).to(x.dtype)
             return nn.functional.linear(x.to(dtype), weight, bias).to(x.dtype)
         if self.bias is not None:  # (decoder linears of the supported models have none)
             return type(self).forward(self, x)

@@ -43,8 +43,9 @@ def fewest_layers(planner: Planner, cand: Candidate, budget: int, policy: str = 
     """The fewest decoder layers (1 .. L-1) under ``policy`` (full or selective) whose predicted peak fits
     ``budget``. The peak falls as layers are checkpointed, except where the layer being recomputed sets it (it
     rises by one layer's input per layer there): bisection finds the first that fits where the last one does,
-    and a step back confirms it; otherwise every count is tried, fewest first, unless what stays resident (the
-    least any count can peak at) is over. (A plan asks this of every configuration under full and selective:
+    and a step back confirms it; otherwise (or where local runs of this model and sequence may calibrate one
+    count apart from the others) every count is tried, fewest first, unless what stays resident (the least any
+    count can peak at) is over. (A plan asks this of every configuration under full and selective:
     15,000 predictions of a 24 GiB llama-8b plan's 18,000 when each count was tried in turn.)"""
     def peak(layers: int) -> Prediction:
         return planner.predict(dataclasses.replace(cand, checkpointing=policy, checkpoint_layers=layers))
@@ -58,7 +59,7 @@ def fewest_layers(planner: Planner, cand: Candidate, budget: int, policy: str = 
     at_last = peak(last)
     if at_last.static_bytes > budget:  # weights, gradients and optimizer state alone: no layer count fits
         return None
-    if at_last.peak_bytes > budget:
+    if at_last.peak_bytes > budget or _counts_measured(planner):
         return next((n for n in range(1, last) if fits(n)), None)
     low, high = 1, last  # high fits
     while low < high:
@@ -67,6 +68,13 @@ def fewest_layers(planner: Planner, cand: Candidate, budget: int, policy: str = 
     while high > 1 and fits(high - 1):  # (where the peak is not monotone in the layers)
         high -= 1
     return high
+
+
+def _counts_measured(planner: Planner) -> bool:
+    """Whether the local store holds runs of the planned model and sequence length: a run's activation factor
+    answers at its own layer count only (calibration._transferring), so the peak need not fall with the count."""
+    model, seq = planner.cfg.model.model, planner.cfg.data.seq_len
+    return any(r.get("model") == model and r.get("seq_len") == seq for r in planner.records)
 
 
 def rest_applies(cand: Candidate) -> bool:
@@ -249,8 +257,9 @@ def _neighbours(planner: Planner, cand: Candidate, methods: tuple[str, ...]) -> 
     batches = micro_batches(cand.batch_size, cand.grad_accum)
     policies = POLICIES
 
-    def variant(**changes) -> Candidate:
-        return dataclasses.replace(cand, checkpoint_layers=None, **changes)
+    def variant(**changes) -> Candidate:  # (all layers: a selective rest needs a layer count)
+        options = tuple(o for o in cand.options if o[0] != REST)
+        return dataclasses.replace(cand, checkpoint_layers=None, options=options, **changes)
 
     def ways(group: list[Candidate]) -> list[Candidate]:
         return [way for c in group for way in memory_variants(planner, c, (OFFLOAD, EMBED))]
@@ -269,7 +278,8 @@ def _neighbours(planner: Planner, cand: Candidate, methods: tuple[str, ...]) -> 
 
 def describe_change(base: Candidate, other: Candidate) -> str:
     """The options that turn ``base`` into ``other``, as flags."""
-    flags = []
+    flags = [f"--no-{key.replace('_', '-')}" for key, value in base.flat().items()
+             if value is True and key not in other.flat()]  # an option on in base, at its default (off) in other
     for key, value in other.flat().items():
         if base.flat().get(key) != value:
             flag = "--" + key.replace("_", "-")

@@ -86,7 +86,7 @@ def make_plan(req: PlanRequest) -> Plan:
     if not pool:  # what the CLI could not tell without torch: this machine's GPU, the model's tied embeddings
         raise ConfigError(candidates.nothing_pinned(pins, req.methods, target.device_name, on_gpu, target.capability))
     if "checkpoint_layers" not in pins:  # a pinned layer count is the only one
-        pool += _fewest_layers(p, pool, plan.budget_bytes)
+        pool += candidates.pinned(_fewest_layers(p, pool, plan.budget_bytes), pins)  # (--no-selective-rest, say)
     plan.rows = _rank([_row(p, c, plan.budget_bytes) for c in dict.fromkeys(pool)])
     plan.peers = calibration.peer_records(target.device_name, cfg.model.model, cfg.data.seq_len,
                                           cfg.data.batch_size * cfg.train.grad_accum, req.methods, records)

@@ -35,7 +35,7 @@ from ftprof.plan.candidates import POLICIES
 # give the slope; one alone would count as per-token what is saved once per forward (the adapters' weights cast to
 # bf16 under autocast: 35 KB per "token" per llama-8b layer at 64 tokens).
 PROBE_TOKENS = (64, 128)
-PROBE_VERSION = 8  # bump when what the probe measures changes: cached results are keyed by it
+PROBE_VERSION = 9  # bump when what the probe measures changes: cached results are keyed by it
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ class Parts:
     matmul_trainable: int  # matmul weights that train (ftprof.metrics.count_params: the FLOP count's N_trainable)
     matmul_frozen: int  # and those that do not (N_frozen)
     matmul_recomputed: int  # matmul weights full checkpointing runs again (metrics.recomputed_params)
+    matmul_recomputed_lean: int  # the same under --lean-recompute (the output projection's base matmul left out)
     loss_activations: float  # bytes per token the loss saves (the logits' fp32 upcast and log-softmax): none
     # where the kernel set fuses lm_head and the loss (Liger's fused linear cross entropy works in chunks)
 
@@ -237,10 +238,12 @@ def _static_parts(model, cfg: RunConfig) -> dict:
     if moment is None:
         state += 4 * len(trainable)  # torch's AdamW keeps each parameter's step count as an fp32 scalar tensor
     counts, again = metrics.count_params(model), metrics.recomputed_params(model)
+    lean = metrics.recomputed_params(model, lean=True)
     return {"weights": static["weights_frozen"] + static["weights_trainable"], "gradients": grads,
             "optimizer_state": state, "matmul_trainable": counts.trainable_matmul,
             "matmul_frozen": counts.frozen_matmul,
-            "matmul_recomputed": again.trainable_matmul + again.frozen_matmul}
+            "matmul_recomputed": again.trainable_matmul + again.frozen_matmul,
+            "matmul_recomputed_lean": lean.trainable_matmul + lean.frozen_matmul}
 
 
 def _activations(model, autocast, cfg: RunConfig, policy: str) -> tuple[float, float]:
@@ -261,6 +264,7 @@ def _parts(static: dict, activations: dict, without_loss: float) -> Parts:
     fixed = {p: a[1] for p, a in activations.items()}
     return Parts(static["weights"], static["gradients"], static["optimizer_state"], per_token, fixed,
                  static["matmul_trainable"], static["matmul_frozen"], static["matmul_recomputed"],
+                 static["matmul_recomputed_lean"],
                  per_token["none"] - without_loss)
 
 
@@ -290,7 +294,8 @@ def _difference(a: Parts, b: Parts) -> Parts:
                  {p: a.activations[p] - b.activations[p] for p in a.activations},
                  {p: a.activations_fixed[p] - b.activations_fixed[p] for p in a.activations_fixed},
                  a.matmul_trainable - b.matmul_trainable, a.matmul_frozen - b.matmul_frozen,
-                 a.matmul_recomputed - b.matmul_recomputed, a.loss_activations - b.loss_activations)
+                 a.matmul_recomputed - b.matmul_recomputed, a.matmul_recomputed_lean - b.matmul_recomputed_lean,
+                 a.loss_activations - b.loss_activations)
 
 
 def _keep_layers(model, layers: list) -> None:

@@ -50,6 +50,8 @@ def run_record(run_dir: str | Path) -> dict | None:
     cfg = config_options(raw_config)
     for option in auto_chosen(result.get("checkpointing_auto")):  # --checkpointing auto chose it: the run ran so
         cfg[option] = True
+    if cfg.get("checkpointing") == "auto":  # the layer count auto chose (options such as --selective-rest need it)
+        cfg["checkpoint_layers"] = result.get("checkpointed_layers")
     env = _read_json(run_dir / files.ENV)
     compiled = bool((result.get("compile") or {}).get("compiled", cfg.get("compile", False)))
     kernels = cfg.get("kernels") or "eager"

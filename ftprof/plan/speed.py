@@ -50,8 +50,10 @@ def flops_per_token(probe: ProbeResult, cand: Candidate, seq_len: int, attn_dim:
     recomputed = 0.0
     if cand.checkpointing == "full":
         checkpointed = layers if cand.checkpoint_layers is None else cand.checkpoint_layers
-        # one layer's recomputation (its share is the same in every identical layer), times the layers
-        one_layer = metrics.ParamCounts(per.matmul_recomputed, 0, 0, per.matmul_recomputed)
+        # one layer's recomputation (its share is the same in every identical layer), times the layers; under
+        # --lean-recompute without the output projection's base matmul
+        again = per.matmul_recomputed_lean if cand.option("lean_recompute") else per.matmul_recomputed
+        one_layer = metrics.ParamCounts(again, 0, 0, again)
         recomputed = checkpointed * metrics.recompute_flops_per_token(one_layer, 1, attn_dim, seq_len)
     return FlopsPerToken(model, recomputed)
 

@@ -28,6 +28,9 @@ FAST_PATHS = {
     "compile+full": {"compile": True, "checkpointing": "full"},  # each block compiled inside its checkpoint
     "partial": {"checkpointing": "full", "checkpoint_layers": 8},  # 8 of llama-1b's 16 layers
     "compile+partial": {"compile": True, "checkpointing": "full", "checkpoint_layers": 8},
+    # the recomputation without down_proj's base matmul (--lean-recompute): the same bits as full checkpointing
+    "full+lean": {"checkpointing": "full", "lean_recompute": True},
+    "compile+full+lean": {"compile": True, "checkpointing": "full", "lean_recompute": True},
     # full on the first 8 layers, selective on the other 8 (--selective-rest): each compiled as its policy is
     "selective-rest": {"checkpointing": "full", "checkpoint_layers": 8, "selective_rest": True},
     "compile+selective-rest": {"compile": True, "checkpointing": "full", "checkpoint_layers": 8,
@@ -182,7 +185,8 @@ def _lora_grads(cfg) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=requires_run("lora", **FAST_PATHS[name])) for name in [
     "addmm", "liger", "compile", "selective", "compile+liger", "compile+full", "cudnn", "compile-tuning", "fused-a",
-    "compile-cudagraphs-fused-a", "fused-proj", "compile+fused-proj", "compile+selective-rest"]])
+    "compile-cudagraphs-fused-a", "fused-proj", "compile+fused-proj", "compile+selective-rest",
+    "compile+full+lean"]])
 def test_fast_path_lora_gradients_match_eager(tmp_path, name):
     eager = _lora_grads(fast_config(tmp_path / "e", **_reference("lora")))
     fast = _lora_grads(fast_config(tmp_path / "f", **FAST_PATHS[name]))

@@ -4,6 +4,7 @@ naming the closest configuration that fits when none does. Budgets are set by ca
 reports as available (the margin is at least 1 GiB, so the budgets sit just above it)."""
 
 import dataclasses
+import types
 
 import pytest
 
@@ -91,8 +92,10 @@ def test_describe_change_names_the_flags():
 class _Peaks:
     """A planner whose predicted peak is ``peak(layers)``, what stays resident ``static``."""
 
-    def __init__(self, layer_count: int, peak, static: int = 0):
+    def __init__(self, layer_count: int, peak, static: int = 0, records: tuple = ()):
         self.layer_count, self.peak, self.static = layer_count, peak, static
+        self.records = [{"model": "m", "seq_len": 8, **r} for r in records]  # the local store's
+        self.cfg = types.SimpleNamespace(model=types.SimpleNamespace(model="m"), data=types.SimpleNamespace(seq_len=8))
         self.asked: list[int] = []
 
     def predict(self, cand):
@@ -121,3 +124,14 @@ def test_fewest_layers_is_the_first_count_that_fits_in_few_predictions(shape):
     assert len(planner.asked) <= 8, planner.asked  # (each count in turn: 17)
     resident = _Peaks(32, shapes["falling"], static=60)  # weights and state over the budget: no count is tried
     assert budget.fewest_layers(resident, cand, 50) is None and resident.asked == [31]
+
+
+def test_fewest_layers_tries_each_count_where_local_runs_may_calibrate_one_count_apart():
+    """A local run's activation factor answers at its own layer count only: the peak can dip there (full on 3 of 8
+    layers fits, 4 does not, 5 does: a planner with such a run in its store)."""
+    from ftprof.plan.candidates import Candidate
+
+    cand = Candidate("lora", "full", None, "eager", True, 4, 1)
+    dip = {1: 40, 2: 35, 3: 30, 4: 34, 5: 22, 6: 20, 7: 18}.get
+    measured = _Peaks(8, dip, records=({"checkpointed_layers": 3},))
+    assert budget.fewest_layers(measured, cand, 30) == 3 == _linear(measured, 30)

@@ -1,0 +1,116 @@
+"""What full checkpointing's recomputation leaves out (``--lean-recompute``): the output projection's base matmul.
+
+Under full checkpointing each layer's forward runs again in backward, only to bring back the tensors backward
+reads. The output projection (down_proj in Llama, Mistral and Qwen) writes the layer's output, which only joins the
+residual stream: no tensor saved for backward is computed from it. Its base matmul (4,096 x 14,336 weights in
+llama-8b: 27% of a layer's matmul FLOPs) is still recomputed: eagerly because PEFT runs the base matmul before the
+adapter whose saved input is the last tensor backward needs (torch's checkpoint stops after that), compiled
+because a compiled layer recomputes its whole forward (the checkpoint cannot stop inside it).
+
+Here the frozen base matmul of that projection goes through one op, ``ftprof::output_linear``, that saves what a
+linear saves for the input gradient (the weight), and during recomputation returns an uninitialised tensor of the
+output's shape instead of multiplying: the checkpoint's recomputation context (``context_fn``) says when. The
+tensors backward reads are the same ones, so the gradients are the same bits (CPU tests, eager and compiled). As
+an opaque op, compiled layers call it at run time: the compiled graph is the same for the forward and the
+recomputation, and so are the tensors it saves. A CUDA graph captures whatever ran at capture: under capture the
+op always multiplies.
+
+LoRA and QLoRA bases in 16 bits: nn.Linear and QLoRA's routed 4-bit linears (models/dequant.py, which calls
+``output_linear`` where a module is marked here). Not yet FP8 base matmuls (their ops trace into compiled code).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import types
+
+import torch
+from torch import nn
+
+from ftprof import metrics
+
+MARK = "_ftprof_lean_recompute"  # on a base linear whose matmul the recomputation skips
+_STATE = threading.local()  # autograd's backward runs on its own thread per device: the flag is per thread
+
+
+def recomputing() -> bool:
+    """Whether the current thread is inside full checkpointing's recomputation of a layer marked lean."""
+    return getattr(_STATE, "recomputing", False)
+
+
+@contextlib.contextmanager
+def _recomputation():
+    before = recomputing()
+    _STATE.recomputing = True
+    try:
+        yield
+    finally:
+        _STATE.recomputing = before
+
+
+def context_fn():
+    """torch checkpoint's ``context_fn``: (the forward's context, the recomputation's)."""
+    return contextlib.nullcontext(), _recomputation()
+
+
+def _multiply(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return nn.functional.linear(x, weight)
+
+
+@torch.library.custom_op("ftprof::output_linear", mutates_args=())
+def output_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T``, except in the recomputation, where nothing reads it (uninitialised, of its shape)."""
+    if recomputing() and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return _skipped(x, weight)
+    return _multiply(x, weight)
+
+
+def _skipped(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@output_linear.register_fake
+def _(x, weight):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    ctx.save_for_backward(inputs[1])  # the frozen weight, for the input gradient: what a linear keeps
+
+
+def _backward(ctx, grad_out):
+    (weight,) = ctx.saved_tensors
+    return grad_out @ weight.to(grad_out.dtype), None
+
+
+output_linear.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _plain_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """A frozen nn.Linear's forward through ``output_linear``."""
+    out = output_linear(x, self.weight)
+    return out if self.bias is None else out + self.bias
+
+
+def attach(model, layers: int | None = None) -> int:
+    """Mark the frozen base linear of the output projection of each of the first ``layers`` decoder layers (all by
+    default: the full-checkpointed ones), routing a plain linear's forward through ``output_linear`` (QLoRA's 4-bit
+    linears read the mark in models/dequant.py). Returns how many were marked."""
+    marked = 0
+    for block in metrics.decoder_layers(model)[:layers]:
+        for name, module in block.named_modules():
+            if not metrics.is_output_projection(name):
+                continue
+            base = getattr(module, "base_layer", module)
+            if any(p.requires_grad for p in base.parameters(recurse=False)):
+                continue  # a trained weight: its gradient needs the input, and a full fine-tune is not lean here
+            setattr(base, MARK, True)
+            if type(base) is nn.Linear:
+                base.forward = types.MethodType(_plain_forward, base)
+            marked += 1
+    return marked
+
+
+def marked(module: nn.Module) -> bool:
+    return bool(getattr(module, MARK, False))
