@@ -113,3 +113,34 @@ def test_its_speed_is_each_layers_policys_until_a_run_of_it_is_recorded():
                 "flops_per_token": 1.0e10, "flops_per_s": 4.0e14, "tokens_per_s": 30000.0, "world_size": 1}
     recorded = dataclasses.replace(p, records=[measured])
     assert "the rest at selective's rate" not in recorded.predict(_full(cand, 8, rest=True)).speed_source
+
+
+def test_the_store_files_an_auto_run_that_chose_it_under_its_class(tmp_path):
+    import json
+
+    config = {"schema_version": 1, "model": {"model": "tiny", "checkpointing": "auto"}, "method": {"method": "lora"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "result.json").write_text(json.dumps({
+        "status": "ok", "tokens_per_s": 1000.0, "flops_per_token": 1e6, "finished_at": "2026-12-05T00:00:00",
+        "method": "lora", "checkpointing_policy": "full", "checkpointed_layers": 1,
+        "checkpointing_auto": {"policy": "full", "layers": 1, "selective_rest": True}}))
+    record = calibration.run_record(tmp_path)
+    assert record["knobs"][REST] is True and calibration.class_key(record).options == ((REST, True),)
+
+
+def test_a_plan_pinned_without_it_lists_none_of_it():
+    from ftprof.config import RunConfig
+    from ftprof.plan.make import PlanRequest, make_plan
+
+    cfg = RunConfig.from_flat({"model": "tiny", "method": "lora", "seq_len": 64, "batch_size": 2,
+                               "selective_rest": False})
+    rows = make_plan(PlanRequest(cfg, ("lora",), pins=((REST, False),))).rows
+    assert rows and not any(r.candidate.option(REST) for r in rows)
+
+
+def test_the_closest_fit_advice_turns_it_off_where_every_layer_is_checkpointed():
+    from ftprof.plan.candidates import Candidate
+
+    asked = Candidate("lora", "full", 6, "eager", True, 4, 1, ((REST, True),))
+    every = Candidate("lora", "full", None, "eager", True, 4, 1)
+    assert budget.describe_change(asked, every) == "--no-selective-rest (all layers)"
