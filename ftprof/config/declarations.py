@@ -171,8 +171,6 @@ DECLARED: tuple[Declared, ...] = (
              excludes=(Excludes(When("method", ("full", "gptq-lora")), "{flag} is a LoRA and QLoRA option (a full "
                                 "fine-tune trains the weight it would leave out, GPTQ-LoRA's kernels are their own): "
                                 "leave it off with methods 'full' and 'gptq-lora'"),
-                       Excludes(When("fp8_base", (ON,)), "{flag} skips 16-bit base matmuls: {other}'s e4m3 ones are "
-                                "recomputed whole; leave one off"),
                        Excludes(When(SHARDED, (True,)), "{flag} is not tried under FSDP, which gathers each layer's "
                                 "weights around its forward: use --parallel ddp or leave it off"))),
     # full checkpointing's saved layer inputs held in pinned host memory (models/offload.py)

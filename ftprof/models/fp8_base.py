@@ -40,7 +40,7 @@ import types
 import torch
 from torch import nn
 
-from ftprof.models import dequant, dequant_kernels, fp8_kernels
+from ftprof.models import dequant, dequant_kernels, fp8_kernels, recompute
 from ftprof.models.fp8_kernels import E4M3_MAX, quantize_rows
 
 OWNER = "fp8"  # a converted linear's owner (models/dequant.py): the routing leaves it alone
@@ -113,7 +113,9 @@ def _weight_args(module: nn.Module) -> tuple:
 
 def _forward(self, x: torch.Tensor) -> torch.Tensor:
     flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)  # (autograd casts the gradient back to x's dtype)
-    if torch.compiler.is_compiling():
+    if recompute.marked(self):  # --lean-recompute's output projection: its recomputation skips the matmul
+        out = torch.ops.ftprof.fp8_output_linear(flat, *_weight_args(self))
+    elif torch.compiler.is_compiling():
         # traced: the input's quantization in torch ops, which inductor fuses into the kernel that made the input
         # (the norm, the SwiGLU product) and computes once for the projections of one input (q, k, v; gate, up);
         # eager, one op quantizes and multiplies (one dispatch, one Triton kernel)

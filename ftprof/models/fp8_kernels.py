@@ -37,7 +37,7 @@ import contextlib
 
 import torch
 
-from ftprof.models import dequant_kernels
+from ftprof.models import dequant_kernels, recompute
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -117,6 +117,10 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, transposed: torch.Tensor |
                shape: list[int]) -> torch.Tensor:
     """``x @ W^T`` in bf16 from rowwise-scaled e4m3 operands: ``x`` (tokens x in) quantized by rows, W's rows
     (``scale``: 1 x out). ``transposed`` and ``ones`` serve the backward (see ``fp8_linear_input_grad``)."""
+    return _fp8_matmul(x, weight, scale, quant, blocksize, blocksize2, shape)
+
+
+def _fp8_matmul(x, weight, scale, quant, blocksize: int, blocksize2: int, shape: list[int]) -> torch.Tensor:
     with _device(x):
         values, x_scale = _quantize_rows(x, None)
         weight_rows = rows(weight, quant, blocksize, blocksize2, shape)
@@ -126,6 +130,21 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, transposed: torch.Tensor |
 @fp8_linear.register_fake
 def _(x, weight, transposed, scale, ones, quant, blocksize, blocksize2, shape):
     return x.new_empty((x.shape[0], scale.shape[1]), dtype=torch.bfloat16)
+
+
+@torch.library.custom_op("ftprof::fp8_output_linear", mutates_args=())
+def fp8_output_linear(x: torch.Tensor, weight: torch.Tensor, transposed: torch.Tensor | None, scale: torch.Tensor,
+                      ones: torch.Tensor, quant: list[torch.Tensor], blocksize: int, blocksize2: int,
+                      shape: list[int]) -> torch.Tensor:
+    """``fp8_linear`` for a layer's output projection under --lean-recompute: opaque to compiled code as well, so
+    that the recomputation (the same compiled code) skips the matmul at run time (models/recompute.py)."""
+    if recompute.skips(x):
+        return recompute.skipped(x, scale.shape[1], torch.bfloat16)
+    return _fp8_matmul(x, weight, scale, quant, blocksize, blocksize2, shape)
+
+
+fp8_output_linear.register_fake(lambda x, weight, transposed, scale, *rest: x.new_empty(
+    (x.shape[0], scale.shape[1]), dtype=torch.bfloat16))
 
 
 @torch.library.custom_op("ftprof::fp8_linear_input_grad", mutates_args=())
@@ -227,4 +246,5 @@ def _traced_backward(ctx, grad):
 
 
 fp8_linear.register_autograd(_backward, setup_context=_setup_context)
+fp8_output_linear.register_autograd(_backward, setup_context=_setup_context)
 fp8_linear_quantized.register_autograd(_traced_backward, setup_context=_setup_context)

@@ -15,8 +15,9 @@ an opaque op, compiled layers call it at run time: the compiled graph is the sam
 recomputation, and so are the tensors it saves. A CUDA graph captures whatever ran at capture: under capture the
 op always multiplies.
 
-LoRA and QLoRA bases in 16 bits: nn.Linear and QLoRA's routed 4-bit linears (models/dequant.py, which calls
-``output_linear`` where a module is marked here). Not yet FP8 base matmuls (their ops trace into compiled code).
+LoRA and QLoRA bases: nn.Linear, QLoRA's routed 4-bit linears (models/dequant.py calls ``output_linear`` where a
+module is marked here) and --fp8-base's e4m3 matmul (``ftprof::fp8_output_linear``, kept opaque to compiled code
+for that projection alone, where the others' ops trace into it).
 """
 
 from __future__ import annotations
@@ -58,16 +59,21 @@ def _multiply(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return nn.functional.linear(x, weight)
 
 
+def skips(x: torch.Tensor) -> bool:
+    """Whether an output projection's op skips its matmul here: in the recomputation, unless a CUDA graph is being
+    captured (a graph would replay the skip in the forward too)."""
+    return recomputing() and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def skipped(x: torch.Tensor, out_features: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """What a skipped matmul returns: an uninitialised tensor of its output's shape (nothing reads it)."""
+    return x.new_empty((*x.shape[:-1], out_features), dtype=dtype or x.dtype)
+
+
 @torch.library.custom_op("ftprof::output_linear", mutates_args=())
 def output_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T``, except in the recomputation, where nothing reads it (uninitialised, of its shape)."""
-    if recomputing() and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return _skipped(x, weight)
-    return _multiply(x, weight)
-
-
-def _skipped(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+    """``x @ weight.T``, except in the recomputation, where nothing reads it."""
+    return skipped(x, weight.shape[0]) if skips(x) else _multiply(x, weight)
 
 
 @output_linear.register_fake
@@ -106,7 +112,7 @@ def attach(model, layers: int | None = None) -> int:
             if any(p.requires_grad for p in base.parameters(recurse=False)):
                 continue  # a trained weight: its gradient needs the input, and a full fine-tune is not lean here
             setattr(base, MARK, True)
-            if type(base) is nn.Linear:
+            if type(base) is nn.Linear and "forward" not in vars(base):  # (FP8's forward reads the mark itself)
                 base.forward = types.MethodType(_plain_forward, base)
             marked += 1
     return marked

@@ -66,6 +66,7 @@ FP8_PATHS = {
     "compile+selective": {"compile": True, "checkpointing": "selective"},
     "compile+selective-rest": {"compile": True, "checkpointing": "full", "checkpoint_layers": 8,
                                "selective_rest": True},
+    "compile+full+lean": {"compile": True, "checkpointing": "full", "lean_recompute": True},
 }
 FP8_LOSS = 0.02
 FP8_GRADIENTS = 0.4
