@@ -34,6 +34,11 @@ SEVERAL = "several_processes"  # more than one training process (DDP or FSDP ove
 METHOD_NAMES = {"full": "full", "lora": "LoRA", "qlora": "QLoRA", "gptq-lora": "GPTQ-LoRA"}
 
 
+def holds_all(when, values: Mapping[str, Any]) -> bool:
+    """A planner_avoid condition: one When, or a tuple of them that must all hold."""
+    return all(w.holds(values) for w in when) if isinstance(when, tuple) else when.holds(values)
+
+
 def is_on(value: Any) -> bool:
     return value is not None and value is not False and value != "" and value != 0
 
@@ -75,7 +80,9 @@ class Declared:
     word: str = ""  # its label word (report labels, the plan's rows); default: the name
     planner_values: tuple = ()  # the values the planner tries where it applies (empty: not a candidate option)
     planner_devices: tuple = ("cuda", "cpu")  # where the planner tries it (an option that only moves GPU memory: cuda)
-    planner_avoid: tuple = ()  # (When, value): a value the planner does not try where the When holds (measured bad)
+    # (When or a tuple of Whens, value): a value the planner does not try where the When holds (all of them): measured
+    # bad, or doing nothing there
+    planner_avoid: tuple = ()
     speed_class: bool = False  # runs with it on are calibrated apart (their rate differs by more than knobs' do)
     host_work: bool = False  # on, it adds host work per micro-batch: host floors are calibrated apart (plan/host.py)
     family: str = ""  # how a refusal names the methods it belongs to ("a lora option"); default: the methods
@@ -166,8 +173,10 @@ DECLARED: tuple[Declared, ...] = (
     # full checkpointing's recomputation without the output projection's base matmul (models/recompute.py): fewer
     # recomputed FLOPs, priced as such (plan/speed.py)
     Declared("lean_recompute", "model", frozenset({"speed"}), False, methods=("lora", "qlora"),
-             void_when=(When("checkpointing", ("none", "selective")),),
+             void_when=(When("checkpointing", ("none",)),),
              word="lean-recompute", planner_values=(False, True),
+             # compiled selective checkpointing never kept the projection's output: the same run, a second row
+             planner_avoid=(((When("checkpointing", ("selective",)), When("compile", (True,))), True),),
              excludes=(Excludes(When("method", ("full", "gptq-lora")), "{flag} is a LoRA and QLoRA option (a full "
                                 "fine-tune trains the weight it would leave out, GPTQ-LoRA's kernels are their own): "
                                 "leave it off with methods 'full' and 'gptq-lora'"),

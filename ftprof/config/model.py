@@ -41,7 +41,8 @@ class ModelConfig:
     lean_recompute: bool = option(
         False, "with --checkpointing full: the recomputation skips each full-checkpointed layer's output projection "
         "(down_proj), whose output no tensor saved for backward depends on: 27% of a llama-8b layer's matmul FLOPs "
-        "recomputed less, the same gradients (LoRA and QLoRA, in 16 bits or with --fp8-base)")
+        "recomputed less; with selective, uncompiled: that output is no longer kept. The same gradients (LoRA and "
+        "QLoRA, in 16 bits or with --fp8-base)")
     offload_checkpoints: bool = option(
         False, "with --checkpointing full: the checkpointed decoder layers' inputs (all full checkpointing keeps) "
         "wait for backward in pinned host memory, copied off and back on a side CUDA stream that overlaps compute, "

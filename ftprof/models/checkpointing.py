@@ -122,15 +122,18 @@ def _output_bytes(op, args) -> int:
 
 
 def apply_policy(model, policy: str, selective: SelectivePolicy | None = None, layers: int | None = None,
-                 offload: bool = False, selective_rest: bool = False, lean: bool = False) -> None:
+                 offload: bool = False, selective_rest: bool = False, lean: bool = False,
+                 compiled: bool = False) -> None:
     """Set ``model``'s checkpointing to ``policy`` (none, full or selective), on HF models and PEFT wrappers; with
     ``layers``, on the first ``layers`` decoder layers only, the others keeping their activations or, with
     ``selective_rest`` (full only), selective-checkpointed by ``selective``; with ``offload`` (full only), the
-    full-checkpointed layers' inputs are kept in host memory; with ``lean`` (full only), their recomputation
-    skips the output projection's base matmul (models/recompute.py)."""
-    if (offload or lean) and policy != "full":
-        raise ValueError(f"{'offloading checkpointed layer inputs' if offload else 'a lean recomputation'} needs "
-                         f"full checkpointing, not {policy}")
+    full-checkpointed layers' inputs are kept in host memory; with ``lean``, the checkpointed layers' output
+    projection is neither recomputed nor, under selective, saved (models/recompute.py; ``compiled``: the blocks
+    are to be compiled, whose selective checkpoints the compiler traces with selective's own contexts)."""
+    if offload and policy != "full":
+        raise ValueError(f"offloading checkpointed layer inputs needs full checkpointing, not {policy}")
+    if lean and policy == "none":
+        raise ValueError("a lean recomputation needs checkpointing")
     if selective_rest and (policy != "full" or layers is None):
         raise ValueError(f"a selective rest needs full checkpointing on part of the layers, not {policy} on {layers}")
     enabled = getattr(model, "is_activation_checkpointing", None) or getattr(model, "is_gradient_checkpointing",
@@ -140,8 +143,8 @@ def apply_policy(model, policy: str, selective: SelectivePolicy | None = None, l
             disable = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
             disable()
         return
-    kwargs = _checkpoint_kwargs(policy, selective)
-    if lean:  # the recomputation's context says when the output projection may skip its matmul
+    kwargs = _checkpoint_kwargs(policy, selective, lean and not compiled)
+    if lean and policy == "full":  # the recomputation's context says when the output projection may skip its matmul
         kwargs["context_fn"] = recompute.context_fn
     # transformers 5.24 renamed the method; PEFT wrappers forward either name to the base model.
     if hasattr(model, "activation_checkpointing_enable"):
@@ -149,25 +152,28 @@ def apply_policy(model, policy: str, selective: SelectivePolicy | None = None, l
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if layers is not None:
-        rest = functools.partial(torch.utils.checkpoint.checkpoint, **_checkpoint_kwargs("selective", selective)) \
-            if selective_rest else None
+        rest = functools.partial(torch.utils.checkpoint.checkpoint, **_checkpoint_kwargs(
+            "selective", selective, lean and not compiled)) if selective_rest else None
         for block in metrics.decoder_layers(model)[layers:]:
             if rest is None:
                 block.gradient_checkpointing = False  # the flag transformers' layer wrapper reads at each call
             else:
                 block._gradient_checkpointing_func = rest  # the function it calls the layer's forward through
-    if lean:
-        recompute.attach(model, layers)
+    if lean:  # the checkpointed layers: the first ``layers``, or all of them (a selective rest included)
+        recompute.attach(model, None if selective_rest else layers)
     if offload:
         offloading.attach(model, layers)  # after the layers' checkpoint function is set (enabling sets it anew)
 
 
-def _checkpoint_kwargs(policy: str, selective: SelectivePolicy | None) -> dict:
+def _checkpoint_kwargs(policy: str, selective: SelectivePolicy | None, lean: bool = False) -> dict:
     """torch checkpoint's arguments for a full or selective layer. Non-reentrant checkpointing needs no input-grad
-    trick for frozen embeddings (LoRA methods)."""
+    trick for frozen embeddings (LoRA methods). ``lean`` (eager selective): selective's contexts with the
+    recomputation's flag (models/recompute.py)."""
     kwargs: dict = {"use_reentrant": False}
     if policy == "selective":
         kwargs["context_fn"] = (selective or SelectivePolicy()).context_fn
+        if lean:
+            kwargs["context_fn"] = functools.partial(recompute.selective_contexts, kwargs["context_fn"])
         if "respect_saved_tensors_hooks" in inspect.signature(torch.utils.checkpoint.checkpoint).parameters:
             # torch >= 2.14 asks: SAC's cache stays out of saved-tensor hooks (SelectivePolicy counts it instead)
             kwargs["respect_saved_tensors_hooks"] = False
@@ -181,7 +187,8 @@ def is_selective(function) -> bool:
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     context = function.keywords.get("context_fn") if isinstance(function, functools.partial) else None
-    return isinstance(context, functools.partial) and context.func is create_selective_checkpoint_contexts
+    return isinstance(context, functools.partial) and context.func in (create_selective_checkpoint_contexts,
+                                                                       recompute.selective_contexts)
 
 
 def selective_layers(model) -> int:

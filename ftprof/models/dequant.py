@@ -78,7 +78,7 @@ def route(blocks: list[nn.Module], kept: int, dequantizer: str = "bitsandbytes")
             keep = index < kept
             module.__dict__.pop("forward", None)  # back to Linear4bit.forward before choosing again
             other = dequantizer != "bitsandbytes" and (keep or module.bias is None)  # (biased, not kept: bnb's)
-            if keep or other:
+            if keep or other or recompute.marked(module):  # (--lean-recompute's output projection: its own op)
                 module.forward = types.MethodType(_forward(keep, dequantizer), module)
             keeping += keep
             rerouted += other
@@ -108,7 +108,11 @@ class _DequantizeAgain(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, module, dequantizer):
         ctx.module, ctx.dequantizer = module, dequantizer
-        return nn.functional.linear(x, dequantize(module, dequantizer).to(x.dtype))
+        weight = dequantize(module, dequantizer).to(x.dtype)
+        if recompute.marked(module):  # --lean-recompute's output projection: its own op, which selective does not
+            # save and the recomputation skips (the same ops in the same order: selective replays them by count)
+            return recompute.output_linear(x, weight)
+        return nn.functional.linear(x, weight)
 
     @staticmethod
     def backward(ctx, grad_out):

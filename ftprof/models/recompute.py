@@ -51,8 +51,22 @@ def _recomputation():
 
 
 def context_fn():
-    """torch checkpoint's ``context_fn``: (the forward's context, the recomputation's)."""
+    """torch checkpoint's ``context_fn`` for full checkpointing: (the forward's context, the recomputation's)."""
     return contextlib.nullcontext(), _recomputation()
+
+
+def selective_contexts(selective_fn):
+    """Selective checkpointing's contexts (``selective_fn()``) with the recomputation's flag added to its
+    recomputation: eager runs only (the compiler traces selective's own ``context_fn``, and under it no output
+    projection is recomputed anyway: it is not saved, and nothing backward reads is computed from it)."""
+    forward, recomputation = selective_fn()
+    return forward, _both(recomputation, _recomputation())
+
+
+@contextlib.contextmanager
+def _both(first, second):
+    with first, second:
+        yield
 
 
 def _multiply(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -101,8 +115,11 @@ def _plain_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 def attach(model, layers: int | None = None) -> int:
     """Mark the frozen base linear of the output projection of each of the first ``layers`` decoder layers (all by
-    default: the full-checkpointed ones), routing a plain linear's forward through ``output_linear`` (QLoRA's 4-bit
-    linears read the mark in models/dequant.py). Returns how many were marked."""
+    default: the checkpointed ones), routing a plain linear's forward through ``output_linear`` (QLoRA's 4-bit
+    linears and FP8's read the mark in models/dequant.py and models/fp8_base.py). Under eager selective
+    checkpointing an op of its own is not one selective saves (models/checkpointing.py saves aten's and ftprof's
+    other matmuls): the projection's output, which backward never reads, is no longer kept (compiled, the
+    partitioner never kept it). Returns how many were marked."""
     marked = 0
     for block in metrics.decoder_layers(model)[:layers]:
         for name, module in block.named_modules():

@@ -99,7 +99,7 @@ def option_sets(method: str, kernels: str, compiled: bool, cuda: bool, capabilit
     for d in declarations.planner_options(values, capability if cuda else None):
         if ("cuda" if cuda else "cpu") not in d.planner_devices:
             continue
-        avoided = {value for when, value in d.planner_avoid if when.holds(values)}
+        avoided = {value for when, value in d.planner_avoid if declarations.holds_all(when, values)}
         tried = [v for v in d.planner_values if (cuda or not d.needs_cuda(v)) and v not in avoided]
         choices.append([(d.name, v) for v in tried])
     out = []

@@ -104,6 +104,10 @@ def activations_per_token(probe: ProbeResult, cand: Candidate, shape: Shape) -> 
     checkpointed = _checkpointed_layers(probe, cand)
     total = (outside.activations[policy] + checkpointed * layer.activations[policy]
              + (probe.layers - checkpointed) * layer.activations[rest_policy(cand)])
+    if cand.option("lean_recompute") and not cand.compile:
+        # eager selective no longer keeps the output projection's output (models/recompute.py); compiled, the
+        # partitioner never kept it (backward does not read it: the same saved bytes measured with and without)
+        total -= _selective_layers(probe, cand) * shape.layer_input_bytes_per_token
     if fuses_loss(cand.kernels):
         total += shape.fused_loss_bytes_per_token - outside.loss_activations
     elif compiled_loss(cand, shape):
@@ -196,6 +200,15 @@ def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: fl
         dynamic = max(activations + transients, grads)
     return MemoryPrediction(weights + state + dynamic, weights + grads + state, weights, grads, state, activations,
                             int(probed), activations / probed if probed else factor, transients)
+
+
+def _selective_layers(probe: ProbeResult, cand: Candidate) -> int:
+    """The decoder layers under selective checkpointing: all or the first N under selective, the rest under
+    --selective-rest."""
+    checkpointed = _checkpointed_layers(probe, cand)
+    if cand.checkpointing == "selective":
+        return checkpointed
+    return probe.layers - checkpointed if rest_policy(cand) == "selective" else 0
 
 
 def rest_policy(cand: Candidate) -> str:

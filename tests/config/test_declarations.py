@@ -111,6 +111,15 @@ def test_the_planner_avoids_cuda_graphs_where_they_failed():
     assert {(c.batch_size, c.grad_accum) for c in graphs} == {(4, 1), (2, 2), (1, 4)}
 
 
+def test_the_planner_tries_a_lean_recomputation_where_it_does_something():
+    """Under full checkpointing, and under eager selective (compiled selective never kept what it leaves out: the
+    same run twice); never without checkpointing."""
+    lean = {(c.checkpointing, c.compile) for c in enumerate_candidates(["qlora"], 4, 4, 1, cuda=True,
+                                                                       capability=(9, 0))
+            if dict(c.options).get("lean_recompute")}
+    assert lean == {("full", False), ("full", True), ("selective", False)}
+
+
 def test_a_candidate_is_the_configuration_it_names():
     cand = Candidate("qlora", "full", 2, "liger", True, 4, 1, (("compile_mode", "reduce-overhead"), ("fp8_base", True)))
     assert of_config(RunConfig.from_flat({**cand.flat(), "model": "tiny"})) == cand

@@ -31,6 +31,7 @@ FAST_PATHS = {
     # the recomputation without down_proj's base matmul (--lean-recompute): the same bits as full checkpointing
     "full+lean": {"checkpointing": "full", "lean_recompute": True},
     "compile+full+lean": {"compile": True, "checkpointing": "full", "lean_recompute": True},
+    "selective+lean": {"checkpointing": "selective", "lean_recompute": True},  # eager: the output not kept
     # full on the first 8 layers, selective on the other 8 (--selective-rest): each compiled as its policy is
     "selective-rest": {"checkpointing": "full", "checkpoint_layers": 8, "selective_rest": True},
     "compile+selective-rest": {"compile": True, "checkpointing": "full", "checkpoint_layers": 8,

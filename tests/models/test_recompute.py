@@ -54,11 +54,12 @@ def test_the_gradients_are_the_same_bits_and_the_recomputation_skips_the_matmul(
     assert lean.keys() == plain.keys() and all(torch.equal(lean[n], g) for n, g in plain.items())
 
 
-def test_only_the_full_checkpointed_layers_are_marked(tmp_path):
-    _, built = _grads("lora", tmp_path, checkpoint_layers=1, selective_rest=True, lean_recompute=True)
+@pytest.mark.parametrize("rest, expected", [(False, [["mlp.down_proj.base_layer"], []]),
+                                            (True, [["mlp.down_proj.base_layer"], ["mlp.down_proj.base_layer"]])])
+def test_only_the_checkpointed_layers_are_marked(tmp_path, rest, expected):
+    _, built = _grads("lora", tmp_path, checkpoint_layers=1, selective_rest=rest, lean_recompute=True)
     first, second = metrics.decoder_layers(built.model)
-    marked = [[n for n, m in block.named_modules() if recompute.marked(m)] for block in (first, second)]
-    assert marked == [["mlp.down_proj.base_layer"], []]
+    assert [[n for n, m in block.named_modules() if recompute.marked(m)] for block in (first, second)] == expected
 
 
 def test_the_recomputed_flops_leave_the_output_projection_out(tmp_path):
@@ -109,3 +110,64 @@ def test_the_planner_prices_fewer_recomputed_flops():
 def test_other_methods_are_refused(tmp_path, capsys):
     assert_train_refuses(tmp_path, capsys, "full", ["--lean-recompute", "--checkpointing", "full"],
                          "--lean-recompute is a LoRA and QLoRA option")
+
+
+@pytest.mark.parametrize("method, flat", [("lora", {}), ("qlora", {}), ("lora", {"fp8_base": True})])
+def test_under_selective_the_output_is_not_kept_and_the_gradients_are_the_same_bits(method, flat, tmp_path, skips):
+    """Selective saved every matmul's output, the output projection's too, which backward never reads."""
+    from ftprof.profiling.memory import SavedActivations
+
+    kept, grads = {}, {}
+    for lean in (False, True):
+        cfg = tiny_config(tmp_path / str(lean), method, checkpointing="selective", seq_len=32, batch_size=2,
+                          lean_recompute=lean, **flat)
+        plan, built = build_run(cfg)
+        ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+        built.selective.start_counting()
+        with SavedActivations(built.model) as saved:
+            loss = built.model(input_ids=ids, labels=ids).loss
+        kept[lean] = saved.bytes + built.selective.stop_counting()
+        loss.backward()
+        grads[lean] = {n: p.grad.clone() for n, p in built.model.named_parameters() if p.grad is not None}
+    hidden, layers = built.model.config.hidden_size, len(metrics.decoder_layers(built.model))
+    width = 2 if flat else 4  # (FP8's matmul writes bf16; the tiny runs are fp32 on the CPU)
+    assert kept[False] - kept[True] == layers * 2 * 32 * hidden * width
+    assert len(skips) == layers  # eager: the recomputation skips it
+    assert grads[True].keys() == grads[False].keys()
+    assert all(torch.equal(grads[True][n], g) for n, g in grads[False].items())
+
+
+@pytest.mark.slow
+def test_compiled_selective_computes_the_same_and_keeps_what_it_kept(tmp_path):
+    """Compiled, selective's policy is traced with the blocks, and the compiler's partitioner keeps only what
+    backward reads: it never kept the projection's output (the eager gain alone), with the option or without."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    runs = {lean: ftprof.train(tiny_config(tmp_path / str(lean), "lora", checkpointing="selective", compile=True,
+                                           max_steps=3, seq_len=64, lean_recompute=lean)) for lean in (False, True)}
+    assert all(r.status == "ok" for r in runs.values())
+    if runs[True].compile.outcome.compiled:  # (a CPU without a C++ compiler runs eager, and says so)
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        saved = {k: r.memory.memory_breakdown.activations_saved for k, r in runs.items()}
+        assert saved[True] == saved[False], saved
+        assert runs[True].throughput.loss_last == pytest.approx(runs[False].throughput.loss_last, rel=1e-5)
+
+
+def test_the_planner_sizes_eager_selective_without_the_projections_output():
+    from ftprof.config import RunConfig
+    from ftprof.models.source import resolve_model_source
+    from ftprof.plan.candidates import of_config
+    from ftprof.plan.predict import Planner, Target
+
+    cfg = RunConfig.from_flat({"model": "tiny", "method": "lora", "seq_len": 64, "batch_size": 2,
+                               "checkpointing": "selective", "lean_recompute": True})
+    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("float32", preset=True))
+    p = Planner(cfg, resolve_model_source("tiny"), "float32", Target("cpu"), [])
+    lean = of_config(cfg)
+    plain = dataclasses.replace(lean, options=())
+    saved = {c: p.predict(c).activation_bytes for c in (lean, plain)}
+    hidden = p.source.config.hidden_size
+    assert saved[plain] - saved[lean] == pytest.approx(p.layer_count * 2 * 64 * hidden * 4, rel=1e-6)
+    compiled = [dataclasses.replace(c, compile=True) for c in (lean, plain)]
+    assert p.predict(compiled[0]).activation_bytes == p.predict(compiled[1]).activation_bytes
