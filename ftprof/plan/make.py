@@ -160,15 +160,26 @@ def _fewest_layers(p: Planner, pool: list[Candidate], budget_bytes: int) -> list
     none: faster than selective on all, and than full on fewer layers in the same memory, as selective costs less
     per GiB it saves). Only from the pool's candidates of that policy: their options are those the declarations
     allow under it (CUDA graphs are not under full, say), where none's may not be."""
-    out = []
+    out, counts = [], {}
     for cand in {dataclasses.replace(c, checkpoint_layers=None) for c in pool
                  if c.checkpointing in ("full", "selective")}:
         ways = [cand] + ([budget.with_offload(cand, budget.REST)] if budget.rest_applies(cand) else [])
         for way in ways:
-            layers = budget.fewest_layers(p, way, budget_bytes, cand.checkpointing)
-            if layers is not None:
-                out.append(dataclasses.replace(way, checkpoint_layers=layers))
+            same = _same_memory(way)
+            if same not in counts:
+                counts[same] = budget.fewest_layers(p, same, budget_bytes, cand.checkpointing)
+            if counts[same] is not None:
+                out.append(dataclasses.replace(way, checkpoint_layers=counts[same]))
     return sorted(out, key=lambda c: c.label)
+
+
+def _same_memory(cand: Candidate) -> Candidate:
+    """``cand`` without --lean-recompute where it saves the same tensors (full checkpointing's layers, and compiled
+    selective: plan/memory.py): the fewest layers that fit are the same, searched once."""
+    selective_eager = not cand.compile and (cand.checkpointing == "selective" or cand.option(budget.REST))
+    if selective_eager or not cand.option("lean_recompute"):
+        return cand
+    return dataclasses.replace(cand, options=tuple(o for o in cand.options if o[0] != "lean_recompute"))
 
 
 def _row(p: Planner, cand: Candidate, budget_bytes: int) -> Row:
