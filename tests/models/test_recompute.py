@@ -12,6 +12,7 @@ import ftprof
 from ftprof import metrics
 from ftprof.models import recompute
 from tests.conftest import assert_train_refuses, build_run, tiny_config
+from tests.tolerances import COMPILED_LOSS
 
 
 @pytest.fixture
@@ -79,11 +80,10 @@ def test_compiled_the_same_numbers_and_the_recomputation_skips_at_run_time(tmp_p
     lean = ftprof.train(tiny_config(tmp_path / "c", "lora", checkpointing="full", compile=True, max_steps=3,
                                     lean_recompute=True, **flat))
     assert lean.status == "ok" and skips
-    plain = ftprof.train(tiny_config(tmp_path / "p", "lora", checkpointing="full", compile=True, max_steps=3,
-                                     **flat))
-    assert plain.status == "ok"
+    eager = ftprof.train(tiny_config(tmp_path / "e", "lora", checkpointing="full", max_steps=3, **flat))
+    assert eager.status == "ok"
     if lean.compile.outcome.compiled:  # (a CPU without a C++ compiler runs eager, and says so)
-        assert lean.throughput.loss_last == plain.throughput.loss_last
+        assert lean.throughput.loss_last == pytest.approx(eager.throughput.loss_last, rel=COMPILED_LOSS)
 
 
 def test_the_planner_prices_fewer_recomputed_flops():
