@@ -82,16 +82,9 @@ def rest_applies(cand: Candidate) -> bool:
     under full, where the declarations refuse nothing of it, and not under the CUDA-graph modes the planner avoids
     under checkpointing (config/declarations.py)."""
     d = declarations.BY_NAME[REST]
-    values = {**dict(cand.options), "method": cand.method, "kernels": cand.kernels, "compile": cand.compile,
-              "checkpointing": cand.checkpointing, "checkpoint_layers": 1, REST: True}
+    values = {**cand.values(), "checkpoint_layers": 1, REST: True}
     graphs = cand.compile and cand.option("compile_mode") in CUDA_GRAPH_MODES
     return cand.checkpointing == "full" and d.applies(values) and not graphs and not declarations.problems(values)
-
-
-def with_offload(cand: Candidate, name: str = OFFLOAD) -> Candidate:
-    """``cand`` with --offload-checkpoints (or another memory option ``name``) on, the options sorted as of_config
-    makes them."""
-    return dataclasses.replace(cand, options=tuple(sorted({**dict(cand.options), name: True}.items())))
 
 
 def offload_applies(planner: Planner, cand: Candidate, name: str = OFFLOAD) -> bool:
@@ -104,9 +97,8 @@ def offload_applies(planner: Planner, cand: Candidate, name: str = OFFLOAD) -> b
         return False
     if name == EMBED and not planner.host_embedding_bytes:
         return False
-    values = {**planner.cfg.declared_values(), **dict(cand.options), "method": cand.method, "kernels": cand.kernels,
-              "compile": cand.compile, "checkpointing": cand.checkpointing,
-              declarations.SHARDED: planner.target.shards, declarations.SEVERAL: planner.target.world_size > 1}
+    values = {**planner.cfg.declared_values(), **cand.values(), declarations.SHARDED: planner.target.shards,
+              declarations.SEVERAL: planner.target.world_size > 1}
     if not d.applies({**values, name: True}):
         return False
     without = set(declarations.problems({**values, name: False}))
@@ -116,11 +108,11 @@ def offload_applies(planner: Planner, cand: Candidate, name: str = OFFLOAD) -> b
 def memory_variants(planner: Planner, cand: Candidate, names: tuple[str, ...]) -> list[Candidate]:
     """``cand``, then with each applicable memory option of ``names`` on, then with all of them."""
     names = tuple(n for n in names if offload_applies(planner, cand, n))
-    out = [cand] + [with_offload(cand, n) for n in names]
+    out = [cand] + [cand.with_option(n) for n in names]
     if len(names) > 1:
         both = cand
         for n in names:
-            both = with_offload(both, n)
+            both = both.with_option(n)
         out.append(both)
     return out
 
@@ -173,7 +165,7 @@ def full_ways(planner: Planner, full: Candidate, budget: int) -> list[tuple[Cand
     then (where auto may try them) with the layer inputs, the embedding table or both in host memory."""
     out = []
     for base in memory_variants(planner, full, (OFFLOAD, EMBED)):
-        for way in [base] + ([with_offload(base, REST)] if rest_applies(base) else []):
+        for way in [base] + ([base.with_option(REST)] if rest_applies(base) else []):
             layers = fewest_layers(planner, way, budget)
             if layers is None and way.option(REST):  # a selective rest needs full on part of the layers
                 continue
@@ -258,8 +250,7 @@ def _neighbours(planner: Planner, cand: Candidate, methods: tuple[str, ...]) -> 
     policies = POLICIES
 
     def variant(**changes) -> Candidate:  # (all layers: a selective rest needs a layer count)
-        options = tuple(o for o in cand.options if o[0] != REST)
-        return dataclasses.replace(cand, checkpoint_layers=None, options=options, **changes)
+        return dataclasses.replace(cand.without(REST), checkpoint_layers=None, **changes)
 
     def ways(group: list[Candidate]) -> list[Candidate]:
         return [way for c in group for way in memory_variants(planner, c, (OFFLOAD, EMBED))]

@@ -51,6 +51,19 @@ class Candidate:
         """Any option's value in this candidate: its own fields (checkpointing, kernels, ...) or a declared one."""
         return getattr(self, name) if name in FIELDS else self.option(name)
 
+    def values(self) -> dict:
+        """The option values the declarations read (config/declarations.py): its declared options and fields."""
+        return {**dict(self.options), "method": self.method, "kernels": self.kernels, "compile": self.compile,
+                "checkpointing": self.checkpointing, "checkpoint_layers": self.checkpoint_layers}
+
+    def with_option(self, name: str, value=True) -> Candidate:
+        """This candidate with a declared option set, the options sorted as of_config makes them."""
+        return dataclasses.replace(self, options=tuple(sorted({**dict(self.options), name: value}.items())))
+
+    def without(self, name: str) -> Candidate:
+        """This candidate with a declared option back at its default."""
+        return dataclasses.replace(self, options=tuple(o for o in self.options if o[0] != name))
+
     @property
     def label(self) -> str:
         ckpt = self.checkpointing if self.checkpoint_layers is None else \
@@ -159,8 +172,7 @@ def pinned(pool: list[Candidate], pins: Mapping[str, Any]) -> list[Candidate]:
     if layers is not None:
         pool = [dataclasses.replace(c, checkpoint_layers=layers) for c in pool if c.checkpointing == "full"]
         if pins.get(REST):  # (it needs the layer count: the pool never lists it)
-            pool = [dataclasses.replace(c, options=tuple(sorted({**dict(c.options), REST: True}.items())))
-                    for c in pool]
+            pool = [c.with_option(REST) for c in pool]
     return [c for c in dict.fromkeys(pool) if all(c.value(name) == value for name, value in pins.items())]
 
 

@@ -163,7 +163,7 @@ def _fewest_layers(p: Planner, pool: list[Candidate], budget_bytes: int) -> list
     out, counts = [], {}
     for cand in {dataclasses.replace(c, checkpoint_layers=None) for c in pool
                  if c.checkpointing in ("full", "selective")}:
-        ways = [cand] + ([budget.with_offload(cand, budget.REST)] if budget.rest_applies(cand) else [])
+        ways = [cand] + ([cand.with_option(budget.REST)] if budget.rest_applies(cand) else [])
         for way in ways:
             same = _same_memory(way)
             if same not in counts:
@@ -179,7 +179,7 @@ def _same_memory(cand: Candidate) -> Candidate:
     selective_eager = not cand.compile and (cand.checkpointing == "selective" or cand.option(budget.REST))
     if selective_eager or not cand.option("lean_recompute"):
         return cand
-    return dataclasses.replace(cand, options=tuple(o for o in cand.options if o[0] != "lean_recompute"))
+    return cand.without("lean_recompute")
 
 
 def _row(p: Planner, cand: Candidate, budget_bytes: int) -> Row:

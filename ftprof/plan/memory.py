@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ftprof.metrics import logits_gradient_bytes
-from ftprof.plan.candidates import Candidate
+from ftprof.plan.candidates import REST, Candidate
 from ftprof.plan.probe import ProbeResult, gptq_bytes, nf4_bytes
 
 
@@ -215,7 +215,7 @@ def rest_policy(cand: Candidate) -> str:
     """The policy of the layers partial checkpointing leaves out: selective under --selective-rest (full on the
     first N layers), else none (they keep their activations)."""
     partial_full = cand.checkpointing == "full" and cand.checkpoint_layers is not None
-    return "selective" if partial_full and cand.option("selective_rest") else "none"
+    return "selective" if partial_full and cand.option(REST) else "none"
 
 
 def _checkpointed_layers(probe: ProbeResult, cand: Candidate) -> int:

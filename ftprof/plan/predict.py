@@ -55,10 +55,8 @@ class Planner:
 
     def predict(self, cand: Candidate) -> Prediction:
         result = self.probe(cand.method)
-        values = {**dict(cand.options), "method": cand.method, "kernels": cand.kernels, "compile": cand.compile,
-                  "checkpointing": cand.checkpointing, "checkpoint_layers": cand.checkpoint_layers}
         key = calibration.ClassKey(cand.method, cand.checkpointing, cand.kernels, cand.compile,
-                                   calibration.speed_class_options(values))
+                                   calibration.speed_class_options(cand.values()))
         # Speed-class options save what the base class saves (FP8 base matmuls: neither keeps its input for a frozen
         # weight, 44.00 against 43.99 GiB allocated, QLoRA on an H200): the base class's activation factor serves
         micro_tokens = cand.batch_size * self.cfg.data.seq_len

@@ -37,7 +37,7 @@ def _planner(model, target=H200):
 
 def _none(p, cand, embed=False):
     none = dataclasses.replace(cand, checkpointing="none")
-    return p.predict(budget.with_offload(none, budget.EMBED) if embed else none).peak_bytes
+    return p.predict(none.with_option(budget.EMBED) if embed else none).peak_bytes
 
 
 def test_auto_keeps_no_checkpointing_with_the_table_on_the_host(models):

@@ -42,7 +42,7 @@ def _planner(deep, target=H200, **flat):
 
 def _peak(p, cand, layers=None, offload=False):
     full = dataclasses.replace(cand, checkpointing="full", checkpoint_layers=layers)
-    return p.predict(budget.with_offload(full) if offload else full).peak_bytes
+    return p.predict(full.with_option(budget.OFFLOAD) if offload else full).peak_bytes
 
 
 def _auto(p, cand, budget_bytes):

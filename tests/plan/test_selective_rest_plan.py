@@ -35,7 +35,7 @@ def _planner(model, target=H200, **flat):
 
 def _full(cand, layers=None, rest=False):
     cand = dataclasses.replace(cand, checkpointing="full", checkpoint_layers=layers)
-    return budget.with_offload(cand, REST) if rest else cand
+    return cand.with_option(REST) if rest else cand
 
 
 def test_the_rest_is_sized_at_selectives_activations(deep):
