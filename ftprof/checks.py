@@ -110,16 +110,20 @@ def _check_lora_targets(cfg: RunConfig) -> None:
 
 def _check_model_shape(cfg: RunConfig) -> None:
     """Options bounded by the model's shape, where it is known without torch (a preset, a local config.json)."""
-    layers = decoder_layers(cfg.model.model)
+    check_layer_count(cfg, decoder_layers(cfg.model.model))
+    limit = max_positions(cfg.model.model)
+    if limit is not None and cfg.data.seq_len > limit:
+        raise ConfigError(f"--seq-len {cfg.data.seq_len} exceeds the {limit} positions of model '{cfg.model.model}'")
+
+
+def check_layer_count(cfg: RunConfig, layers: int | None) -> None:
+    """The options bounded by the model's decoder layers (``layers``; None where not known yet)."""
     if cfg.model.checkpoint_layers is not None and layers and cfg.model.checkpoint_layers > layers:
         raise ConfigError(f"--checkpoint-layers {cfg.model.checkpoint_layers}: '{cfg.model.model}' has {layers} "
                           "decoder layers")
     if cfg.model.selective_rest and layers and (cfg.model.checkpoint_layers or 0) >= layers:
         raise ConfigError(f"--selective-rest: --checkpoint-layers {cfg.model.checkpoint_layers} covers all of "
                           f"'{cfg.model.model}''s {layers} decoder layers, leaving none to be selective")
-    limit = max_positions(cfg.model.model)
-    if limit is not None and cfg.data.seq_len > limit:
-        raise ConfigError(f"--seq-len {cfg.data.seq_len} exceeds the {limit} positions of model '{cfg.model.model}'")
 
 
 def _check_profiling(cfg: RunConfig) -> None:

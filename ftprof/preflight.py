@@ -10,7 +10,7 @@ import dataclasses
 import importlib.util
 import math
 
-from ftprof.checks import check_packages, cuda_only_problem
+from ftprof.checks import check_layer_count, check_packages, cuda_only_problem
 from ftprof.config import RunConfig
 from ftprof.config.evaluation import eval_data_config
 from ftprof.data import check_dataset
@@ -171,13 +171,7 @@ def _check_device(cfg: RunConfig, device) -> None:
 def _check_model_options(cfg: RunConfig, source: ModelSource, device) -> None:
     """Options the model and the device must allow: checkpointed layers, the attention backend, fused kernels,
     the Triton dequantization kernel."""
-    layers = getattr(source.config, "num_hidden_layers", None)
-    if cfg.model.checkpoint_layers is not None and layers and cfg.model.checkpoint_layers > layers:
-        raise ConfigError(f"--checkpoint-layers {cfg.model.checkpoint_layers}: '{cfg.model.model}' has {layers} "
-                          "decoder layers")
-    if cfg.model.selective_rest and layers and (cfg.model.checkpoint_layers or 0) >= layers:
-        raise ConfigError(f"--selective-rest: --checkpoint-layers {cfg.model.checkpoint_layers} covers all of "
-                          f"'{cfg.model.model}''s {layers} decoder layers, leaving none to be selective")
+    check_layer_count(cfg, getattr(source.config, "num_hidden_layers", None))
     if cfg.model.sdpa_backend != "auto":
         from ftprof.models.attention import check_backend
 

@@ -143,9 +143,7 @@ def apply_policy(model, policy: str, selective: SelectivePolicy | None = None, l
             disable = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
             disable()
         return
-    kwargs = _checkpoint_kwargs(policy, selective, lean and not compiled)
-    if lean and policy == "full":  # the recomputation's context says when the output projection may skip its matmul
-        kwargs["context_fn"] = recompute.context_fn
+    kwargs = _checkpoint_kwargs(policy, selective, lean, compiled)
     # transformers 5.24 renamed the method; PEFT wrappers forward either name to the base model.
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
@@ -153,7 +151,7 @@ def apply_policy(model, policy: str, selective: SelectivePolicy | None = None, l
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if layers is not None:
         rest = functools.partial(torch.utils.checkpoint.checkpoint, **_checkpoint_kwargs(
-            "selective", selective, lean and not compiled)) if selective_rest else None
+            "selective", selective, lean, compiled)) if selective_rest else None
         for block in metrics.decoder_layers(model)[layers:]:
             if rest is None:
                 block.gradient_checkpointing = False  # the flag transformers' layer wrapper reads at each call
@@ -165,14 +163,18 @@ def apply_policy(model, policy: str, selective: SelectivePolicy | None = None, l
         offloading.attach(model, layers)  # after the layers' checkpoint function is set (enabling sets it anew)
 
 
-def _checkpoint_kwargs(policy: str, selective: SelectivePolicy | None, lean: bool = False) -> dict:
+def _checkpoint_kwargs(policy: str, selective: SelectivePolicy | None, lean: bool = False,
+                       compiled: bool = False) -> dict:
     """torch checkpoint's arguments for a full or selective layer. Non-reentrant checkpointing needs no input-grad
-    trick for frozen embeddings (LoRA methods). ``lean`` (eager selective): selective's contexts with the
-    recomputation's flag (models/recompute.py)."""
+    trick for frozen embeddings (LoRA methods). ``lean``: the recomputation's context says when the output
+    projection may skip its matmul (models/recompute.py): full's own, or added to selective's where the blocks run
+    eager (``compiled``: the compiler traces selective's contexts as they are)."""
     kwargs: dict = {"use_reentrant": False}
+    if policy == "full" and lean:
+        kwargs["context_fn"] = recompute.context_fn
     if policy == "selective":
         kwargs["context_fn"] = (selective or SelectivePolicy()).context_fn
-        if lean:
+        if lean and not compiled:
             kwargs["context_fn"] = functools.partial(recompute.selective_contexts, kwargs["context_fn"])
         if "respect_saved_tensors_hooks" in inspect.signature(torch.utils.checkpoint.checkpoint).parameters:
             # torch >= 2.14 asks: SAC's cache stays out of saved-tensor hooks (SelectivePolicy counts it instead)

@@ -91,10 +91,8 @@ def _forward(keep: bool, dequantizer: str):
         if keep:  # plain autograd saves the dequantized weight for the input gradient
             bias = None if self.bias is None else self.bias.to(dtype)
             weight = dequantize(self, dequantizer).to(dtype)
-            if recompute.marked(self):  # --lean-recompute's output projection: the same saved weight
-                out = recompute.output_linear(x.to(dtype), weight)
-                return (out if bias is None else out + bias).to(x.dtype)
-            return nn.functional.linear(x.to(dtype), weight, bias).to(x.dtype)
+            # (--lean-recompute's output projection through its own op: the same saved weight)
+            return recompute.linear(self, x.to(dtype), weight, bias).to(x.dtype)
         if self.bias is not None:  # (decoder linears of the supported models have none)
             return type(self).forward(self, x)
         return _DequantizeAgain.apply(x.to(dtype), self, dequantizer).to(x.dtype)
@@ -108,11 +106,9 @@ class _DequantizeAgain(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, module, dequantizer):
         ctx.module, ctx.dequantizer = module, dequantizer
-        weight = dequantize(module, dequantizer).to(x.dtype)
-        if recompute.marked(module):  # --lean-recompute's output projection: its own op, which selective does not
-            # save and the recomputation skips (the same ops in the same order: selective replays them by count)
-            return recompute.output_linear(x, weight)
-        return nn.functional.linear(x, weight)
+        # --lean-recompute's output projection goes through its own op, which selective does not save and the
+        # recomputation skips (the same ops in the same order: selective replays them by count)
+        return recompute.linear(module, x, dequantize(module, dequantizer).to(x.dtype))
 
     @staticmethod
     def backward(ctx, grad_out):

@@ -128,7 +128,7 @@ def _fp8_matmul(x, weight, scale, quant, blocksize: int, blocksize2: int, shape:
 
 
 @fp8_linear.register_fake
-def _(x, weight, transposed, scale, ones, quant, blocksize, blocksize2, shape):
+def _fake_linear(x, weight, transposed, scale, ones, quant, blocksize, blocksize2, shape):
     return x.new_empty((x.shape[0], scale.shape[1]), dtype=torch.bfloat16)
 
 
@@ -143,8 +143,7 @@ def fp8_output_linear(x: torch.Tensor, weight: torch.Tensor, transposed: torch.T
     return _fp8_matmul(x, weight, scale, quant, blocksize, blocksize2, shape)
 
 
-fp8_output_linear.register_fake(lambda x, weight, transposed, scale, *rest: x.new_empty(
-    (x.shape[0], scale.shape[1]), dtype=torch.bfloat16))
+fp8_output_linear.register_fake(_fake_linear)
 
 
 @torch.library.custom_op("ftprof::fp8_linear_input_grad", mutates_args=())

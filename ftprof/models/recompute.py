@@ -92,7 +92,7 @@ def output_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 @output_linear.register_fake
 def _(x, weight):
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+    return skipped(x, weight.shape[0])
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -107,10 +107,17 @@ def _backward(ctx, grad_out):
 output_linear.register_autograd(_backward, setup_context=_setup_context)
 
 
+def linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``module``'s matmul: through ``output_linear`` where it is marked, else a plain linear."""
+    if not marked(module):
+        return nn.functional.linear(x, weight, bias)
+    out = output_linear(x, weight)
+    return out if bias is None else out + bias
+
+
 def _plain_forward(self, x: torch.Tensor) -> torch.Tensor:
-    """A frozen nn.Linear's forward through ``output_linear``."""
-    out = output_linear(x, self.weight)
-    return out if self.bias is None else out + self.bias
+    """A frozen nn.Linear's forward, marked: through ``output_linear``."""
+    return linear(self, x, self.weight, self.bias)
 
 
 def attach(model, layers: int | None = None) -> int:

@@ -86,20 +86,25 @@ def test_compiled_the_same_numbers_and_the_recomputation_skips_at_run_time(tmp_p
         assert lean.throughput.loss_last == pytest.approx(eager.throughput.loss_last, rel=COMPILED_LOSS)
 
 
-def test_the_planner_prices_fewer_recomputed_flops():
+def _lean_and_plain(checkpointing: str, dtype: str):
+    """A CPU planner for the tiny preset, and its candidate with --lean-recompute and without."""
     from ftprof.config import RunConfig
     from ftprof.models.source import resolve_model_source
-    from ftprof.plan import speed
     from ftprof.plan.candidates import of_config
     from ftprof.plan.predict import Planner, Target
 
     cfg = RunConfig.from_flat({"model": "tiny", "method": "lora", "seq_len": 64, "batch_size": 2,
-                               "checkpointing": "full", "lean_recompute": True})
-    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("bfloat16", preset=True))
-    p = Planner(cfg, resolve_model_source("tiny"), "bfloat16", Target("cpu"), [])
+                               "checkpointing": checkpointing, "lean_recompute": True})
+    cfg = dataclasses.replace(cfg, method=cfg.method.resolved(dtype, preset=True))
     lean = of_config(cfg)
     assert lean.option("lean_recompute") is True
-    plain = dataclasses.replace(lean, options=())
+    return Planner(cfg, resolve_model_source("tiny"), dtype, Target("cpu"), []), lean, lean.without("lean_recompute")
+
+
+def test_the_planner_prices_fewer_recomputed_flops():
+    from ftprof.plan import speed
+
+    p, lean, plain = _lean_and_plain("full", "bfloat16")
     probe = p.probe("lora")
     flops = {c: speed.flops_per_token(probe, c, 64, p.attn_dim) for c in (lean, plain)}
     assert flops[lean].model == flops[plain].model
@@ -155,17 +160,7 @@ def test_compiled_selective_computes_the_same_and_keeps_what_it_kept(tmp_path):
 
 
 def test_the_planner_sizes_eager_selective_without_the_projections_output():
-    from ftprof.config import RunConfig
-    from ftprof.models.source import resolve_model_source
-    from ftprof.plan.candidates import of_config
-    from ftprof.plan.predict import Planner, Target
-
-    cfg = RunConfig.from_flat({"model": "tiny", "method": "lora", "seq_len": 64, "batch_size": 2,
-                               "checkpointing": "selective", "lean_recompute": True})
-    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("float32", preset=True))
-    p = Planner(cfg, resolve_model_source("tiny"), "float32", Target("cpu"), [])
-    lean = of_config(cfg)
-    plain = dataclasses.replace(lean, options=())
+    p, lean, plain = _lean_and_plain("selective", "float32")
     saved = {c: p.predict(c).activation_bytes for c in (lean, plain)}
     hidden = p.source.config.hidden_size
     assert saved[plain] - saved[lean] == pytest.approx(p.layer_count * 2 * 64 * hidden * 4, rel=1e-6)
