@@ -140,7 +140,7 @@ class Planner:
         if none is None or none.flops_per_s <= rate.flops_per_s or cand.checkpoint_layers >= self.layer_count:
             return rate
         share = cand.checkpoint_layers / self.layer_count
-        flops_per_s = 1 / (share / rate.flops_per_s + (1 - share) / none.flops_per_s)
+        flops_per_s = _mixed_rate([(share, rate.flops_per_s), (1 - share, none.flops_per_s)])
         return dataclasses.replace(rate, flops_per_s=flops_per_s, source=f"{rate.source}; on {cand.checkpoint_layers}"
                                    f" of {self.layer_count} layers, the rest at none's rate ({none.source})")
 
@@ -156,9 +156,9 @@ class Planner:
         if full is None or selective is None:
             return None
         share = cand.checkpoint_layers / self.layer_count
-        seconds = (share * flops.model + flops.recomputed) / full.flops_per_s \
-            + (1 - share) * flops.model / selective.flops_per_s
-        return dataclasses.replace(full, flops_per_s=flops.executed / seconds, knobs_matched=False,
+        flops_per_s = _mixed_rate([(share * flops.model + flops.recomputed, full.flops_per_s),
+                                   ((1 - share) * flops.model, selective.flops_per_s)])
+        return dataclasses.replace(full, flops_per_s=flops_per_s, knobs_matched=False,
                                    stand_in=full.stand_in or selective.stand_in,
                                    source=f"{full.source}; full on {cand.checkpoint_layers} of {self.layer_count} "
                                           f"layers, the rest at selective's rate ({selective.source})")
@@ -236,6 +236,11 @@ class Planner:
     @property
     def layer_count(self) -> int:
         return self.source.config.num_hidden_layers
+
+
+def _mixed_rate(parts: list[tuple[float, float]]) -> float:
+    """The FLOP/s of layers that run at different rates: each part's (FLOPs, FLOP/s), their times added."""
+    return sum(flops for flops, _ in parts) / sum(flops / rate for flops, rate in parts)
 
 
 GRAPHS = ("compile_mode", "reduce-overhead")  # the speed-class option CUDA graphs are
