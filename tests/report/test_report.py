@@ -160,6 +160,7 @@ def test_plots_and_html(results, tmp_path):
     assert rep.choice.picks[-1].choice == fastest and rep.choice.picks[-1].cost_pct == 0
 
 
+@pytest.mark.slow  # (2.1 s on a 2-core machine: the working tier stays under 3 minutes)
 def test_identical_baseline_passes_and_planted_regression_fails(results, tmp_path, capsys, monkeypatch):
     """End to end through the CLI (exit status 1 on a regression); the throughput noise model is in test_compare."""
     monkeypatch.setenv("COLUMNS", "200")
