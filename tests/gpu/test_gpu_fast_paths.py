@@ -73,9 +73,10 @@ FP8_LOSS = 0.02
 FP8_GRADIENTS = 0.4
 # A compiled FP8 run against eager FP8: the same e4m3 arithmetic, but the compiled norms and activations round
 # their bf16 outputs differently, and a value near a rounding boundary then lands one e4m3 step (2**-3) away: the
-# flips compound over 16 layers. Measured 0.033 (H200, 2026-12-02); the same comparison of the tiny preset on the
-# CPU, 0.0013. A lost or wrong gradient measures ~1.
-FP8_COMPILED_GRADIENTS = 0.1
+# flips compound over 16 layers. Measured 0.033 (H200, 2026-12-02) and 0.117-0.118 (H100 80GB HBM3, 2026-12-05, the
+# same at 8e11641 and 95444d7: the GPU's kernels round differently, not a change of ftprof's); the same comparison of
+# the tiny preset on the CPU, 0.0013. A lost or wrong gradient measures ~1.
+FP8_COMPILED_GRADIENTS = 0.2
 
 
 def fast_config(tmp_path, method="lora", **flat) -> RunConfig:
