@@ -58,6 +58,12 @@ class ResolvedRun:
         return selective_rest_of(self.config, self.auto_choice)
 
     @property
+    def lean_recompute(self) -> bool:
+        """Whether checkpointing's recomputation leaves out the output projection's base matmul: --lean-recompute
+        under a policy that recomputes, or --checkpointing auto's choice."""
+        return lean_recompute_of(self.config, self.auto_choice)
+
+    @property
     def offload_checkpoints(self) -> bool:
         """Whether full checkpointing's saved layer inputs wait in pinned host memory: --offload-checkpoints, or
         --checkpointing auto's choice (it tries the offload on CUDA where full checkpointing needs it)."""
@@ -90,6 +96,14 @@ def selective_rest_of(cfg: RunConfig, auto_choice=None) -> bool:
         return auto_choice.policy == "full" and auto_choice.layers is not None and \
             bool(getattr(auto_choice, "selective_rest", False))
     return bool(cfg.model.selective_rest)
+
+
+def lean_recompute_of(cfg: RunConfig, auto_choice=None) -> bool:
+    """Whether a configuration's recomputation skips the output projection's base matmul: asked (and a policy
+    recomputes), or auto's choice."""
+    policy = policy_of(cfg, auto_choice)[0]
+    chosen = cfg.model.checkpointing == "auto" and bool(getattr(auto_choice, "lean_recompute", False))
+    return policy != "none" and (bool(cfg.model.lean_recompute) or chosen)
 
 
 def offload_of(cfg: RunConfig, auto_choice=None) -> bool:

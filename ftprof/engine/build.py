@@ -208,7 +208,7 @@ def count_flops(model, counts: metrics.ParamCounts, resolved: ResolvedRun, polic
     seq = resolved.config.data.seq_len
     recompute = 0.0
     if policy == "full":
-        recomputed = metrics.recomputed_params(model, lean=bool(resolved.config.model.lean_recompute))
+        recomputed = metrics.recomputed_params(model, lean=resolved.lean_recompute)
         recompute = metrics.recompute_flops_per_token(recomputed, layers, attn_dim, seq)
         if checkpointed is not None and layers:
             recompute *= checkpointed / layers  # identical layers: each recomputes the same share

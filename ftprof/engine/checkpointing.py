@@ -24,7 +24,6 @@ def resolve_policy(model, run: ResolvedRun) -> tuple[str, int | None, AutoChoice
     policy, layers = run.policy, run.checkpointed_layers
     rest = run.selective_rest
     selective = SelectivePolicy(run.config.method.lora_r or 0) if policy == "selective" or rest else None
-    lean = policy != "none" and bool(run.config.model.lean_recompute)
-    apply_policy(model, policy, selective, layers, offload=run.offload_checkpoints, selective_rest=rest, lean=lean,
-                 compiled=bool(run.config.model.compile))
+    apply_policy(model, policy, selective, layers, offload=run.offload_checkpoints, selective_rest=rest,
+                 lean=run.lean_recompute, compiled=bool(run.config.model.compile))
     return policy, layers, run.auto_choice, selective

@@ -53,7 +53,7 @@ def make_profiler(trainer, built, log):
     meta = {"method": cfg.method.method, "model": cfg.model.model, "dtype": cfg.model.dtype,
             "checkpointing": built.checkpointing != "none", "checkpointing_policy": built.checkpointing,
             "checkpointed_layers": built.checkpointed_layers, "selective_rest": trainer.resolved.selective_rest,
-            "lean_recompute": cfg.model.lean_recompute,
+            "lean_recompute": trainer.resolved.lean_recompute,
             "kernels": cfg.model.kernels, "compile": cfg.model.compile, "active_steps": cfg.profiling.prof_active_steps,
             "lora_r": cfg.method.lora_r, "lora_fused_a": cfg.method.lora_fused_a,  # the buckets' LoRA split
             "seq_len": cfg.data.seq_len, "batch_size": cfg.data.batch_size,

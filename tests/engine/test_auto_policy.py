@@ -65,3 +65,22 @@ def test_an_auto_run_s_trace_facts_say_what_ran(ran, expected):
     meta = {"ftprof": {"checkpointing": ran, "checkpointing_policy": "full" if ran else "none"}}
     assert run_facts(meta, config).checkpointing is expected
     assert run_facts({}, {"model": {"checkpointing": "selective", "gradient_checkpointing": None}}).checkpointing
+
+
+@pytest.mark.parametrize(("method", "policy", "lean"), [("lora", "full", True), ("lora", "none", False),
+                                                         ("full", "full", False)])
+def test_auto_s_full_recomputes_lean_where_it_applies(tmp_path, monkeypatch, method, policy, lean):
+    """Where auto lands on full checkpointing it takes --lean-recompute too (the same memory, fewer FLOPs: the
+    planner prices it faster); the model gets it, and the FLOP count says so. Not for a full fine-tune (it trains
+    the weight) nor where nothing is recomputed."""
+    from ftprof.models import recompute
+
+    cfg = tiny_config(tmp_path, method, checkpointing="auto", max_steps=1)
+    available = 64 * GIB if policy == "none" else _available_for(cfg, "full")
+    monkeypatch.setattr(runtime, "available_memory", lambda device, cap=None: available)
+    resolved, built = build_run(cfg)
+    assert resolved.policy == built.checkpointing == policy
+    assert resolved.lean_recompute is resolved.auto_choice.lean_recompute is lean
+    assert resolved.config.model.lean_recompute is False  # config.json keeps what the user asked
+    assert any(recompute.marked(m) for m in built.model.modules()) is lean
+    assert ("--lean-recompute too" in resolved.auto_choice.reason) is lean

@@ -166,3 +166,30 @@ def test_the_planner_sizes_eager_selective_without_the_projections_output():
     assert saved[plain] - saved[lean] == pytest.approx(p.layer_count * 2 * 64 * hidden * 4, rel=1e-6)
     compiled = [dataclasses.replace(c, compile=True) for c in (lean, plain)]
     assert p.predict(compiled[0]).activation_bytes == p.predict(compiled[1]).activation_bytes
+
+
+@pytest.mark.parametrize(("flat", "taken"), [({}, True), ({"fp8_base": True}, False), ({"method": "full"}, False)])
+def test_auto_takes_it_under_full_where_the_planner_tries_it(flat, taken):
+    """Where only full checkpointing fits, auto adds --lean-recompute in 16 bits (no higher peak, priced faster); not
+    under --fp8-base (measured no faster there: config/declarations.py) nor for a full fine-tune."""
+    from ftprof.config import RunConfig
+    from ftprof.models.source import resolve_model_source
+    from ftprof.plan import budget
+    from ftprof.plan.candidates import of_config
+    from ftprof.plan.predict import Planner, Target
+
+    cfg = RunConfig.from_flat({"model": "tiny", "method": "lora", "seq_len": 64, "batch_size": 2,
+                               "checkpointing": "auto", **flat})
+    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("bfloat16", preset=True))
+    p = Planner(cfg, resolve_model_source("tiny"), "bfloat16", Target("NVIDIA H200", capability=(9, 0)), [])
+    cand = of_config(cfg)
+    full = dataclasses.replace(cand, checkpointing="full")
+    selective = p.predict(dataclasses.replace(cand, checkpointing="selective")).peak_bytes
+    budget_bytes = (p.predict(full).peak_bytes + selective) // 2  # full fits, selective does not
+    choice, pred, record, fits = budget.auto_policy(p, cand, budget.GIB + budget_bytes)
+    assert fits and record.policy == "full" and record.lean_recompute is taken
+    assert bool(choice.option("lean_recompute")) is taken
+    if taken:
+        plain = p.predict(choice.without("lean_recompute"))
+        # (no more memory: less where a selective rest, run eagerly, no longer keeps the projection's output)
+        assert pred.peak_bytes <= plain.peak_bytes and pred.tokens_per_s > plain.tokens_per_s

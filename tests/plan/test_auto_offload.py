@@ -75,7 +75,7 @@ def test_auto_takes_the_offload_where_it_recomputes_fewer_layers(deep):
 def test_auto_leaves_the_offload_off_where_the_plain_way_does_as_well(deep):
     p, cand = _planner(deep)
     choice, _, record, fits = _auto(p, cand, _peak(p, cand, 6))  # both fit on 6 layers: no offload needed
-    assert fits and (record.layers, record.offload) == (6, False) and not choice.options
+    assert fits and (record.layers, record.offload) == (6, False) and choice.options == (("lean_recompute", True),)
     assert "offload" not in record.reason
     _, _, roomy, _ = _auto(p, cand, 64 * GIB)
     assert (roomy.policy, roomy.offload) == ("none", False)

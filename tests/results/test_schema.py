@@ -48,7 +48,8 @@ ADDED = {"eval_loss_first": None, "eval_loss_last": None, "eval_loss_best": None
          "eval_runs": 0, "eval_time_s": None, "eval_tokens": None,
          "saved": None, "save_dir": None, "save_base_dir": None, "save_time_s": None, "training_proof": {},
          "prediction": {}}
-ADDED_TO_AUTO = {"offload": False, "host_embeddings": False, "selective_rest": False}  # auto's memory choices
+# auto's memory and recomputation choices
+ADDED_TO_AUTO = {"offload": False, "host_embeddings": False, "selective_rest": False, "lean_recompute": False}
 _AT = FLAT_KEYS_V1.index("artifacts")
 FLAT_KEYS = FLAT_KEYS_V1[:_AT] + list(ADDED) + FLAT_KEYS_V1[_AT:]
 
