@@ -117,10 +117,18 @@ def option_sets(method: str, kernels: str, compiled: bool, cuda: bool, capabilit
         choices.append([(d.name, v) for v in tried])
     out = []
     for combo in itertools.product(*choices):
-        if declarations.problems({**values, **dict(combo)}):
+        chosen = {**values, **dict(combo)}
+        if declarations.problems(chosen) or _avoided(chosen, combo):
             continue
         out.append(tuple(sorted((n, v) for n, v in combo if v != declarations.BY_NAME[n].default)))
     return list(dict.fromkeys(out))
+
+
+def _avoided(values: Mapping[str, Any], combo: tuple) -> bool:
+    """Whether an option's value in ``combo`` is one the planner avoids beside another option of the same combination
+    (e.g. --lean-recompute with --fp8-base): the avoidance option_sets checks first sees the run's fixed values only."""
+    return any(value == avoided and declarations.holds_all(when, values)
+               for name, value in combo for when, avoided in declarations.BY_NAME[name].planner_avoid)
 
 
 def micro_batches(batch_size: int, grad_accum: int) -> list[tuple[int, int]]:

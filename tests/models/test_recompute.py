@@ -193,3 +193,13 @@ def test_auto_takes_it_under_full_where_the_planner_tries_it(flat, taken):
         plain = p.predict(choice.without("lean_recompute"))
         # (no more memory: less where a selective rest, run eagerly, no longer keeps the projection's output)
         assert pred.peak_bytes <= plain.peak_bytes and pred.tokens_per_s > plain.tokens_per_s
+
+
+def test_the_plan_never_pairs_it_with_fp8_but_tries_it_in_16_bits():
+    """The avoidance is of a combination: --fp8-base is itself one of the options the plan enumerates, so each
+    combination is checked, not only the run's fixed values (plan/candidates.option_sets)."""
+    from ftprof.plan.candidates import option_sets
+
+    sets = [dict(s) for s in option_sets("qlora", "liger", True, cuda=True, capability=(9, 0), policy="full")]
+    assert any(s.get("lean_recompute") for s in sets) and any(s.get("fp8_base") for s in sets)
+    assert not any(s.get("lean_recompute") and s.get("fp8_base") for s in sets)
