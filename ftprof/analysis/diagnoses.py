@@ -157,7 +157,9 @@ def _recomputation(s: TraceSummary) -> list[Diagnosis]:
     if flops and extra:
         evidence["flops_share"] = extra / (flops + extra)
         text += f"; {100 * evidence['flops_share']:.0f}% of the FLOPs executed"
-    levers = [] if meta.get("lean_recompute") else ["--lean-recompute leaves the output projection's matmul out"]
+    # --lean-recompute: LoRA and QLoRA only, and measured no faster beside --fp8-base (config/declarations.py)
+    lean_helps = meta.get("method") in ("lora", "qlora") and not meta.get("fp8_base") and not meta.get("lean_recompute")
+    levers = ["--lean-recompute leaves the output projection's matmul out"] if lean_helps else []
     if not meta.get("selective_rest"):
         levers.append("--checkpointing selective saves the matmul outputs instead (--selective-rest on the layers "
                       "--checkpoint-layers leaves out)")

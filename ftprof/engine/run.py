@@ -56,6 +56,7 @@ def make_profiler(trainer, built, log):
             "lean_recompute": trainer.resolved.lean_recompute,
             "kernels": cfg.model.kernels, "compile": cfg.model.compile, "active_steps": cfg.profiling.prof_active_steps,
             "lora_r": cfg.method.lora_r, "lora_fused_a": cfg.method.lora_fused_a,  # the buckets' LoRA split
+            "fp8_base": bool(cfg.method.fp8_base),
             "seq_len": cfg.data.seq_len, "batch_size": cfg.data.batch_size,
             "flops_per_token": built.flops.per_token, "recompute_flops_per_token": built.flops.recompute_per_token}
     return TorchProfiler(cfg.profiling, _profile_dir(trainer), trainer.device, rank=trainer.dist.rank, log=log,

@@ -285,3 +285,18 @@ def test_dequantization_advice_is_for_the_device_the_run_was_on(kind, said, not_
     s = TraceSummary("t", kind, 1e6, 1e6, 0.0, {"quantize/dequantize": 3e5}, {}, "", [], [], {}, 0.0, 0.0, "", [], {})
     (d,) = _dequantization(s, 1e6, "of the time")
     assert said in d.message and not_said not in d.message
+
+
+@pytest.mark.parametrize(("meta", "named"), [({"method": "qlora"}, True), ({"method": "lora", "fp8_base": True}, False),
+                                             ({"method": "full"}, False), ({"method": "lora", "lean_recompute": True},
+                                                                           False)])
+def test_recomputation_names_lean_recompute_only_where_it_helps(tmp_path, meta, named):
+    """A LoRA or QLoRA run in 16 bits that did not have it: not a full fine-tune (refused), not beside --fp8-base
+    (measured no faster there)."""
+    from ftprof.analysis.diagnoses import diagnose
+
+    s = summarize(gpu_trace(tmp_path / "t.json"))
+    s.stages_us = {"ftprof/forward": 300.0, "ftprof/backward": 600.0, "ftprof/optimizer_step": 100.0}
+    s.metadata = {"ftprof": meta}
+    message = {d.code: d for d in diagnose(s, checkpointing=True)}["recomputation"].message
+    assert ("--lean-recompute" in message) is named
