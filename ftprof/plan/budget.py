@@ -147,7 +147,7 @@ def auto_policy(planner: Planner, cand: Candidate, available: int) -> tuple[Cand
         reason = f"{head}: predicted peak {pred.peak_bytes / GIB:.1f} GiB {fits}" + (f"; {why}" if why else "")
         reason += f"; {LEAN_WORDS}" if choice.checkpointing == "full" and choice.option(LEAN) else ""
         return choice, pred, _record(choice, reason, predicted, available, margin), True
-    least = by_policy["full"]
+    least = lean(planner, by_policy["full"])
     way, least_pred = min(((w, planner.predict(w)) for w in memory_variants(planner, least, (OFFLOAD, EMBED))),
                           key=lambda pair: pair[1].peak_bytes)
     reason = (f"no policy fits {budget / GIB:.1f} GiB: {describe_full(way, planner.layer_count)}, the least memory, "
@@ -166,6 +166,13 @@ def _without_recomputation(planner: Planner, by_policy: dict[str, Candidate],
     return None
 
 
+def lean(planner: Planner, full: Candidate) -> Candidate:
+    """``full`` with --lean-recompute where auto may take it: under full checkpointing it keeps the same tensors and
+    recomputes fewer FLOPs (models/recompute.py). Not tried under selective, where it saves memory but was never
+    timed on a GPU."""
+    return full.with_option(LEAN) if option_applies(planner, full, LEAN) else full
+
+
 def describe_full(choice: Candidate, layer_count: int) -> str:
     """"full", "full on 2 of 32 layers" (", selective on the rest" under --selective-rest), each "... with
     --offload-checkpoints (...)" where the offload is on."""
@@ -178,9 +185,7 @@ def full_ways(planner: Planner, full: Candidate, budget: int) -> list[tuple[Cand
     """Each way full checkpointing fits ``budget``: on the fewest layers that fit, else on every layer; as asked,
     then (where auto may try them) with the layer inputs, the embedding table or both in host memory."""
     out = []
-    if option_applies(planner, full, LEAN):  # the same memory, fewer FLOPs recomputed (models/recompute.py)
-        full = full.with_option(LEAN)
-    for base in memory_variants(planner, full, (OFFLOAD, EMBED)):
+    for base in memory_variants(planner, lean(planner, full), (OFFLOAD, EMBED)):
         for way in [base] + ([base.with_option(REST)] if rest_applies(base) else []):
             layers = fewest_layers(planner, way, budget)
             if layers is None and way.option(REST):  # a selective rest needs full on part of the layers
