@@ -88,17 +88,13 @@ def test_compiled_the_same_numbers_and_the_recomputation_skips_at_run_time(tmp_p
 
 def _lean_and_plain(checkpointing: str, dtype: str):
     """A CPU planner for the tiny preset, and its candidate with --lean-recompute and without."""
-    from ftprof.config import RunConfig
-    from ftprof.models.source import resolve_model_source
-    from ftprof.plan.candidates import of_config
-    from ftprof.plan.predict import Planner, Target
+    from ftprof.plan.predict import Target
+    from tests.plan.planners import planner_for
 
-    cfg = RunConfig.from_flat({"model": "tiny", "method": "lora", "seq_len": 64, "batch_size": 2,
-                               "checkpointing": checkpointing, "lean_recompute": True})
-    cfg = dataclasses.replace(cfg, method=cfg.method.resolved(dtype, preset=True))
-    lean = of_config(cfg)
+    p, lean = planner_for("tiny", "lora", seq_len=64, batch_size=2, dtype=dtype, target=Target("cpu"),
+                          checkpointing=checkpointing, lean_recompute=True)
     assert lean.option("lean_recompute") is True
-    return Planner(cfg, resolve_model_source("tiny"), dtype, Target("cpu"), []), lean, lean.without("lean_recompute")
+    return p, lean, lean.without("lean_recompute")
 
 
 def test_the_planner_prices_fewer_recomputed_flops():
@@ -172,17 +168,11 @@ def test_the_planner_sizes_eager_selective_without_the_projections_output():
 def test_auto_takes_it_under_full_where_the_planner_tries_it(flat, taken):
     """Where only full checkpointing fits, auto adds --lean-recompute in 16 bits (no higher peak, priced faster); not
     under --fp8-base (measured no faster there: config/declarations.py) nor for a full fine-tune."""
-    from ftprof.config import RunConfig
-    from ftprof.models.source import resolve_model_source
     from ftprof.plan import budget
-    from ftprof.plan.candidates import of_config
-    from ftprof.plan.predict import Planner, Target
+    from tests.plan.planners import planner_for
 
-    cfg = RunConfig.from_flat({"model": "tiny", "method": "lora", "seq_len": 64, "batch_size": 2,
-                               "checkpointing": "auto", **flat})
-    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("bfloat16", preset=True))
-    p = Planner(cfg, resolve_model_source("tiny"), "bfloat16", Target("NVIDIA H200", capability=(9, 0)), [])
-    cand = of_config(cfg)
+    defaults = {"method": "lora", "seq_len": 64, "batch_size": 2, "checkpointing": "auto"}
+    p, cand = planner_for("tiny", **{**defaults, **flat})  # (flat may name another method)
     full = dataclasses.replace(cand, checkpointing="full")
     selective = p.predict(dataclasses.replace(cand, checkpointing="selective")).peak_bytes
     budget_bytes = (p.predict(full).peak_bytes + selective) // 2  # full fits, selective does not

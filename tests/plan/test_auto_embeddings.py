@@ -9,17 +9,13 @@ import dataclasses
 
 import pytest
 
-from ftprof.config import RunConfig
 from ftprof.metrics import GIB
-from ftprof.models.source import resolve_model_source
 from ftprof.plan import budget
-from ftprof.plan.candidates import of_config
-from ftprof.plan.predict import Planner, Target
+from ftprof.plan.predict import Target
 from ftprof.resolved import embeddings_offloaded
 from ftprof.results.parts import AutoChoice
 from tests.data_files import save_checkpoint
-
-H200 = Target("NVIDIA H200", capability=(9, 0))
+from tests.plan.planners import H200, planner_for
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +25,7 @@ def models(tmp_path_factory):
 
 
 def _planner(model, target=H200):
-    cfg = RunConfig.from_flat({"model": model, "method": "lora", "seq_len": 512, "batch_size": 4,
-                               "checkpointing": "auto"})
-    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("bfloat16", preset=True))
-    return Planner(cfg, resolve_model_source(model), "bfloat16", target, []), of_config(cfg)
+    return planner_for(model, "lora", seq_len=512, batch_size=4, target=target, checkpointing="auto")
 
 
 def _none(p, cand, embed=False):

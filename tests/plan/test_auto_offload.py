@@ -9,16 +9,12 @@ import dataclasses
 
 import pytest
 
-from ftprof.config import RunConfig
 from ftprof.metrics import GIB
-from ftprof.models.source import resolve_model_source
 from ftprof.plan import budget
-from ftprof.plan.candidates import of_config
-from ftprof.plan.predict import Planner, Target
+from ftprof.plan.predict import Target
 from ftprof.results.parts import AutoChoice
 from tests.data_files import save_checkpoint
-
-H200 = Target("NVIDIA H200", capability=(9, 0))
+from tests.plan.planners import H200, planner_for
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +30,7 @@ def _without_a_selective_rest(monkeypatch):
 
 
 def _planner(deep, target=H200, **flat):
-    cfg = RunConfig.from_flat({"model": deep, "method": "lora", "seq_len": 512, "batch_size": 4,
-                               "checkpointing": "auto", **flat})
-    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("bfloat16", preset=True))
-    return Planner(cfg, resolve_model_source(deep), "bfloat16", target, []), of_config(cfg)
+    return planner_for(deep, "lora", seq_len=512, batch_size=4, target=target, checkpointing="auto", **flat)
 
 
 def _peak(p, cand, layers=None, offload=False):
@@ -87,7 +80,7 @@ def test_auto_does_not_try_the_offload_on_the_cpu(deep):
     between = (_peak(gpu, cand) + _peak(gpu, cand, offload=True)) // 2
     assert _peak(cpu, cand) > between  # on the CPU nothing fits this budget: the offload is not tried
     choice, _, record, fits = _auto(cpu, cand, between)
-    assert not fits and record.offload is False and not choice.options
+    assert not fits and record.offload is False and choice.options == (("lean_recompute", True),)
     assert "offload" not in record.reason and record.reason.startswith("no policy fits")
     _, _, gpu_refusal, gpu_fits = _auto(gpu, cand, _peak(gpu, cand, offload=True) - 1)
     assert not gpu_fits and "full with --offload-checkpoints" in gpu_refusal.reason  # the least memory it tried

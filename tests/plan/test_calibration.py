@@ -337,25 +337,17 @@ def test_ratios_that_agree_across_shapes_transfer_and_ones_that_disagree_do_not(
 def test_a_planner_fed_runs_of_one_shape_predicts_another_as_the_shipped_calibration_does():
     """End to end through the predictor: a store of 4 x 2048 runs (their ratio 0.73) leaves a 2 x 2048 QLoRA
     full-checkpointing prediction exactly where the shipped calibration alone puts it."""
-    import dataclasses
+    from tests.plan.planners import planner_for
 
-    from ftprof.config import RunConfig
-    from ftprof.models.source import resolve_model_source
-    from ftprof.plan.candidates import of_config
-    from ftprof.plan.predict import Planner, Target
-
-    cfg = RunConfig.from_flat({"model": "tiny", "method": "qlora", "seq_len": 64, "batch_size": 2,
-                               "checkpointing": "full", "kernels": "liger", "compile": True})
-    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("bfloat16", preset=True))
     full = ClassKey("qlora", "full", "liger", True)
     store = [_at(_measured(0.73, key=full), model="tiny", seq_len=64, micro=256) for _ in range(3)]
-    source, target = resolve_model_source("tiny"), Target(H200, capability=(9, 0))
-    with_store = Planner(cfg, source, "bfloat16", target, store).predict(of_config(cfg))
-    shipped_alone = Planner(cfg, source, "bfloat16", target, []).predict(of_config(cfg))
+    flat = {"seq_len": 64, "batch_size": 2, "checkpointing": "full", "kernels": "liger", "compile": True}
+    stored, cand = planner_for("tiny", "qlora", records=store, **flat)
+    shipped, _ = planner_for("tiny", "qlora", **flat)
+    with_store, shipped_alone = stored.predict(cand), shipped.predict(cand)
     assert with_store.peak_bytes == shipped_alone.peak_bytes  # micro-batch 128 tokens: not the store's shape
-    same_shape = dataclasses.replace(of_config(cfg), batch_size=4)
-    assert Planner(cfg, source, "bfloat16", target, store).predict(same_shape).activation_factor == \
-        pytest.approx(0.73, rel=1e-4)
+    same_shape = dataclasses.replace(cand, batch_size=4)
+    assert stored.predict(same_shape).activation_factor == pytest.approx(0.73, rel=1e-4)
 
 
 def test_local_runs_farther_than_the_shipped_ones_do_not_answer(monkeypatch):

@@ -158,26 +158,20 @@ def test_a_host_bound_row_is_less_certain(tmp_path, monkeypatch):
     """Where the host floor sets a row's speed its band widens by BAND_HOST_BOUND (FP8 under full checkpointing at
     1,024 tokens per sequence on an H200 ran p90/p50 1.11-1.28 and 10-30% from its prediction), so the ranking puts
     it below confident rows its uncertainty overlaps."""
-    from ftprof.config import RunConfig
-    from ftprof.models.source import resolve_model_source
     from ftprof.plan import speed
-    from ftprof.plan.candidates import of_config
-    from ftprof.plan.predict import Planner, Target
     from tests.data_files import save_checkpoint
+    from tests.plan.planners import planner_for
 
     deep = save_checkpoint(tmp_path / "ckpt", layers=8)
-    cfg = RunConfig.from_flat({"model": deep, "method": "lora", "seq_len": 512, "batch_size": 4,
-                               "checkpointing": "full"})
-    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("bfloat16", preset=True))
-    planner = Planner(cfg, resolve_model_source(deep), "bfloat16", Target("NVIDIA H200", capability=(9, 0)), [])
-    bound = planner.predict(of_config(cfg))
+    planner, cand = planner_for(deep, "lora", seq_len=512, batch_size=4, checkpointing="full")
+    bound = planner.predict(cand)
     assert "host-bound" in bound.speed_source  # a small model's layers: the host sets the pace
     with monkeypatch.context() as patch:  # a run of its own family measured less than the floor: it comes down
         patch.setattr(host, "measured_ceiling", lambda *a, **k: 2048 / bound.tokens_per_s / 1.5)
-        lowered = planner.predict(of_config(cfg))
+        lowered = planner.predict(cand)
     assert "as a run of it measured" in lowered.speed_source
     monkeypatch.setattr(host, "host_floor", lambda *a, **k: None)
-    free = planner.predict(of_config(cfg))
+    free = planner.predict(cand)
     assert bound.tokens_per_s < free.tokens_per_s
     assert lowered.tokens_per_s == pytest.approx(min(1.5 * bound.tokens_per_s, free.tokens_per_s))
     assert bound.tokens_per_s_error == pytest.approx(free.tokens_per_s_error + speed.BAND_HOST_BOUND, abs=1e-3)

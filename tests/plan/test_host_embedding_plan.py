@@ -10,12 +10,9 @@ import dataclasses
 import pytest
 
 from ftprof.config import RunConfig
-from ftprof.models.source import resolve_model_source
 from ftprof.plan.make import PlanRequest, make_plan
-from ftprof.plan.predict import Planner, Target
 from tests.data_files import save_checkpoint
-
-H200 = Target("NVIDIA H200", capability=(9, 0))
+from tests.plan.planners import planner_for
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +27,8 @@ def _config(model: str, tmp_path, **flat) -> RunConfig:
 
 
 def test_the_table_comes_off_the_predicted_weights(checkpoints, tmp_path):
-    from ftprof.plan.candidates import of_config
-
-    cfg = _config(checkpoints[False], tmp_path, checkpointing="full")
-    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("bfloat16", preset=True))
-    p = Planner(cfg, resolve_model_source(checkpoints[False]), "bfloat16", H200, [])
-    plain = of_config(cfg)
+    p, plain = planner_for(checkpoints[False], "qlora", seq_len=256, batch_size=2, output_dir=str(tmp_path),
+                           checkpointing="full")
     moved = dataclasses.replace(plain, options=tuple(sorted((*plain.options, ("offload_embeddings", True)))))
     config = p.source.config
     table = config.vocab_size * config.hidden_size * 2

@@ -5,24 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 
-from ftprof.config import RunConfig
-from ftprof.models.source import resolve_model_source
 from ftprof.plan import memory
-from ftprof.plan.candidates import enumerate_candidates, of_config
-from ftprof.plan.predict import Planner, Target
+from ftprof.plan.candidates import enumerate_candidates
+from tests.plan.planners import planner_for
 
 
 def test_offloading_takes_the_layer_inputs_out_of_the_peak():
-    cfg = RunConfig.from_flat({"model": "tiny", "method": "qlora", "seq_len": 64, "batch_size": 4,
-                               "checkpointing": "full", "kernels": "liger", "compile": True})
-    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("bfloat16", preset=True))
-    source = resolve_model_source("tiny")
-    p = Planner(cfg, source, "bfloat16", Target("NVIDIA H200", capability=(9, 0)), [])
-    plain = of_config(cfg)
+    p, plain = planner_for("tiny", "qlora", seq_len=64, batch_size=4, checkpointing="full", kernels="liger",
+                           compile=True)
+    config = p.source.config
     offloaded = dataclasses.replace(plain, options=(("offload_checkpoints", True),))
     a, b = p.predict(plain), p.predict(offloaded)
-    layer_input = 4 * 64 * source.config.hidden_size * 2  # tokens x hidden x bf16
-    layers = source.config.num_hidden_layers
+    layer_input = 4 * 64 * config.hidden_size * 2  # tokens x hidden x bf16
+    layers = config.num_hidden_layers
     assert a.activation_bytes - b.activation_bytes == int(memory.OFFLOADED_SHARE * layers * layer_input)
     assert b.transient_bytes - a.transient_bytes == 2 * layer_input
     assert b.candidate["offload_checkpoints"] is True

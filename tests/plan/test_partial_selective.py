@@ -7,20 +7,15 @@ import dataclasses
 
 import pytest
 
-from ftprof.config import RunConfig
-from ftprof.models.source import resolve_model_source
-from ftprof.plan.candidates import Candidate, of_config
-from ftprof.plan.predict import Planner, Target
+from ftprof.plan.candidates import Candidate
+from ftprof.plan.predict import Planner
+from tests.plan.planners import planner_for
 
 FP8_LIGER = {"kernels": "liger", "compile": True, "fp8_base": True}
 
 
 def _planner_and_candidate(**flat) -> tuple[Planner, Candidate]:
-    cfg = RunConfig.from_flat({"model": "llama-1b", "method": "qlora", "seq_len": 2048, "batch_size": 4, **flat})
-    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("bfloat16", preset=True))
-    planner = Planner(cfg, resolve_model_source("llama-1b"), "bfloat16", Target("NVIDIA H200", capability=(9, 0)),
-                      [])
-    return planner, of_config(cfg)
+    return planner_for("llama-1b", "qlora", seq_len=2048, batch_size=4, **flat)
 
 
 @pytest.mark.slow  # probes llama-1b on the CPU (about 20 s): the tiny preset is host-bound, every policy alike

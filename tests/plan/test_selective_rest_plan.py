@@ -9,15 +9,13 @@ import dataclasses
 
 import pytest
 
-from ftprof.config import RunConfig
 from ftprof.metrics import GIB
-from ftprof.models.source import resolve_model_source
 from ftprof.plan import budget, calibration, candidates, make
-from ftprof.plan.candidates import of_config, policy_words
-from ftprof.plan.predict import Planner, Target
+from ftprof.plan.candidates import policy_words
+from ftprof.plan.predict import Target
 from tests.data_files import save_checkpoint
+from tests.plan.planners import H200, planner_for
 
-H200 = Target("NVIDIA H200", capability=(9, 0))
 REST = "selective_rest"
 
 
@@ -26,11 +24,9 @@ def deep(tmp_path_factory):
     return save_checkpoint(tmp_path_factory.mktemp("deep") / "ckpt", layers=8)
 
 
-def _planner(model, target=H200, **flat):
-    cfg = RunConfig.from_flat({"model": model, "method": "lora", "seq_len": 512, "batch_size": 4,
-                               "checkpointing": "full", **flat})
-    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("bfloat16", preset=True))
-    return Planner(cfg, resolve_model_source(model), "bfloat16", target, []), of_config(cfg)
+def _planner(model, target=H200, method="lora", seq_len=512, checkpointing="full", **flat):
+    return planner_for(model, method, seq_len=seq_len, batch_size=4, target=target, checkpointing=checkpointing,
+                       **flat)
 
 
 def _full(cand, layers=None, rest=False):

@@ -3,19 +3,12 @@ of its own class stands in as selective compares with none in a class that has b
 
 from __future__ import annotations
 
-import dataclasses
-
-from ftprof.config import RunConfig
-from ftprof.models.source import resolve_model_source
-from ftprof.plan.candidates import of_config
-from ftprof.plan.predict import Planner, Target
+from tests.plan.planners import planner_for
 
 
-def _predict(**flat):
-    cfg = RunConfig.from_flat({"model": "tiny", "method": "qlora", "seq_len": 64, "batch_size": 4, **flat})
-    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("bfloat16", preset=True))
-    planner = Planner(cfg, resolve_model_source("tiny"), "bfloat16", Target("NVIDIA H200", capability=(9, 0)), [])
-    return planner.predict(of_config(cfg))
+def _predict(method="qlora", **flat):
+    planner, cand = planner_for("tiny", method, seq_len=64, batch_size=4, **flat)
+    return planner.predict(cand)
 
 
 def test_selective_without_a_run_of_its_class_gets_a_stand_in_prediction():

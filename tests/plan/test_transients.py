@@ -8,14 +8,9 @@ import dataclasses
 
 import pytest
 
-from ftprof.config import RunConfig
-from ftprof.models.source import resolve_model_source
 from ftprof.plan import memory
-from ftprof.plan.candidates import of_config
-from ftprof.plan.predict import Planner, Target
 from tests.data_files import save_checkpoint
-
-H200 = Target("NVIDIA H200", capability=(9, 0))
+from tests.plan.planners import planner_for
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +19,7 @@ def deep(tmp_path_factory):
 
 
 def _planner(model, **flat):
-    cfg = RunConfig.from_flat({"model": model, "method": "qlora", "seq_len": 256, "batch_size": 4, **flat})
-    cfg = dataclasses.replace(cfg, method=cfg.method.resolved("bfloat16", preset=True))
-    return Planner(cfg, resolve_model_source(model), "bfloat16", H200, []), of_config(cfg)
+    return planner_for(model, "qlora", seq_len=256, batch_size=4, **flat)
 
 
 def test_a_recomputed_layer_no_longer_meets_the_unchecked_layers_activations(deep):
