@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 
 from ftprof.cli.bench import bench_parser
@@ -44,9 +45,22 @@ def main(argv: list[str] | None = None) -> int:
     except FtprofError as exc:
         print(f"ftprof {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        # a path with a component longer than the file system allows: the checks' exists() and is_dir() raise
+        # this where a missing path would return False, so it is bad input wherever it was first looked at
+        print(f"ftprof {args.command}: error: {_shortened(exc.filename)}: a name in this path is longer than the "
+              "file system allows", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("ftprof: interrupted", file=sys.stderr)
         return 130
+
+
+def _shortened(path: object, keep: int = 60) -> str:
+    text = str(path or "a path")
+    return f"'{text[:keep]}...'" if len(text) > keep else f"'{text}'"
 
 
 if __name__ == "__main__":

@@ -117,3 +117,19 @@ def test_length_notes(flat, want):
     notes = length_notes(RunConfig.from_flat({"method": "lora", **flat}))
     assert len(notes) == 1 and want in notes[0]
     assert length_notes(RunConfig.from_flat({"method": "lora", "warmup_steps": 5, "max_steps": 10})) == []
+
+
+def test_a_name_longer_than_the_file_system_allows_is_one_line(tmp_path):
+    """exists() and is_dir() raise for a path component over 255 bytes (where a missing path returns False): every
+    command that reads a path names it in one line, exit 2, before torch."""
+    long = str(tmp_path / ("a" * 300))
+    want = ["longer than the file system allows"]
+    _run([
+        (["train", "lora", "--model", long], want),
+        ([*TRAIN, "--dataset", long + ".jsonl"], want),
+        ([*TRAIN, "--config", long + ".yaml"], want),
+        (["plan", "lora", "--model", long], want),
+        (["report", long], want),
+        (["bench", long + ".yaml"], want),
+        (["profile", "--summarize", long], want),
+    ], tmp_path)
