@@ -173,7 +173,7 @@ DECLARED: tuple[Declared, ...] = (
     # full checkpointing's recomputation without the output projection's base matmul (models/recompute.py): fewer
     # recomputed FLOPs, priced as such (plan/speed.py)
     Declared("lean_recompute", "model", frozenset({"speed"}), False, methods=("lora", "qlora"),
-             void_when=(When("checkpointing", ("none",)),),
+             needs=(When("checkpointing", ("full", "selective", "auto")),), refuse=frozenset({"needs"}),
              word="lean-recompute", planner_values=(False, True),
              # compiled selective checkpointing never kept the projection's output: the same run, a second row.
              # Under --fp8-base the skipped matmul is an e4m3 one (half the time a FLOP) run as an opaque op: llama-8b

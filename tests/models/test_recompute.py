@@ -113,6 +113,13 @@ def test_other_methods_are_refused(tmp_path, capsys):
                          "--lean-recompute is a LoRA and QLoRA option")
 
 
+def test_without_checkpointing_it_is_refused(tmp_path, capsys):
+    """Nothing is recomputed without checkpointing: asked for there, it is a mistake worth one line, as
+    --selective-rest and --offload-checkpoints are."""
+    assert_train_refuses(tmp_path, capsys, "lora", ["--lean-recompute"],
+                         "--lean-recompute needs --checkpointing full or selective or auto")
+
+
 @pytest.mark.parametrize("method, flat", [("lora", {}), ("qlora", {}), ("lora", {"fp8_base": True})])
 def test_under_selective_the_output_is_not_kept_and_the_gradients_are_the_same_bits(method, flat, tmp_path, skips):
     """Selective saved every matmul's output, the output projection's too, which backward never reads."""
