@@ -24,6 +24,7 @@ from ftprof.models.source import (
     local_config_problem,
     read_local_config,
     unknown_model_message,
+    weights_problem,
 )
 from ftprof.results.store import check_writable_dir, remove_partial_dirs
 
@@ -358,11 +359,17 @@ def check_data(cfg: RunConfig, checked: set[str] | None = None) -> None:
         checked.add(repr(data))
 
 
-def check_before_load(cfg: RunConfig, checked: set[str] | None = None, method_packages: bool = True) -> None:
+def check_before_load(cfg: RunConfig, checked: set[str] | None = None, method_packages: bool = True,
+                      weights: bool = True) -> None:
     """Everything a run checks before its model loads that needs no torch and no GPU of this machine: ``ftprof
     train`` runs it, and bench (``--dry-run`` too) for every cell; ``ftprof plan`` for another GPU leaves out the
-    method's packages (``method_packages``)."""
+    method's packages (``method_packages``), and a plan that trains nothing a local checkpoint's weights
+    (``weights``: its probe needs config.json alone)."""
     check_config(cfg)
+    if weights and classify_model_name(cfg.model.model) == "local":
+        problem = weights_problem(Path(cfg.model.model).expanduser())
+        if problem:
+            raise ConfigError(problem)
     check_packages(cfg, method_packages)
     check_data(cfg, checked)
 

@@ -109,7 +109,8 @@ def plan_request(args: argparse.Namespace):
     given = {k: v for k, v in vars(args).items() if k not in PLAN_OPTIONS | {"func", "command"}}
     lora_like = [m for m in methods if m != "full"]
     cfg = config_from_args(argparse.Namespace(**given, method=(lora_like or list(methods))[0]))
-    check_before_load(cfg, method_packages=cfg.method.method not in {m for m, _ in needs_here})
+    check_before_load(cfg, method_packages=cfg.method.method not in {m for m, _ in needs_here},
+                      weights=bool(args.verify or args.train))  # the probe alone needs config.json only
     check_cache_dir()  # the probes' cache and the calibration store live there
     _check_budget(cfg)
     request = PlanRequest(cfg, methods, args.gpu, args.gpus, args.top, notes, needs_here, _pins(cfg, given))

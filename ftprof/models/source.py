@@ -121,6 +121,33 @@ def read_local_config(path: Path) -> dict:
     return data
 
 
+def weights_problem(path: Path) -> str | None:
+    """Why the checkpoint directory ``path`` has no weights a run could load (one line), or None: no *.safetensors
+    or *.bin file at all, an index naming shards that are not there, or a model.safetensors whose header is not
+    safetensors' (8 bytes of length, then that many bytes of JSON). Read before torch; ``ftprof plan`` alone needs
+    only config.json (its probe builds the layers from it)."""
+    names = {p.name for p in path.iterdir() if p.is_file()}
+    if not any(n.endswith((".safetensors", ".bin")) for n in names):
+        return f"--model: '{path}' has a config.json but no weights (no *.safetensors or *.bin file)"
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if index in names:
+            try:
+                shards = set(json.loads((path / index).read_bytes()).get("weight_map", {}).values())
+            except (OSError, ValueError, AttributeError):
+                return f"--model: {path / index} is not a weight index (JSON with a weight_map)"
+            missing = sorted(shards - names)
+            if missing:
+                return f"--model: {path / index} names {len(missing)} missing shard(s), e.g. {missing[0]}"
+    if "model.safetensors" in names:
+        with open(path / "model.safetensors", "rb") as f:
+            head = f.read(9)
+        size = (path / "model.safetensors").stat().st_size
+        length = int.from_bytes(head[:8], "little") if len(head) == 9 else 0
+        if not (0 < length <= size - 8) or head[8:9] != b"{":
+            return f"--model: {path / 'model.safetensors'} is not a safetensors file (its header is not one)"
+    return None
+
+
 def _size(data: dict, name: str):
     return next((data[k] for k in SIZES[name] if data.get(k) is not None), None)
 
