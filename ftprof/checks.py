@@ -17,7 +17,7 @@ from ftprof.config.evaluation import eval_data_config
 from ftprof.config.saving import ADAPTER, BASE, MERGED, MODEL
 from ftprof.data.source import check_dataset, locate
 from ftprof.errors import ConfigError
-from ftprof.models.modules import decoder_layers, lora_target_problem, max_positions
+from ftprof.models.modules import decoder_layers, hidden_size, lora_target_problem, max_positions
 from ftprof.models.source import (
     classify_model_name,
     default_targets_problem,
@@ -115,6 +115,11 @@ def _check_model_shape(cfg: RunConfig) -> None:
     limit = max_positions(cfg.model.model)
     if limit is not None and cfg.data.seq_len > limit:
         raise ConfigError(f"--seq-len {cfg.data.seq_len} exceeds the {limit} positions of model '{cfg.model.model}'")
+    # every adapted projection has the hidden size on one side: a rank above it adds parameters and no capacity
+    hidden, rank = hidden_size(cfg.model.model), cfg.method.lora_r
+    if hidden and rank and cfg.method.method != "full" and rank > hidden:
+        raise ConfigError(f"--lora-r {rank} exceeds the hidden size {hidden} of model '{cfg.model.model}' (every "
+                          "adapted projection has it on one side: a larger rank adds parameters, not capacity)")
 
 
 def check_layer_count(cfg: RunConfig, layers: int | None) -> None:

@@ -52,6 +52,13 @@ def max_positions(model: str) -> int | None:
     return value if isinstance(value, int) else None
 
 
+def hidden_size(model: str) -> int | None:
+    """A preset's or local checkpoint's hidden size (hidden_size, else n_embd), read without torch; None if unknown."""
+    data = model_config_dict(model) or {}
+    value = next((data[k] for k in ("hidden_size", "n_embd", "d_model") if data.get(k) is not None), None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def decoder_layers(model: str) -> int | None:
     """A preset's or local checkpoint's decoder layers (num_hidden_layers), read without torch; None if unknown."""
     value = (model_config_dict(model) or {}).get("num_hidden_layers")

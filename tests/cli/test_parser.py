@@ -54,6 +54,7 @@ def test_parse_errors_are_one_line(argv, fragment, capsys):
     (["train", "full", "--model", "./no/such/dir"], "is not a directory"),
     (["train", "full", "--dataset", "missing.jsonl"], "does not exist"),
     (["train", "full", "--seq-len", "4096"], "--seq-len 4096 exceeds the 2048 positions"),
+    (["train", "lora", "--lora-r", "100000"], "--lora-r 100000 exceeds the hidden size 64 of model 'tiny'"),
     (["train", "full", "--batch-size", "0"], "--batch-size must be at least 1"),
     (["train", "full", "--device", "cpu", "--optimizer", "paged_adamw_8bit"], "needs a CUDA device"),
 ])
