@@ -411,13 +411,27 @@ class BenchRunner:
 
     # ------------------------------------------------------------------ summary
     def write_summary(self) -> Path:
-        report = read_runs([self.out_dir])
-        names = {p.experiment.name for p in self.planned}
-        rows = [dict(row, experiment=Path(row["run_dir"]).name) for row in report.rows
-                if Path(row["run_dir"]).name in names]
-        path = write_csv_atomic(self.out_dir / "raw_summary.csv", rows)
+        path = write_csv_atomic(self.out_dir / "raw_summary.csv", sweep_rows(self.out_dir, self.planned))
         write_sweep_record(self.sweep, self.out_dir, self.planned)
         return path
+
+
+def sweep_rows(out_dir: Path, planned: list[Planned]) -> list[dict]:
+    """One row per experiment of the sweep that left a run directory, in the sweep's order: its result, or, where its
+    result.json or config.json is damaged, an error row naming the file and why (the cell stays in the table and in
+    raw_summary.csv instead of dropping out of both)."""
+    by_name = {Path(row["run_dir"]).name: row for row in read_runs([out_dir]).rows}
+    rows = []
+    for p in planned:
+        name = p.experiment.name
+        if name in by_name:
+            rows.append(dict(by_name[name], experiment=name))
+            continue
+        status, why = previous_status(p.run_dir)
+        if status == Status.ERROR.value and why:
+            rows.append({**p.experiment.values, "run_dir": str(p.run_dir), "experiment": name, "status": status,
+                         "error_type": "damaged", "error_message": why})
+    return rows
 
 
 SWEEP_RECORD = "sweep.json"  # which sweep an output directory holds (a different one is refused: flow.py)

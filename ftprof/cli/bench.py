@@ -213,13 +213,10 @@ def _run_with_display(console, sweep, out_dir: Path, args: argparse.Namespace, s
 
 def _print_outcome(console, done, out_dir: Path, sweep) -> None:
     """The end-of-sweep table of this sweep's experiments, why each failed one failed, and what did not run."""
+    from ftprof.bench.runner import sweep_rows
     from ftprof.report.training_check import lagging_lines
-    from ftprof.results.load import read_runs
 
-    names = {p.experiment.name for p in done.planned}
-    rows = [dict(r, experiment=Path(r["run_dir"]).name) for r in read_runs([out_dir]).rows
-            if Path(r["run_dir"]).name in names]
-    rows, keys = with_repeat_column(rows, sweep.varying, sweep.repeats)
+    rows, keys = with_repeat_column(sweep_rows(out_dir, done.planned), sweep.varying, sweep.repeats)
     console.print(results_table(rows, f"sweep {sweep.name}", keys))
     for line in failure_lines(rows):
         console.print(line, markup=False)

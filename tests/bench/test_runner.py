@@ -365,6 +365,25 @@ def test_a_damaged_result_is_a_failed_cell_when_planning(tmp_path, capsys, text,
     assert "result.json" in capsys.readouterr().out
 
 
+def test_a_damaged_result_stays_in_the_table_and_the_summary(tmp_path, capsys):
+    """Resumed, the cell is skipped as failed; it keeps its row (status error, the file and why) in the sweep's
+    table and raw_summary.csv instead of dropping out of both."""
+    import csv
+
+    path = _sweep(tmp_path, "experiments: [{method: full}]\n")
+    out = tmp_path / "out"
+    (p,) = plan(load_sweep(path), out)
+    p.run_dir.mkdir(parents=True)
+    (p.run_dir / "result.json").write_text('{"status": "ok"')
+    assert main(["bench", str(path), "--output-dir", str(out)]) == 1
+    printed = capsys.readouterr().out
+    assert p.experiment.name in printed and "not valid JSON" in printed
+    with open(out / "raw_summary.csv") as fh:
+        (row,) = list(csv.DictReader(fh))
+    assert (row["experiment"], row["status"], row["error_type"]) == (p.experiment.name, "error", "damaged")
+    assert "result.json" in row["error_message"] and row["method"] == "full"
+
+
 def test_a_damaged_config_is_a_failed_cell(tmp_path):
     path = _sweep(tmp_path, "experiments: [{method: full}]\n")
     out = tmp_path / "out"
