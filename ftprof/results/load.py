@@ -71,9 +71,17 @@ def _read_object(run_dir: Path, name: str) -> dict[str, Any]:
     return data
 
 
+# Measured quantities that cannot be negative: a file holding one is damaged, not a slow run
+NON_NEGATIVE = ("steps_completed", "tokens_per_s", "tokens_per_s_per_gpu", "real_tokens_per_s",
+                "real_tokens_per_s_per_gpu", "step_time_p50_s", "step_time_p90_s", "step_time_mean_s", "mfu", "hfu",
+                "torch_peak_allocated", "torch_peak_reserved", "nvml_process_used_peak", "energy_per_token_j")
+
+
 def _check_result(data: dict[str, Any]) -> None:
-    if Status.parse(data.get("status")) is None:
-        raise ValueError(f"{RESULT}: status {data.get('status')!r} is not one of {', '.join(STATUSES)}")
+    if "status" not in data:
+        raise ValueError(f"{RESULT}: has no 'status' (one of {', '.join(STATUSES)})")
+    if Status.parse(data["status"]) is None:
+        raise ValueError(f"{RESULT}: status {data['status']!r} is not one of {', '.join(STATUSES)}")
     for key, (kinds, optional) in _expected_types().items():
         if key not in data:
             continue
@@ -83,6 +91,8 @@ def _check_result(data: dict[str, Any]) -> None:
         if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
             raise ValueError(f"{RESULT}: field '{key}' must be {' or '.join(k.__name__ for k in kinds)}"
                              f"{' or null' if optional else ''}, got {type(value).__name__}")
+        if key in NON_NEGATIVE and isinstance(value, (int, float)) and value < 0:
+            raise ValueError(f"{RESULT}: field '{key}' is {value}: a measured quantity cannot be negative")
 
 
 def _check_config(data: dict[str, Any]) -> None:
