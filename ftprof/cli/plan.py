@@ -311,7 +311,7 @@ def _verify(plan, sweep_path: Path, out_dir: Path, k: int, request, base: dict, 
     from ftprof.results.store import write_text_atomic
 
     top = out_dir / "verify-sweep.yaml"
-    top.write_text(output.sweep_yaml(plan, k, base))
+    write_text_atomic(top, output.sweep_yaml(plan, k, base))
     run_dirs = verify.run_top(top, out_dir / "verify")
     table, summary, rows = verify.compare(run_dirs)
     if len(table):

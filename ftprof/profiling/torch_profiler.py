@@ -28,6 +28,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 from ftprof.config import ProfilingConfig
 from ftprof.profiling import layout
 from ftprof.profiling.kineto_noise import quiet_kineto
+from ftprof.results.store import write_text_atomic
 
 SNAPSHOT_MAX_ENTRIES = 100_000  # bounded allocator history: enough for a few steps of a large model
 
@@ -226,9 +227,8 @@ class TorchProfiler:
         sort = "self_device_time_total" if cuda else "self_cpu_time_total"
         table = self._path("key_averages", "txt")
         group = 5 if self.settings.with_stack else 0
-        self._try("key averages", lambda: table.write_text(
-            prof.key_averages(group_by_stack_n=group).table(sort_by=sort, row_limit=60, max_name_column_width=80)),
-            table)
+        self._try("key averages", lambda: write_text_atomic(table, prof.key_averages(group_by_stack_n=group).table(
+            sort_by=sort, row_limit=60, max_name_column_width=80)), table)
         if self.settings.with_stack:
             stacks = self._path("stacks", "txt")
             metric = "self_cuda_time_total" if cuda else "self_cpu_time_total"
