@@ -76,8 +76,14 @@ class SweepRun:
         return EXIT_FAILED if self.failed() or self.not_run() else EXIT_OK
 
 
+def results_dir(sweep: Sweep, output_dir: str | Path | None) -> Path:
+    """Where a sweep's results go: --output-dir, else results/<sweep name>."""
+    return Path(output_dir).expanduser() if output_dir else Path("results") / sweep.name
+
+
 def output_dir_for(sweep: Sweep, output_dir: str | Path | None) -> Path:
-    return check_writable_dir(output_dir or Path("results") / sweep.name, "--output-dir")
+    """``results_dir``, checked writable (and created)."""
+    return check_writable_dir(results_dir(sweep, output_dir), "--output-dir")
 
 
 def recorded_sweep(out_dir: Path) -> dict | None:

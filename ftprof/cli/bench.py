@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ftprof.console import fmt_gib, fmt_num, make_console
+from ftprof.errors import ConfigError
 from ftprof.results.status import status_style
 
 
@@ -108,7 +109,7 @@ def _num(row: dict, key: str):
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    from ftprof.bench.flow import check_same_sweep, output_dir_for
+    from ftprof.bench.flow import check_same_sweep, output_dir_for, results_dir
     from ftprof.bench.lock import OutputLock
     from ftprof.bench.sweep import load_sweep
 
@@ -117,7 +118,11 @@ def bench_command(args: argparse.Namespace) -> int:
     launcher = sweep.launcher.merged({key: getattr(args, key) for key in LAUNCHER_OPTIONS}
                                      | {"type": args.launcher, "sbatch": tuple(args.sbatch or ())}, "")
     check_slurm_only(args, launcher.type, sweep.path)
-    out_dir = output_dir_for(sweep, args.output_dir)
+    if args.output_dir is not None and not str(args.output_dir).strip():
+        raise ConfigError("--output-dir: empty path (leave it out for results/<sweep name>)")
+    # --status of a directory nothing ran into yet reads it as it is: output_dir_for would create it (and the lock)
+    fresh = args.status and not results_dir(sweep, args.output_dir).is_dir()
+    out_dir = results_dir(sweep, args.output_dir) if fresh else output_dir_for(sweep, args.output_dir)
     check_same_sweep(sweep, out_dir)  # another sweep's results there: refused whatever the mode (run, plan, status)
     if launcher.type == "local":  # the experiments run here: what this machine cannot run is refused now
         check_devices(sweep)
@@ -173,8 +178,6 @@ def _flag(dest: str) -> str:
 
 def check_combinations(args: argparse.Namespace) -> None:
     """Options given together that cannot both apply: one line naming them (before the sweep is read)."""
-    from ftprof.errors import ConfigError
-
     for one, other, why in CONFLICTS:
         if getattr(args, one) and getattr(args, other):
             raise ConfigError(f"{_flag(one)} and {_flag(other)} cannot be used together: {why}")
@@ -277,11 +280,14 @@ def status_command(console: Console, sweep, out_dir: Path) -> int:
     from ftprof.bench.lock import OutputDirBusy, OutputLock
     from ftprof.bench.slurm import sweep_status
 
-    try:
-        with OutputLock(out_dir):
-            cells = sweep_status(sweep, out_dir)
-    except OutputDirBusy:
+    if not out_dir.is_dir():  # nothing ran or was submitted into it: nothing to record, nothing to create
         cells = sweep_status(sweep, out_dir, reconcile_ended=False)
+    else:
+        try:
+            with OutputLock(out_dir):
+                cells = sweep_status(sweep, out_dir)
+        except OutputDirBusy:
+            cells = sweep_status(sweep, out_dir, reconcile_ended=False)
     table = Table(title=f"sweep {sweep.name} ({out_dir})", header_style="bold")
     for col in ("experiment", "job", "slurm state", "node", "status"):
         table.add_column(col)

@@ -150,3 +150,15 @@ def test_sbatch_is_given_once_per_option_and_other_options_once():
     assert args.sbatch == ["--exclusive", "--comment=x"]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "s.yaml", "--partition", "a", "--partition", "b"])
+
+
+def test_an_empty_output_dir_is_refused_and_a_status_of_nothing_creates_nothing(tmp_path):
+    """--output-dir '' is refused as train refuses it (it fell back to results/<name> silently); --status of a
+    directory no sweep ran into shows the cells as not submitted without creating it, or its lock."""
+    (tmp_path / "ok.yaml").write_text(FAST + "matrix: {method: [full]}\n")
+    missing = tmp_path / "never"
+    results = _run([["bench", "ok.yaml", "--output-dir", ""], ["bench", "ok.yaml", "--status", "--output-dir",
+                                                                 str(missing)]], tmp_path)
+    assert [r["code"] for r in results] == [2, 0], results
+    assert "--output-dir: empty path" in results[0]["stderr"]
+    assert not missing.exists()
