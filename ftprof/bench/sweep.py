@@ -334,6 +334,7 @@ def _experiments(path: Path, cells: list[tuple[str, dict[str, Any]]], varying: l
     error."""
     experiments: list[Experiment] = []
     seen: dict[str, str] = {}
+    runs: dict[str, str] = {}  # what each cell runs (its whole configuration): cells that differ only by defaults
     data_checked: set[str] = set()  # each dataset's content is read once, however many cells use it
     pythons: dict[str, str | None] = {}  # each interpreter checked once
     for where, values in cells:
@@ -351,11 +352,21 @@ def _experiments(path: Path, cells: list[tuple[str, dict[str, Any]]], varying: l
         name = f"{_slug(values, varying or ['method'])}-{_digest(values)}"
         if name in seen:
             raise _fail(path, where, f"duplicates {seen[name]}")
-        seen[name] = where
+        ran = _off_defaults(values)
+        if ran in runs:
+            raise _fail(path, where, f"runs what {runs[ran]} runs (the options they differ in are at their defaults)")
+        seen[name], runs[ran] = where, where
         for r in range(repeats):
             experiments.append(Experiment(name if repeats == 1 else f"{name}-r{r + 1}", values, config, trainer,
                                           python))
     return experiments
+
+
+def _off_defaults(values: dict[str, Any]) -> str:
+    """A cell's options less those given at their defaults (a key: two cells with the same one run the same)."""
+    defaults = _default_options()
+    return json.dumps({k: v for k, v in values.items() if k not in defaults or v != defaults[k]}, sort_keys=True,
+                      default=str)
 
 
 def _check_recipe_options(path: Path, where: str, trainer: str, options: dict[str, Any]) -> None:

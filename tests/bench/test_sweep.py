@@ -91,6 +91,8 @@ BAD_FILES = [
      "base.output_dir: is set by bench for each experiment (<output dir>/<experiment>); use ftprof bench --output-dir"),
     ("matrix: {method: [full]}\nname: a/b\n", "name: 'a/b' must be a plain directory name"),
     ("experiments: [{method: full}, {method: full}]\n", "experiments[1]: duplicates experiments[0]"),
+    ("experiments: [{method: lora}, {method: lora, batch_size: 2}]\n",
+     "experiments[1]: runs what experiments[0] runs (the options they differ in are at their defaults)"),
     # a rule that matches no cell is a typo, not a no-op
     ("matrix: {method: [full, lora], batch_size: [1, 2]}\n"
      "exclude: [{method: full, batch_size: 1}, {method: qlora}]\n",
