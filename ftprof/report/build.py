@@ -16,6 +16,7 @@ from ftprof.report import compare as compare_mod
 from ftprof.report import eval_loss, plots, prediction, profiles
 from ftprof.report import slow_steps as slow_steps_mod
 from ftprof.report.tables import SummaryTable, load_results, summarize, to_csv_frame, to_markdown
+from ftprof.results.load import find_run_dirs
 from ftprof.results.run_dir import CONFIG, ENV
 from ftprof.results.store import write_text_atomic
 
@@ -108,6 +109,7 @@ def build_report(paths: list[str | Path], out_dir: str | Path | None = None, *, 
         if problems:  # run directories exist, but none could be read: say which and why, not "none found"
             raise ConfigError(f"no readable run directory under {where}: {len(problems)} skipped, e.g. {problems[0]}")
         raise ConfigError(f"no run directories (with ftprof's config.json) under {where}")
+    problems += [f"{p}: holds no run directory (with ftprof's config.json)" for p in paths if not find_run_dirs([p])]
     df = profiles.with_bucket_columns(df)
     if sort and sort not in df.columns:
         if sort != DEFAULT_SORT:

@@ -286,6 +286,10 @@ def test_report_messages_about_what_could_not_be_read(results, tmp_path, capsys)
     shutil.copytree(results / "half", mixed / "half")
     assert main(["report", str(mixed), "--format", "md", "--output-dir", str(tmp_path / "o3")]) == 0
     assert "## Skipped run directories" in (tmp_path / "o3" / "summary.md").read_text()
+    (tmp_path / "empty").mkdir()  # given beside a good one: named, not silently left out
+    assert main(["report", str(mixed), str(tmp_path / "empty"), "--format", "md", "--output-dir",
+                 str(tmp_path / "o4")]) == 0
+    assert f"{tmp_path / 'empty'}: holds no run directory" in (tmp_path / "o4" / "summary.md").read_text()
     (tmp_path / "afile").write_text("x")
     capsys.readouterr()
     assert main(["report", str(mixed), "--output-dir", str(tmp_path / "afile")]) == 2
