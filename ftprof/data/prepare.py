@@ -81,7 +81,8 @@ def _progress_bars(show: bool):
 
 def check_rows(data: DataConfig) -> None:
     """What tokenizing would refuse that needs no tokenizer: the rows load (a corrupt parquet, a bad split), there
-    are some, the format's columns exist, every chat row has an assistant turn. The same lines as a run's."""
+    are some, the format's columns exist and the text column holds text, every chat row has an assistant turn. The
+    same lines as a run's."""
     from ftprof.data.source import load_rows, locate
 
     if locate(data).kind == "hub":
@@ -90,7 +91,9 @@ def check_rows(data: DataConfig) -> None:
         rows = load_rows(data)
     if len(rows) == 0:
         raise ConfigError(f"{data.option('dataset')}: '{data.dataset}' split '{data.dataset_split}' has no rows")
-    if resolve_format(data, list(rows.column_names)) == "chat":
+    fmt = resolve_format(data, list(rows.column_names))
+    _check_text_column(data, rows, fmt)
+    if fmt == "chat":
         check_chat_turns(data, rows)
 
 

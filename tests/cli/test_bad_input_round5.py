@@ -72,8 +72,8 @@ def _cases(t):
          ["--max-steps is an option of a run", "--summarize reads traces"], [], False),
         (["profile", "--summarize", str(t / "trace.json"), "--baseline", str(t / "trace.json")],
          ["--baseline names the trace --summarize reads"], [], False),
+        ([*train, "--dataset", str(t / "numbers.jsonl")], ["--text-field", "int64", "not text"], [], False),
         # (torch imported: last, as the cases run in one interpreter)
-        ([*train, "--dataset", str(t / "numbers.jsonl")], ["--text-field", "int64", "not text"], [], True),
         (["profile", "--summarize", str(t / "trace.json"), "--baseline", str(t / "not-a-trace.json")],
          ["--baseline", "cannot read"], [], True),
     ]
