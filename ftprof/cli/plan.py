@@ -113,6 +113,7 @@ def plan_request(args: argparse.Namespace):
                       weights=bool(args.verify or args.train))  # the probe alone needs config.json only
     check_cache_dir()  # the probes' cache and the calibration store live there
     _check_budget(cfg)
+    _check_weights_fit(cfg, methods, args)
     request = PlanRequest(cfg, methods, args.gpu, args.gpus, args.top, notes, needs_here, _pins(cfg, given))
     _check_pins(request)
     return request, given
@@ -140,6 +141,32 @@ def _check_budget(cfg) -> None:
     if limit is not None and int(limit * GIB) <= budget_margin(int(limit * GIB)):
         raise ConfigError(f"--memory-limit-gib {limit:g} leaves no budget: the plan keeps a margin of it free "
                           f"({BUDGET_MARGIN_WORDS}), so give more than {BUDGET_MARGIN_MIN_BYTES / GIB:g} GiB")
+
+
+def _check_weights_fit(cfg, methods, args: argparse.Namespace) -> None:
+    """A model whose weights alone, stored the leanest way any planned method stores them (4 bits for QLoRA, GPTQ's
+    bits, 16 otherwise) and spread over --gpus, exceed the budget: said before the probe (llama-70b on a 24 GB card
+    took a 25 s probe to say nothing fits). The budget: --memory-limit-gib, else the --gpu card's memory."""
+    from ftprof.gpus import gpu_named
+    from ftprof.metrics import GIB, budget_margin
+    from ftprof.models.modules import model_config_dict
+    from ftprof.models.source import least_params
+
+    if cfg.output.memory_limit_gib is not None:
+        limit = int(cfg.output.memory_limit_gib * GIB)
+    elif args.gpu is not None:
+        limit = gpu_named(args.gpu).usable_bytes
+    else:
+        return  # this machine's free memory: read once torch is up
+    params = least_params(model_config_dict(cfg.model.model) or {})
+    bits = {"qlora": 4, "gptq-lora": cfg.method.gptq_bits or 4}
+    method = min(methods, key=lambda m: bits.get(m, 16))
+    floor = (params or 0) * bits.get(method, 16) / 8 / max(1, args.gpus)
+    budget = limit - budget_margin(limit)
+    if floor > budget:
+        raise ConfigError(f"nothing can fit: '{cfg.model.model}' has at least {params / 1e9:.1f}B parameters, "
+                          f"{floor / GIB:.1f} GiB per GPU in {bits.get(method, 16)} bits ({method}) before any "
+                          f"activation, over the {budget / GIB:.1f} GiB budget")
 
 
 def _pins(cfg, given: dict) -> tuple:

@@ -148,6 +148,19 @@ def weights_problem(path: Path) -> str | None:
     return None
 
 
+def least_params(data: dict) -> int | None:
+    """A floor on the parameters of a model with config ``data`` (None where its sizes are missing or odd): one
+    embedding table, and per layer the query and output projections and two MLP matrices. The key and value
+    projections (small under grouped-query attention), a second table, norms and biases are left out."""
+    sizes = {n: _size(data, n) for n in SIZES}
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sizes.values() if v is not None) \
+            or None in (sizes["hidden_size"], sizes["num_hidden_layers"], sizes["vocab_size"]):
+        return None
+    hidden = sizes["hidden_size"]
+    inter = sizes["intermediate_size"] or 4 * hidden
+    return sizes["vocab_size"] * hidden + sizes["num_hidden_layers"] * (2 * hidden * hidden + 2 * hidden * inter)
+
+
 def _size(data: dict, name: str):
     return next((data[k] for k in SIZES[name] if data.get(k) is not None), None)
 

@@ -26,6 +26,10 @@ REFUSED = [
      "--memory-limit-gib 0.5 leaves no budget: the plan keeps a margin of it free (8% of the budget, at least 1 GiB), "
      "so give more than 1 GiB"),
     (["lora", "--gpu", "h100", "--memory-limit-gib", "1"], "--memory-limit-gib 1 leaves no budget"),
+    # weights alone over the budget, at the fewest bits any planned method stores them in
+    (["full", "--gpu", "l4", "--model", "llama-70b"], "nothing can fit: 'llama-70b' has at least 48.6B parameters, "
+     "90.5 GiB per GPU in 16 bits (full) before any activation, over the 19.8 GiB budget"),
+    (["all", "--gpu", "l4", "--model", "llama-70b"], "22.6 GiB per GPU in 4 bits (qlora)"),
     # a pinned value no candidate of the target has
     (["lora", "--device", "cpu", "--kernels", "liger"], "--kernels liger: ftprof plan tries no configuration of lora "
      "on cpu with that (on a CPU it tries eager kernels"),
