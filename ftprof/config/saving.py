@@ -84,6 +84,20 @@ def read_checkpoint_state(path: str | Path) -> dict:
                           f"{CHECKPOINT_STATE}: {exc.__class__.__name__}); --save-steps writes them") from None
 
 
+# What a resumed run may change from its checkpoint's run (a new --lr, a longer run's schedule): it takes effect from
+# the resumed run's first step, and its note names each change (a changed --lr ran silently)
+RESUME_MAY_CHANGE = ("lr", "lr_scheduler_type", "warmup_steps", "warmup_ratio", "weight_decay", "max_grad_norm",
+                     "max_steps")
+
+
+def resume_changes(path: str | Path, options: dict) -> list[str]:
+    """"--lr 0.01 (the checkpoint's run: 0.0002)" for each RESUME_MAY_CHANGE option ``options`` (a run's flat
+    options) set otherwise than the run that wrote the checkpoint at ``path``."""
+    theirs = read_checkpoint_state(path).get("options", {})
+    return [f"--{k.replace('_', '-')} {options[k]} (the checkpoint's run: {theirs[k]})" for k in RESUME_MAY_CHANGE
+            if k in theirs and k in options and options[k] != theirs[k]]
+
+
 def check_same_data(path: str | Path, data_hash: str, dataset: str) -> None:
     """A resumed run trains on the tokens its checkpoint's run did (``data_hash``: PreparedData.content_hash): the
     batches it took are drawn again and dropped, so other data (the same file rewritten, another tokenizer) would

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ftprof import ranks
+from ftprof.config.saving import resume_changes
 from ftprof.engine import aggregate, distributed
 from ftprof.engine.build import Built, build
 from ftprof.engine.compile import eager_rounding
@@ -178,8 +179,10 @@ class Trainer:
                             saved=self.saved, check=self.check, not_trained=self.not_trained)
         res = assemble(recorded, status, exc)
         if self.start_step:
+            changed = resume_changes(self.cfg.save.resume_from_checkpoint, self.cfg.to_flat())
             res.notes.append(f"resumed from {self.cfg.save.resume_from_checkpoint} at step {self.start_step}: "
-                             f"steps {self.start_step + 1}-{self.cfg.train.max_steps} ran here")
+                             f"steps {self.start_step + 1}-{self.cfg.train.max_steps} ran here"
+                             + (f"; changed since the checkpoint: {', '.join(changed)}" if changed else ""))
         if self.merged_dir is not None:  # result.json's artifacts: in the run directory, else where it is
             inside = self.merged_dir.resolve().is_relative_to(Path(self.run_dir).resolve())
             res.artifacts["merged_model"] = os.path.relpath(self.merged_dir, self.run_dir) if inside \

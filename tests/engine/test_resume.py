@@ -156,6 +156,9 @@ def test_a_resumed_run_follows_its_own_schedule_and_lr(tmp_path):
                          resume_from_checkpoint=str(four_dir / "checkpoint-4"), **options)
     peak = RunConfig.from_flat({**SHAPE, **options}).train.lr
     assert all(lr == pytest.approx(whole[s] * 1e-3 / peak) for s, lr in _lrs(faster_dir).items())
+    notes = json.loads((faster_dir / "result.json").read_text())["notes"]  # the change is said, not silent
+    assert any(f"changed since the checkpoint: --lr 0.001 (the checkpoint's run: {peak})" in n and
+               "--max-steps 8 (the checkpoint's run: 4)" in n for n in notes), notes
 
 
 @pytest.mark.slow
