@@ -193,7 +193,7 @@ def _slug(values: dict[str, Any], keys: list[str]) -> str:
         v = ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v
         parts.append(f"{k}={v}")
     text = "_".join(parts) or "run"
-    return re.sub(r"[^A-Za-z0-9_.=,-]+", "-", text)[:120]
+    return re.sub(r"[^A-Za-z0-9_.=,+-]+", "-", text)[:120]
 
 
 def _digest(values: dict[str, Any]) -> str:

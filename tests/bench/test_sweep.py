@@ -40,6 +40,13 @@ def test_names_are_stable_across_loads(tmp_path):
     assert a == b and a[0].startswith("method=full_batch_size=1-")
 
 
+def test_a_name_keeps_an_exponent_s_sign(tmp_path):
+    """1e+30 is not named 1e-30 (the cell that diverged would read as one whose lr was tiny)."""
+    names = [e.name for e in load_sweep(_sweep(tmp_path, "matrix: {method: [full], lr: [1.0e+30, 1.0e-30]}\n")
+                                        ).experiments]
+    assert names[0].startswith("lr=1e+30-") and names[1].startswith("lr=1e-30-")
+
+
 def test_memory_logging_env_override_and_alias(tmp_path, monkeypatch):
     path = _sweep(tmp_path, "memory_logging: nvidia\nmatrix: {method: [full]}\n")
     assert load_sweep(path).memory_logging == "nvml"
