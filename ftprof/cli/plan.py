@@ -423,13 +423,18 @@ def _slug(model: str) -> str:
 
 
 def default_dir_name(request) -> str:
-    """plan-<model>-s<seq>-<batch>x<accum>-<gpu>[-<budget>g][-<N>gpus]: plans of other shapes, GPUs or budgets
-    do not overwrite each other."""
+    """plan-<model>-<methods>-s<seq>-<batch>x<accum>-<gpu>[-<budget>g][-<N>gpus]: plans of other methods, shapes,
+    GPUs or budgets do not overwrite each other (a lora plan replaced an `all` plan's files, its verify runs left
+    beside them)."""
     import re
+
+    from ftprof.config.options import METHODS
 
     cfg = request.cfg
     gpu = re.sub(r"[^a-z0-9]+", "-", (request.gpu or "here").lower()).strip("-")
-    name = f"plan-{_slug(cfg.model.model)}-s{cfg.data.seq_len}-{cfg.data.batch_size}x{cfg.train.grad_accum}-{gpu}"
+    methods = "all" if set(request.methods) == set(METHODS) else "+".join(m for m in METHODS if m in request.methods)
+    name = (f"plan-{_slug(cfg.model.model)}-{methods}-s{cfg.data.seq_len}-{cfg.data.batch_size}x"
+            f"{cfg.train.grad_accum}-{gpu}")
     if cfg.output.memory_limit_gib is not None:
         name += f"-{cfg.output.memory_limit_gib:g}g"
     return name + (f"-{request.gpus}gpus" if request.gpus > 1 else "")

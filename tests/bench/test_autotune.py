@@ -30,7 +30,7 @@ def test_plan_train_times_the_top_k_and_trains_the_fastest(tmp_path, capsys):
                  "--trial-steps", "3", "--max-steps", "5", "--output-dir", str(tmp_path), "--quiet"])
     out = capsys.readouterr().out
     assert code == 0, out
-    trials = sorted((tmp_path / "plan-tiny-s32-2x1-here" / "trials").iterdir())
+    trials = sorted((tmp_path / "plan-tiny-lora-s32-2x1-here" / "trials").iterdir())
     assert len([t for t in trials if (t / "result.json").is_file()]) == 2  # two trials, each its own process
     run = next(p for p in tmp_path.iterdir() if p.name.startswith("lora-tiny"))
     result = json.loads((run / "result.json").read_text())

@@ -88,14 +88,15 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, fragment):
     assert not (tmp_path / "plan").exists()
 
 
-def test_plans_of_other_shapes_do_not_overwrite_each_other(tmp_path, capsys):
+def test_plans_of_other_shapes_or_methods_do_not_overwrite_each_other(tmp_path, capsys):
     from ftprof.cli.main import main
 
-    for seq in ("64", "128"):
-        assert main(["plan", "lora", "--model", "tiny", "--device", "cpu", "--seq-len", seq,
+    for methods, seq in (("lora", "64"), ("lora", "128"), ("full,lora", "128")):
+        assert main(["plan", methods, "--model", "tiny", "--device", "cpu", "--seq-len", seq,
                      "--output-dir", str(tmp_path)]) == 0
     capsys.readouterr()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan-tiny-s128-2x1-here", "plan-tiny-s64-2x1-here"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan-tiny-full+lora-s128-2x1-here",
+                                                          "plan-tiny-lora-s128-2x1-here", "plan-tiny-lora-s64-2x1-here"]
 
 
 def test_a_row_s_command_runs_that_row(tmp_path, capsys):
