@@ -201,6 +201,18 @@ def steady_window(steps: list[dict]) -> tuple[list[dict], int]:
     return steady, 0
 
 
+def steady_window_note(steps: list[dict]) -> str | None:
+    """What a run's notes say of its steady window (``steady_window``): profiled steps left out, or every steady step
+    profiled (its figures then carry the profiler's cost); None when no step was profiled."""
+    steady, left_out = steady_window(steps)
+    if left_out:
+        return f"steady-state figures from {len(steady)} unprofiled steps ({left_out} profiled steps left out)"
+    if steady and all(s["profiler_phase"] not in ("", "wait") for s in steady):
+        return (f"steady-state figures from {len(steady)} profiled step(s): no unprofiled step was left to time, so "
+                "they carry the profiler's cost (more --max-steps leave unprofiled ones)")
+    return None
+
+
 def steady_figures(steps: list[dict], world_size: int, flops_per_token: float | None,
                    recompute_flops_per_token: float | None, peak: float | None) -> dict | None:
     """Step-time statistics, throughput and MFU/HFU of a steady window (RunResult field names).

@@ -229,3 +229,15 @@ def test_host_time_sums_the_window_and_skips_rows_from_before_causes():
                                     "steps_s": 3.0})
     old = [{k: v for k, v in s.items() if k not in metrics.HOST_CAUSES} for s in steps]
     assert metrics.host_time(old) is None
+
+
+def test_the_steady_window_says_when_profiled_steps_were_left_out_or_all_that_was_timed():
+    def step(phase, warmup=False):
+        return {"warmup": warmup, "profiler_phase": phase, "step_time_s": 1.0}
+
+    mixed = [step("", True), step("wait"), step("active"), step("active")]
+    assert metrics.steady_window_note(mixed) == ("steady-state figures from 1 unprofiled steps (2 profiled steps "
+                                                 "left out)")
+    only_profiled = [step("", True), step("warmup"), step("active")]  # a short profile: nothing unprofiled to time
+    assert "from 2 profiled step(s)" in metrics.steady_window_note(only_profiled)
+    assert metrics.steady_window_note([step("", True), step(""), step("")]) is None

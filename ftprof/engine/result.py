@@ -71,10 +71,10 @@ def assemble(rec: Recorded, status: Status, exc: BaseException | None = None) ->
         res.data = DataStats.from_dict(rec.resolved.data.stats)
     steps = rec.steps.dicts()
     _throughput(res, steps)
-    steady, left_out = metrics.steady_window(steps)
-    if left_out:
-        res.notes.append(f"steady-state figures from {len(steady)} unprofiled steps ({left_out} profiled steps "
-                         "left out)")
+    steady, _ = metrics.steady_window(steps)
+    note = metrics.steady_window_note(steps)
+    if note:
+        res.notes.append(note)
     if rec.built is not None:
         res.flops = _flops(rec.built, rec.resolved)
         res.checkpointing = _checkpointing(rec.built)

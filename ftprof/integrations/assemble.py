@@ -104,10 +104,10 @@ def result(rec: Recorder, run: RunIdentity, model, checkpointing: str, world_siz
         res.throughput.loss_first, res.throughput.loss_last = steps[0]["loss"], steps[-1]["loss"]
         res.throughput.tokens_per_step = own[-1]["tokens"]
     res.throughput.warmup_step_times_s = [s["step_time_s"] for s in steps if s["warmup"]]
-    steady, left_out = metrics.steady_window(steps)
-    if left_out:  # the profiler window's steps (ftprof.engine.result says the same of ftprof's profiled runs)
-        res.notes.append(f"steady-state figures from {len(steady)} unprofiled steps ({left_out} profiled steps "
-                         "left out)")
+    steady, _ = metrics.steady_window(steps)
+    note = metrics.steady_window_note(steps)  # (the profiler window's steps, as ftprof's own profiled runs say)
+    if note:
+        res.notes.append(note)
     if not record_steady_state(res, steps, steady, world_size) and steps:
         res.notes.append("every step was a warm-up step: no steady-state figures")
     config = attention_config(model)
