@@ -47,14 +47,8 @@ def preflight(cfg: RunConfig) -> ResolvedRun:
         from ftprof.config.saving import check_same_data
 
         check_same_data(cfg.save.resume_from_checkpoint, data.content_hash, cfg.data.dataset)
-    if data is not None and data.stats.get("rows_dropped"):
-        why = " once cut to --seq-len" if not cfg.data.packing else ""
-        notes.append(f"--dataset: {data.stats['rows_dropped']} of {data.stats['rows_loaded']} rows dropped: no token "
-                     f"to train on{why}")
-    if data is not None and cfg.data.packing and data.stats.get("tokens", cfg.data.seq_len) < cfg.data.seq_len:
-        notes.append(f"--packing: the dataset holds {data.stats['tokens']} tokens, less than one sequence of "
-                     f"--seq-len {cfg.data.seq_len}: its documents repeat within every sequence, and the figures "
-                     "count the repeats as real tokens")
+    if data is not None:
+        _note_data(cfg, data, notes)
     eval_data = _prepare_eval_data(cfg, tokenizer)
     dist = env_info()
     resolved = _steps_for_profiling(_steps_from_epochs(resolved, data, dist.world_size, notes), notes)
@@ -91,6 +85,23 @@ def _model_source(name: str) -> ModelSource:
             hint = OFFLINE_HINT if found_unreachable() else "HF_HUB_OFFLINE is set: the local cache only"
             raise ConfigError(f"{exc} ({hint})") from None
         raise
+
+
+def _note_data(cfg: RunConfig, data, notes: list[str]) -> None:
+    """What the prepared training data means for the figures: rows dropped, and data too small to fill a sequence
+    (packed) or a batch (unpacked), whose repeats count as real tokens."""
+    if data.stats.get("rows_dropped"):
+        why = " once cut to --seq-len" if not cfg.data.packing else ""
+        notes.append(f"--dataset: {data.stats['rows_dropped']} of {data.stats['rows_loaded']} rows dropped: no token "
+                     f"to train on{why}")
+    if cfg.data.packing and data.stats.get("tokens", cfg.data.seq_len) < cfg.data.seq_len:
+        notes.append(f"--packing: the dataset holds {data.stats['tokens']} tokens, less than one sequence of "
+                     f"--seq-len {cfg.data.seq_len}: its documents repeat within every sequence, and the figures "
+                     "count the repeats as real tokens")
+    if not cfg.data.packing and 0 < data.rows < cfg.data.batch_size:
+        notes.append(f"--batch-size {cfg.data.batch_size}: the dataset holds {data.rows} row(s) to train on, fewer "
+                     "than one batch: rows repeat within every batch, and the figures count the repeats as real "
+                     "tokens")
 
 
 def _steps_from_epochs(cfg: RunConfig, data, world: int, notes: list[str]) -> RunConfig:

@@ -63,6 +63,19 @@ def test_packing_a_dataset_smaller_than_one_sequence_is_said(tmp_path):
     assert not any("less than one sequence" in n for n in enough.notes)
 
 
+def test_a_dataset_smaller_than_one_batch_is_said(tmp_path):
+    """Unpacked, each batch is filled by repeating rows: said as packing's shortfall is."""
+    from ftprof.preflight import preflight
+    from tests.conftest import tiny_config
+    from tests.data_files import write
+
+    rows = [{"text": "the model trains on this"}]
+    few = preflight(tiny_config(tmp_path, "lora", dataset=write(tmp_path / "t.jsonl", rows), batch_size=4))
+    assert any("--batch-size 4: the dataset holds 1 row(s) to train on, fewer than one batch" in n for n in few.notes)
+    enough = preflight(tiny_config(tmp_path, "lora", dataset=write(tmp_path / "e.jsonl", rows * 4), batch_size=4))
+    assert not any("fewer than one batch" in n for n in enough.notes)
+
+
 @pytest.mark.parametrize("steps", [1, 2])
 def test_a_run_of_warm_up_steps_only_runs_and_says_it_measures_nothing(tmp_path, steps):
     """--max-steps 1 and 2 under the default measurement warm-up (2) are treated alike: they train, with a note."""
