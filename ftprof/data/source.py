@@ -167,12 +167,13 @@ def _load(data: DataConfig, where: DatasetLocation):
 
     if where.kind == "disk":
         loaded = datasets.load_from_disk(where.name)
+        name, rows = _split_slice(data.dataset_split, data.option("dataset_split"))
         if isinstance(loaded, datasets.DatasetDict):
-            return _pick_split(loaded, data.dataset_split, data.dataset, data.option('dataset_split'))
-        if data.dataset_split != "train":
+            return _sliced(_pick_split(loaded, name, data.dataset, data.option('dataset_split')), rows)
+        if name != "train":
             raise ConfigError(f"{data.option('dataset_split')}: folder '{data.dataset}' holds a single dataset, "
-                              "not splits")
-        return loaded
+                              "not splits (its rows are split 'train', which takes a slice: train[:100])")
+        return _sliced(loaded, rows)
     if where.kind == "file":
         builder = FILE_BUILDERS[Path(where.name).suffix.lower()]
         # .txt: one document per paragraph (blank-line separated), as a corpus is usually written
@@ -181,6 +182,32 @@ def _load(data: DataConfig, where: DatasetLocation):
     return datasets.load_dataset(where.name, data.dataset_config, split=data.dataset_split)
 
 
+
+
+_SLICE = re.compile(r"\s*([\w.-]+)\s*(?:\[\s*(-?\d*)\s*(%?)\s*:\s*(-?\d*)\s*(%?)\s*\])?\s*")
+
+
+def _split_slice(spec: str, opt: str) -> tuple[str, tuple | None]:
+    """A split spec as datasets writes it for files and the hub ("train", "train[:100]", "train[10%:20%]") read for
+    a save_to_disk folder, which datasets does not slice: (split name, (start, percent, stop, percent) or None)."""
+    m = _SLICE.fullmatch(spec)
+    if m is None:
+        raise ConfigError(f"{opt}: '{spec}' is not a split, or a split with one slice (train[:100], train[10%:20%]), "
+                          "as a save_to_disk folder takes it")
+    name, start, start_pct, stop, stop_pct = m.groups()
+    return name, None if start is None else (start, start_pct, stop, stop_pct)
+
+
+def _sliced(rows, bounds: tuple | None):
+    """``rows`` cut to ``bounds`` (_split_slice's), with Python's slice meaning; percentages of the rows."""
+    if bounds is None:
+        return rows
+    start, start_pct, stop, stop_pct = bounds
+
+    def at(text: str, pct: str) -> int | None:
+        return None if text == "" else round(len(rows) * int(text) / 100) if pct else int(text)
+
+    return rows.select(range(len(rows))[slice(at(start, start_pct), at(stop, stop_pct))])
 
 
 def _pick_split(splits, split: str, name: str, opt: str = "--dataset-split"):

@@ -59,6 +59,23 @@ def test_dataset_dict_folder_needs_an_existing_split(tmp_path):
         load_rows(DataConfig(dataset=str(folder), dataset_split="valid"))
 
 
+def test_save_to_disk_folders_take_a_slice_as_files_do(tmp_path):
+    """datasets slices a split of a file or a hub dataset itself, not of a save_to_disk folder: ftprof does."""
+    import datasets
+
+    rows = datasets.Dataset.from_list(text_rows(10))
+    datasets.DatasetDict({"train": rows, "validation": rows}).save_to_disk(str(tmp_path / "dd"))
+    rows.save_to_disk(str(tmp_path / "single"))
+    for folder in ("dd", "single"):
+        where = str(tmp_path / folder)
+        assert len(load_rows(DataConfig(dataset=where, dataset_split="train[:3]"))) == 3
+        assert len(load_rows(DataConfig(dataset=where, dataset_split="train[50%:]"))) == 5
+        assert len(load_rows(DataConfig(dataset=where, dataset_split="train[-2:]"))) == 2
+    assert len(load_rows(DataConfig(dataset=str(tmp_path / "dd"), dataset_split="validation[:4]"))) == 4
+    with pytest.raises(ConfigError, match="'train\\+validation' is not a split, or a split with one slice"):
+        load_rows(DataConfig(dataset=str(tmp_path / "dd"), dataset_split="train+validation"))
+
+
 @pytest.mark.slow  # a subprocess: torch import, ~8 s on 2 cores
 def test_hub_dataset_offline_is_one_line_exit_2(tmp_path):
     """No network and not in the local cache: one line naming the dataset, exit 2, before any model loads."""
