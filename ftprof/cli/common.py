@@ -247,7 +247,10 @@ def add_common_arguments(parser: argparse.ArgumentParser, skip: set[str] = froze
                 for flag, dtype in HF_DTYPE_FLAGS.items():
                     group.add_argument(flag, dest="dtype", action="store_const", const=dtype,
                                        default=argparse.SUPPRESS, help=argparse.SUPPRESS if "dtype" in hidden
-                                       else f"--dtype {dtype} (the HF Trainer's flag)")
+                                       else f"--dtype {dtype} (the HF Trainer's spelling; here the weights "
+                                       "themselves are in that dtype, with no fp32 master copy"
+                                       + (" or loss scaling: a full fine-tune can overflow, --bf16 does not)"
+                                          if dtype == "float16" else ")"))
 
 
 METHOD_HELP = {"full": "every weight trained (AdamW state for all of them)",

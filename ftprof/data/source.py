@@ -182,8 +182,6 @@ def _load(data: DataConfig, where: DatasetLocation):
     return datasets.load_dataset(where.name, data.dataset_config, split=data.dataset_split)
 
 
-
-
 _SLICE = re.compile(r"\s*([\w.-]+)\s*(?:\[\s*(-?\d*)\s*(%?)\s*:\s*(-?\d*)\s*(%?)\s*\])?\s*")
 
 

@@ -81,6 +81,10 @@ class TrainingCheck:
                 (self.trainable if param.requires_grad else self.frozen)[name] = sample(param)
                 self.params[name] = param
         self.losses_checked = 0
+        # trained float16 weights, with no fp32 master copy or loss scaling, overflow easily: a non-finite loss says so
+        fp16 = any(p.dtype == torch.float16 for p in self.params.values() if p.requires_grad)
+        self.overflow_hint = " (float16 weights, trained with no loss scaling, overflow: --bf16 has float32's range)" \
+            if fp16 else ""
         self.bad_loss: str | None = None
         self.norms: list[tuple[int, float]] = []
         self.trainable_changed: int | None = None
@@ -93,7 +97,7 @@ class TrainingCheck:
         """After the step's timer synced the device: its loss (already a float) and, on a check step, its norm."""
         self.losses_checked += 1
         if self.bad_loss is None and not math.isfinite(loss):
-            self.bad_loss = f"loss became {loss} at step {step}"
+            self.bad_loss = f"loss became {loss} at step {step}" + self.overflow_hint
         if norm is not None:
             self.norms.append((step, _float(norm)))
 

@@ -141,3 +141,16 @@ def test_gradient_norm_is_read_on_the_first_every_nth_and_last_step():
     check = TrainingCheck(torch.nn.Linear(2, 2), max_steps=2 * GRAD_NORM_EVERY + 3)
     wanted = [s for s in range(1, check.max_steps + 1) if check.wants_grad_norm(s)]
     assert wanted == [1, GRAD_NORM_EVERY, 2 * GRAD_NORM_EVERY, check.max_steps]
+
+
+def test_a_non_finite_loss_of_float16_weights_points_at_the_dtype():
+    """--fp16 trains float16 weights with no loss scaling (not the HF Trainer's mixed precision): its overflow is
+    named as such, and a float32 run's is not."""
+    import torch
+
+    from ftprof.engine.proof import TrainingCheck
+
+    for dtype, hinted in ((torch.float16, True), (torch.float32, False)):
+        check = TrainingCheck(torch.nn.Linear(2, 2).to(dtype), max_steps=3)
+        check.observe(2, float("nan"), None)
+        assert check.bad_loss.startswith("loss became nan at step 2") and ("--bf16" in check.bad_loss) is hinted
