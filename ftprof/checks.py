@@ -265,6 +265,12 @@ def check_save_dir(cfg: RunConfig, clean: bool = True) -> None:
     if root is None:
         return
     check_writable_dir(root, "--save-dir" if cfg.save.save_dir else "--output-dir")
+    written = ([ADAPTER if cfg.method.method != "full" else MODEL] if cfg.save.save else []) + \
+        ([MERGED] if cfg.save.save_merged else [])
+    taken = [name for name in written if (root / name).exists()]
+    if cfg.save.save_dir and taken and not cfg.output.overwrite_output_dir:  # (a run directory is new: nothing there)
+        raise ConfigError(f"--save-dir '{cfg.save.save_dir}' already holds {taken[0]}/ from another save; give "
+                          "another --save-dir, or --overwrite-output-dir to replace it")
     if not clean:
         return
     for path in remove_partial_dirs(root, SAVED_DIRS):

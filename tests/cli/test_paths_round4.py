@@ -133,3 +133,15 @@ def test_a_name_longer_than_the_file_system_allows_is_one_line(tmp_path):
         (["bench", long + ".yaml"], want),
         (["profile", "--summarize", long], want),
     ], tmp_path)
+
+
+def test_a_save_dir_holding_another_save_is_refused(tmp_path):
+    """--save-dir names a shared place: a model/ or adapter/ another run saved there is not replaced unless asked."""
+    (tmp_path / "shared" / "model").mkdir(parents=True)
+    (tmp_path / "shared" / "adapter").mkdir()
+    out = ["--output-dir", str(tmp_path / "o")]
+    _run([
+        ([*TRAIN[:1], "full", *TRAIN[2:], *out, "--save", "--save-dir", "shared"], ["--save-dir 'shared' already holds "
+                                                                                   "model/ from another save"]),
+        ([*TRAIN, *out, "--save", "--save-dir", "shared"], ["already holds adapter/", "--overwrite-output-dir"]),
+    ], tmp_path)
