@@ -68,6 +68,8 @@ def _predict(cfg: RunConfig, source: ModelSource, device, dtype: str, sharded: b
     predicted = predict_run(cfg, source, device, dtype, sharded)
     if predicted.note:
         notes.append(predicted.note)
+    if cfg.model.lean_recompute and predicted.auto is not None and predicted.auto.policy == "none":
+        notes.append("--lean-recompute does nothing here: --checkpointing auto chose none (nothing is recomputed)")
     return predicted
 
 

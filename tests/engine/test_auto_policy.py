@@ -84,3 +84,12 @@ def test_auto_s_full_recomputes_lean_where_it_applies(tmp_path, monkeypatch, met
     assert resolved.config.model.lean_recompute is False  # config.json keeps what the user asked
     assert any(recompute.marked(m) for m in built.model.modules()) is lean
     assert ("--lean-recompute too" in resolved.auto_choice.reason) is lean
+
+
+def test_lean_recompute_asked_where_auto_chooses_none_is_said(tmp_path, monkeypatch):
+    from ftprof.preflight import preflight
+
+    monkeypatch.setattr(runtime, "available_memory", lambda device, cap=None: 64 * GIB)
+    resolved = preflight(tiny_config(tmp_path, "lora", checkpointing="auto", lean_recompute=True))
+    assert resolved.policy == "none" and not resolved.lean_recompute
+    assert "--lean-recompute does nothing here: --checkpointing auto chose none" in " ".join(resolved.notes)
