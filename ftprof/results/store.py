@@ -6,6 +6,7 @@ import csv
 import errno
 import io
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterable
@@ -100,7 +101,20 @@ def _unlink_quietly(tmp: str) -> None:
 
 
 def write_json_atomic(path: str | Path, data: Any) -> Path:
-    return write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    """``data`` as strict JSON: a non-finite float (a loss that became NaN) is written null, which every JSON parser
+    reads (a bare NaN is Python's extension, refused by strict ones); the run's notes and error say what it was."""
+    return write_text_atomic(path, json.dumps(_finite(data), indent=2, sort_keys=False, default=str,
+                                              allow_nan=False) + "\n")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def write_csv_atomic(path: str | Path, rows: Iterable[dict[str, Any]], columns: list[str] | None = None) -> Path:
