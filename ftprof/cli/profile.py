@@ -106,8 +106,12 @@ def _inputs(path_text: str, option: str) -> list[Path]:
     path = Path(path_text).expanduser()
     if path.is_dir():
         files = sorted(path.glob(f"*{TRACE_SUFFIX}"))
+        cycles = sorted({f.parent for f in path.glob(f"*/*{TRACE_SUFFIX}")})  # a run's profile/: its cycle folders
+        if not files and len(cycles) == 1:
+            return sorted(cycles[0].glob(f"*{TRACE_SUFFIX}"))
         if not files:
-            raise ConfigError(f"{option}: '{path_text}' holds no *{TRACE_SUFFIX} file")
+            inside = f"; its cycles are in {', '.join(c.name + '/' for c in cycles)}: give one" if cycles else ""
+            raise ConfigError(f"{option}: '{path_text}' holds no *{TRACE_SUFFIX} file{inside}")
         return files
     if not path.is_file():
         raise ConfigError(f"{option}: '{path_text}' does not exist")

@@ -80,7 +80,8 @@ def assemble(rec: Recorded, status: Status, exc: BaseException | None = None) ->
         res.checkpointing = _checkpointing(rec.built)
         res.compile = _compile(rec.built, rec.kernels_applied, res.notes, cfg.model.sdpa_backend)
     if not record_steady_state(res, steps, steady, res.run.world_size) and steps:
-        res.notes.append("every step was a warm-up step: no steady-state figures")
+        if not any("no steady-state figures" in n for n in rec.resolved.notes):  # (preflight's says it already)
+            res.notes.append("every step was a warm-up step: no steady-state figures")
     res.prediction = rec.resolved.prediction  # made before the model loaded (ftprof/plan)
     res.memory = _memory(rec, steps)
     res.nvml = _nvml(res.memory, rec.nvml, steps, res.notes)

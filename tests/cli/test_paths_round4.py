@@ -145,3 +145,20 @@ def test_a_save_dir_holding_another_save_is_refused(tmp_path):
                                                                                    "model/ from another save"]),
         ([*TRAIN, *out, "--save", "--save-dir", "shared"], ["already holds adapter/", "--overwrite-output-dir"]),
     ], tmp_path)
+
+
+def test_summarize_finds_the_trace_of_a_run_s_one_profiling_cycle(tmp_path):
+    """`ftprof profile --summarize RUN/profile`: the traces sit in its cycle folder; one cycle is taken, several are
+    named (it said the folder held no trace)."""
+    from ftprof.cli.profile import _inputs
+    from ftprof.errors import ConfigError
+    from ftprof.profiling.layout import TRACE_SUFFIX
+
+    trace = tmp_path / "profile" / "cycle1" / f"rank0{TRACE_SUFFIX}"
+    trace.parent.mkdir(parents=True)
+    trace.write_bytes(b"")
+    assert _inputs(str(tmp_path / "profile"), "--summarize") == [trace]
+    (tmp_path / "profile" / "cycle2").mkdir()
+    (tmp_path / "profile" / "cycle2" / f"rank0{TRACE_SUFFIX}").write_bytes(b"")
+    with pytest.raises(ConfigError, match="its cycles are in cycle1/, cycle2/: give one"):
+        _inputs(str(tmp_path / "profile"), "--summarize")
