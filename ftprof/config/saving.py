@@ -22,11 +22,13 @@ CHECKPOINT_STATE = "ftprof_checkpoint.json"  # in each checkpoint: its step, dat
 @dataclass
 class SaveConfig:
     save: bool = option(False, "after the last step, save what was trained: the PEFT adapter (save_pretrained) for "
-                        "lora, qlora and gptq-lora, the whole model and tokenizer for full; for a preset also its "
-                        "base model, so that the adapter can be reloaded; timed apart from the steps")
+                        "lora, qlora and gptq-lora, the whole model and tokenizer for full; for a lora or qlora preset "
+                        "also its base model, so that the adapter can be reloaded (gptq-lora's adapter names its "
+                        "quantized checkpoint in ftprof's cache); timed apart from the steps")
     save_dir: Optional[str] = option(None, "where --save and --save-merged write their folders (default: the run "
                                      "directory): DIR/model/ for full (a checkpoint --model can load), DIR/adapter/ "
-                                     "and for a preset DIR/base/ otherwise, DIR/merged/ for --save-merged",
+                                     "and for a lora or qlora preset DIR/base/ otherwise, DIR/merged/ for "
+                                     "--save-merged",
                                      metavar="DIR")
     save_merged: bool = option(False, "after the last step, save the model with its LoRA adapters merged into the "
                                "base (QLoRA: into the dequantized base), in the run's dtype, as a plain "
