@@ -65,5 +65,5 @@ def test_another_spelling_of_an_option_is_not_given_the_options_short_text():
     # `ftprof train --help` (no method yet) lists --bf16 and --fp16: each with its own words, not --dtype's
     lines = [ln for ln in _help("train", "--help").splitlines() if ln.strip().startswith(("--bf16", "--fp16"))]
     assert all("float32 on CPU" not in ln for ln in lines), lines
-    assert all("the HF Trainer's flag" in ln for ln in _help("train", "lora", "--help-all").splitlines()
+    assert all("the HF Trainer's spelling" in ln for ln in _help("train", "lora", "--help-all").splitlines()
                if ln.strip().startswith(("--bf16 ", "--fp16 "))), "--bf16/--fp16 lost their own help"
