@@ -201,10 +201,9 @@ def steady_window(steps: list[dict]) -> tuple[list[dict], int]:
     return steady, 0
 
 
-def steady_window_note(steps: list[dict]) -> str | None:
-    """What a run's notes say of its steady window (``steady_window``): profiled steps left out, or every steady step
-    profiled (its figures then carry the profiler's cost); None when no step was profiled."""
-    steady, left_out = steady_window(steps)
+def steady_window_note(steady: list[dict], left_out: int) -> str | None:
+    """What a run's notes say of its steady window (``steady_window``'s two results): profiled steps left out, or
+    every steady step profiled (its figures then carry the profiler's cost); None when no step was profiled."""
     if left_out:
         return f"steady-state figures from {len(steady)} unprofiled steps ({left_out} profiled steps left out)"
     if steady and all(s["profiler_phase"] not in ("", "wait") for s in steady):

@@ -235,9 +235,11 @@ def test_the_steady_window_says_when_profiled_steps_were_left_out_or_all_that_wa
     def step(phase, warmup=False):
         return {"warmup": warmup, "profiler_phase": phase, "step_time_s": 1.0}
 
+    def note(steps):
+        return metrics.steady_window_note(*metrics.steady_window(steps))
+
     mixed = [step("", True), step("wait"), step("active"), step("active")]
-    assert metrics.steady_window_note(mixed) == ("steady-state figures from 1 unprofiled steps (2 profiled steps "
-                                                 "left out)")
+    assert note(mixed) == "steady-state figures from 1 unprofiled steps (2 profiled steps left out)"
     only_profiled = [step("", True), step("warmup"), step("active")]  # a short profile: nothing unprofiled to time
-    assert "from 2 profiled step(s)" in metrics.steady_window_note(only_profiled)
-    assert metrics.steady_window_note([step("", True), step(""), step("")]) is None
+    assert "from 2 profiled step(s)" in note(only_profiled)
+    assert note([step("", True), step(""), step("")]) is None

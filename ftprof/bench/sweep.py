@@ -335,6 +335,7 @@ def _experiments(path: Path, cells: list[tuple[str, dict[str, Any]]], varying: l
     experiments: list[Experiment] = []
     seen: dict[str, str] = {}
     runs: dict[str, str] = {}  # what each cell runs (its whole configuration): cells that differ only by defaults
+    defaults = _default_options()
     data_checked: set[str] = set()  # each dataset's content is read once, however many cells use it
     pythons: dict[str, str | None] = {}  # each interpreter checked once
     for where, values in cells:
@@ -352,7 +353,7 @@ def _experiments(path: Path, cells: list[tuple[str, dict[str, Any]]], varying: l
         name = f"{_slug(values, varying or ['method'])}-{_digest(values)}"
         if name in seen:
             raise _fail(path, where, f"duplicates {seen[name]}")
-        ran = _off_defaults(values)
+        ran = _off_defaults(values, defaults)
         if ran in runs:
             raise _fail(path, where, f"runs what {runs[ran]} runs (the options they differ in are at their defaults)")
         seen[name], runs[ran] = where, where
@@ -362,9 +363,8 @@ def _experiments(path: Path, cells: list[tuple[str, dict[str, Any]]], varying: l
     return experiments
 
 
-def _off_defaults(values: dict[str, Any]) -> str:
-    """A cell's options less those given at their defaults (a key: two cells with the same one run the same)."""
-    defaults = _default_options()
+def _off_defaults(values: dict[str, Any], defaults: dict[str, Any]) -> str:
+    """A cell's options less those given at their ``defaults`` (a key: two cells with the same one run the same)."""
     return json.dumps({k: v for k, v in values.items() if k not in defaults or v != defaults[k]}, sort_keys=True,
                       default=str)
 

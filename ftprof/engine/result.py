@@ -71,8 +71,8 @@ def assemble(rec: Recorded, status: Status, exc: BaseException | None = None) ->
         res.data = DataStats.from_dict(rec.resolved.data.stats)
     steps = rec.steps.dicts()
     _throughput(res, steps)
-    steady, _ = metrics.steady_window(steps)
-    note = metrics.steady_window_note(steps)
+    steady, left_out = metrics.steady_window(steps)
+    note = metrics.steady_window_note(steady, left_out)
     if note:
         res.notes.append(note)
     if rec.built is not None:

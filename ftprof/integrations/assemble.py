@@ -104,8 +104,8 @@ def result(rec: Recorder, run: RunIdentity, model, checkpointing: str, world_siz
         res.throughput.loss_first, res.throughput.loss_last = steps[0]["loss"], steps[-1]["loss"]
         res.throughput.tokens_per_step = own[-1]["tokens"]
     res.throughput.warmup_step_times_s = [s["step_time_s"] for s in steps if s["warmup"]]
-    steady, _ = metrics.steady_window(steps)
-    note = metrics.steady_window_note(steps)  # (the profiler window's steps, as ftprof's own profiled runs say)
+    steady, left_out = metrics.steady_window(steps)
+    note = metrics.steady_window_note(steady, left_out)  # (the profiler window's steps, as ftprof's own runs say)
     if note:
         res.notes.append(note)
     if not record_steady_state(res, steps, steady, world_size) and steps:
