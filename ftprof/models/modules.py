@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ftprof.models.presets import PRESETS
-from ftprof.models.source import classify_model_name
+from ftprof.models.source import SIZES, classify_model_name
 
 # Llama and Mistral share their module tree; LoRA can adapt the linear layers and the embedding.
 LLAMA_MODULES = ("embed_tokens", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
@@ -53,9 +53,9 @@ def max_positions(model: str) -> int | None:
 
 
 def hidden_size(model: str) -> int | None:
-    """A preset's or local checkpoint's hidden size (hidden_size, else n_embd), read without torch; None if unknown."""
+    """A preset's or local checkpoint's hidden size (its SIZES spellings), read without torch; None if unknown."""
     data = model_config_dict(model) or {}
-    value = next((data[k] for k in ("hidden_size", "n_embd", "d_model") if data.get(k) is not None), None)
+    value = next((data[k] for k in SIZES["hidden_size"] if data.get(k) is not None), None)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
