@@ -103,6 +103,10 @@ class Declared:
             return word if value else f"no-{word}"
         return f"{word}-{value}"
 
+    def avoided(self, value: Any, values: Mapping[str, Any]) -> bool:
+        """Whether the planner does not try ``value`` among these option values (``planner_avoid``)."""
+        return any(value == avoid and holds_all(when, values) for when, avoid in self.planner_avoid)
+
     def needs_cuda(self, value: Any) -> bool:
         return (ON in self.cuda_values and is_on(value)) or value in self.cuda_values
 

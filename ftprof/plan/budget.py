@@ -112,7 +112,7 @@ def option_applies(planner: Planner, cand: Candidate, name: str) -> bool:
               declarations.SEVERAL: planner.target.world_size > 1}
     if cand.option(name) or not d.applies({**values, name: True}):
         return False
-    if any(declarations.holds_all(when, values) for when, value in d.planner_avoid if value is True):
+    if d.avoided(True, values):
         return False
     without = set(declarations.problems({**values, name: False}))
     return not set(declarations.problems({**values, name: True})) - without

@@ -112,23 +112,16 @@ def option_sets(method: str, kernels: str, compiled: bool, cuda: bool, capabilit
     for d in declarations.planner_options(values, capability if cuda else None):
         if ("cuda" if cuda else "cpu") not in d.planner_devices:
             continue
-        avoided = {value for when, value in d.planner_avoid if declarations.holds_all(when, values)}
-        tried = [v for v in d.planner_values if (cuda or not d.needs_cuda(v)) and v not in avoided]
+        tried = [v for v in d.planner_values if (cuda or not d.needs_cuda(v)) and not d.avoided(v, values)]
         choices.append([(d.name, v) for v in tried])
     out = []
     for combo in itertools.product(*choices):
         chosen = {**values, **dict(combo)}
-        if declarations.problems(chosen) or _avoided(chosen, combo):
+        # (avoided again beside the combination's other options: --lean-recompute's beside --fp8-base, say)
+        if declarations.problems(chosen) or any(declarations.BY_NAME[n].avoided(v, chosen) for n, v in combo):
             continue
         out.append(tuple(sorted((n, v) for n, v in combo if v != declarations.BY_NAME[n].default)))
     return list(dict.fromkeys(out))
-
-
-def _avoided(values: Mapping[str, Any], combo: tuple) -> bool:
-    """Whether an option's value in ``combo`` is one the planner avoids beside another option of the same combination
-    (e.g. --lean-recompute with --fp8-base): the avoidance option_sets checks first sees the run's fixed values only."""
-    return any(value == avoided and declarations.holds_all(when, values)
-               for name, value in combo for when, avoided in declarations.BY_NAME[name].planner_avoid)
 
 
 def micro_batches(batch_size: int, grad_accum: int) -> list[tuple[int, int]]:
