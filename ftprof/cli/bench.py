@@ -121,8 +121,8 @@ def bench_command(args: argparse.Namespace) -> int:
     if args.output_dir is not None and not str(args.output_dir).strip():
         raise ConfigError("--output-dir: empty path (leave it out for results/<sweep name>)")
     # --status of a directory nothing ran into yet reads it as it is: output_dir_for would create it (and the lock)
-    fresh = args.status and not results_dir(sweep, args.output_dir).is_dir()
-    out_dir = results_dir(sweep, args.output_dir) if fresh else output_dir_for(sweep, args.output_dir)
+    target = results_dir(sweep, args.output_dir)
+    out_dir = target if args.status and not target.is_dir() else output_dir_for(sweep, args.output_dir)
     check_same_sweep(sweep, out_dir)  # another sweep's results there: refused whatever the mode (run, plan, status)
     if launcher.type == "local":  # the experiments run here: what this machine cannot run is refused now
         check_devices(sweep)
