@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ftprof.analysis.rules import categorize
 from ftprof.analysis.summary import Diagnosis, TraceSummary
+from ftprof.config import declarations
 
 LORA_GEMM_SHARE = 0.04  # LoRA GEMMs above this share of the step get a diagnosis (7.4% for llama-8b QLoRA, H200)
 # Above this share of GPU kernel time, unfused elementwise work is worth a line (measured on an H200: 28% for
@@ -157,15 +158,22 @@ def _recomputation(s: TraceSummary) -> list[Diagnosis]:
     if flops and extra:
         evidence["flops_share"] = extra / (flops + extra)
         text += f"; {100 * evidence['flops_share']:.0f}% of the FLOPs executed"
-    # --lean-recompute: LoRA and QLoRA only, and measured no faster beside --fp8-base (config/declarations.py)
-    lean_helps = meta.get("method") in ("lora", "qlora") and not meta.get("fp8_base") and not meta.get("lean_recompute")
-    levers = ["--lean-recompute leaves the output projection's matmul out"] if lean_helps else []
+    levers = ["--lean-recompute leaves the output projection's matmul out"] if _lean_would_help(meta) else []
     if not meta.get("selective_rest"):
         levers.append("--checkpointing selective saves the matmul outputs instead (--selective-rest on the layers "
                       "--checkpoint-layers leaves out)")
     return [Diagnosis("recomputation", "info", "activation checkpointing recomputes the forward in backward: " + text
                       + "".join(f"; {lever}" for lever in levers) + "; --checkpointing auto picks the fastest "
                       "policy that fits the GPU's memory", evidence)]
+
+
+def _lean_would_help(meta: dict) -> bool:
+    """Whether a run without --lean-recompute is one its declaration applies to and the planner would try it for
+    (config/declarations.py: LoRA and QLoRA, not beside --fp8-base, measured no faster there)."""
+    lean = declarations.BY_NAME["lean_recompute"]
+    values = {"method": meta.get("method"), "checkpointing": meta.get("checkpointing_policy") or "full",
+              "compile": bool(meta.get("compile")), "fp8_base": bool(meta.get("fp8_base"))}
+    return not meta.get("lean_recompute") and lean.applies(values) and not lean.avoided(True, values)
 
 
 def _logits(s: TraceSummary, total: float) -> list[Diagnosis]:
