@@ -19,7 +19,8 @@
 #                                              chose (result.json's checkpointing_auto) and what it measured
 #   benchmarks/memory_levers.sh microbatch OUT where micro-batch 1 x 4 loses to 4 x 1 at the same policy (FP8, CUDA
 #                                              graphs: 16,240 against 21,211 tokens/s in round 25, issue 39 asks
-#                                              for 90%): ftprof profile of each (kernel names survive graph replays)
+#                                              for 90%): ftprof profile of each (kernel names survive graph replays);
+#                                              MB_FLAGS replaces "--kernels liger --fp8-base --offload-embeddings"
 # Each phase keeps to BUDGET_S seconds and packs runs/ into OUT/PHASE.tgz (no traces, no snapshots).
 set -u
 phase=${1:?phase: graphs, snapshot, fp8offload, fp8partial, microbatch or auto}
@@ -60,8 +61,9 @@ case $phase in
       --prof-wait-steps 3 --prof-warmup-steps 1 --prof-active-steps 2 --output-dir runs/profile-fp8partial \
       > runs/profile-fp8partial.log 2>&1 ;;
   microbatch)
-    cell=(qlora --model llama-8b --seq-len 2048 --max-steps 7 --kernels liger --compile --compile-mode reduce-overhead
-          --fp8-base --offload-embeddings --prof-wait-steps 3 --prof-warmup-steps 1 --prof-active-steps 2 --device cuda)
+    cell=(qlora --model llama-8b --seq-len 2048 --max-steps 7 --compile --compile-mode reduce-overhead
+          ${MB_FLAGS:---kernels liger --fp8-base --offload-embeddings} --prof-wait-steps 3 --prof-warmup-steps 1
+          --prof-active-steps 2 --device cuda)
     for shape in "1 4" "4 1"; do
       set -- $shape
       timeout -s INT $(( $(left) / 2 - 10 )) python3 -m ftprof profile "${cell[@]}" --batch-size "$1" --grad-accum "$2" \
