@@ -110,6 +110,11 @@ def train_step(cfg: RunConfig, built: Built, device: torch.device, memory: Memor
         with _stage(memory, "first_backward", measured), record_function("ftprof/backward"):
             (loss / accum).backward()
         loss_sum += loss.detach()
+        if cfg.data.prefetch and micro + 1 < accum:
+            # the step's next micro-batch, pinned and its copy queued behind this backward's kernels: from pageable
+            # memory the copy would first wait for them (a stream sync), and the GPU would idle while the host made
+            # the batch and launched its first kernels
+            feed.prefetch()
     return loss_sum / accum, tokens, real
 
 
