@@ -17,6 +17,15 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _stop_requested: list[bool] = []
 
 
+class StoppedBySignal(KeyboardInterrupt):
+    """A signal (SIGTERM: timeout, scancel, docker stop; SIGHUP) stopping the run as Ctrl-C does, named in what the
+    run records (a bare KeyboardInterrupt read as Ctrl-C)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
 def request_stop() -> None:
     """This process was asked to stop (Ctrl-C, SIGTERM): what fails after it is the stop's doing."""
     _stop_requested.append(True)

@@ -15,7 +15,7 @@ import sys
 import threading
 
 from ftprof.errors import FtprofError
-from ftprof.lifetime import answer_ctrl_c, clear_stop, request_stop, stop_requested
+from ftprof.lifetime import StoppedBySignal, answer_ctrl_c, clear_stop, request_stop, stop_requested
 
 
 def run_config_file(path: str) -> int:
@@ -58,7 +58,7 @@ def _interrupt(signum, frame) -> None:
             child.send_signal(signum)
     except Exception:  # noqa: BLE001 - psutil missing or a child already gone: stopping matters more
         pass
-    raise KeyboardInterrupt
+    raise StoppedBySignal(signum)
 
 
 @contextlib.contextmanager

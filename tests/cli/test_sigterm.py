@@ -28,6 +28,7 @@ def test_sigterm_records_the_run_as_interrupted(tmp_path):
     assert proc.returncode == 130, err[-2000:]
     result = json.loads((run / "result.json").read_text())
     assert result["status"] == "interrupted" and result["steps_completed"] >= 3
+    assert result["error_message"] == "stopped by SIGTERM"  # not a bare KeyboardInterrupt (Ctrl-C's)
 
 
 def test_the_sigterm_handler_is_put_back_after_an_in_process_run():

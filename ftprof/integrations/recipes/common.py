@@ -23,6 +23,7 @@ from typing import Any
 from ftprof.bench.sweep import TRAINER_NAMES  # how config.json's trainer section names each recipe
 from ftprof.config import RunConfig
 from ftprof.errors import ConfigError
+from ftprof.lifetime import StoppedBySignal, answer_ctrl_c
 
 VERSIONS = ("torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "liger-kernel", "unsloth")
 
@@ -298,7 +299,7 @@ def scratch_dir() -> str:
 
 # ------------------------------------------------------------------------------------------------ the process
 def _stop(signum, frame) -> None:
-    raise KeyboardInterrupt
+    raise StoppedBySignal(signum)
 
 
 def _failure_status(exc: BaseException) -> str:
@@ -335,8 +336,6 @@ def run(recipe: str, argv: list[str] | None, body: Callable[[Cell], Any]) -> int
     """A recipe's process: read the cell, train it through ``body`` (which returns the FtprofCallback), and exit
     with the run's status code (0 ok, 1 error, 3 out of memory, 5 not trained, 130 interrupted); bad input is one
     line and exit 2, as for ftprof's commands."""
-    from ftprof.lifetime import answer_ctrl_c
-
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     answer_ctrl_c()  # bench stops a cell with SIGINT, whatever our parent left ignored or blocked
     signal.signal(signal.SIGTERM, _stop)  # and SIGTERM (bench dying: its parent-death signal) stops it the same way
