@@ -112,6 +112,8 @@ def _print_gate(console, cmp, threshold: float) -> None:
 
 
 def report_command(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
     from ftprof.config import normalize_report_to
     from ftprof.errors import ConfigError
     from ftprof.exporters import check_exporters
@@ -126,8 +128,9 @@ def report_command(args: argparse.Namespace) -> int:
     report = build_report(args.paths, args.output_dir, baseline=args.baseline, threshold_pct=threshold,
                           sort=args.sort, group_by=args.group_by, formats=args.format)
     console = make_console()
+    warn = make_console(stderr=True)  # stdout stays the report (people redirect it), what was left out goes beside it
     for problem in report.problems:
-        console.print(f"[yellow]skipped[/yellow] {problem}")
+        warn.print(f"[yellow]skipped[/yellow] {escape(problem)}")
     console.print(terminal_table(report))
     if report.table.cpu_only:
         from ftprof.report.tables import CPU_NOTE
