@@ -61,3 +61,22 @@ def offline_unless_reachable() -> bool:
         if loaded is not None and hasattr(loaded, attr):  # read from the environment when they were imported
             setattr(loaded, attr, True)
     return True
+
+
+def dataset_maybe_cached(name: str) -> bool:
+    """Whether a hub dataset may be in a local cache: ``datasets``' own (HF_DATASETS_CACHE, default
+    $HF_HOME/datasets; a folder ``owner___name``) or the hub's downloads (HF_HUB_CACHE; ``datasets--owner--name``).
+    False only where neither folder exists (compared without case: what is there is the load's to judge)."""
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    places = {
+        os.environ.get("HF_DATASETS_CACHE") or os.path.join(home, "datasets"): name.replace("/", "___"),
+        os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub"):
+            "datasets--" + name.replace("/", "--"),
+    }
+    for folder, entry in places.items():
+        try:
+            if entry.lower() in (e.lower() for e in os.listdir(folder)):
+                return True
+        except OSError:  # no such cache folder
+            continue
+    return False

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftprof.config import DataConfig
-from ftprof.data.hub import offline_unless_reachable
+from ftprof.data.hub import dataset_maybe_cached, offline_unless_reachable
 from ftprof.errors import ConfigError, did_you_mean
 from ftprof.runtime import logger_level
 
@@ -63,6 +63,8 @@ def check_dataset(data: DataConfig) -> None:
     if data.dataset == "synthetic":
         return
     where = locate(data)
+    if where.kind == "hub" and not dataset_maybe_cached(where.name) and offline_unless_reachable():
+        raise _not_cached(data)  # before torch (the load refused it after the model's imports)
     if where.kind != "file":
         return
     if Path(where.name).suffix == ".parquet":

@@ -76,16 +76,30 @@ def test_save_to_disk_folders_take_a_slice_as_files_do(tmp_path):
         load_rows(DataConfig(dataset=str(tmp_path / "dd"), dataset_split="train+validation"))
 
 
-@pytest.mark.slow  # a subprocess: torch import, ~8 s on 2 cores
-def test_hub_dataset_offline_is_one_line_exit_2(tmp_path):
-    """No network and not in the local cache: one line naming the dataset, exit 2, before any model loads."""
-    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "cache"), "PYTHONPATH": ".",
-           "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "ftprof", "train", "lora", "--dataset", "nobody/no-such-dataset",
-                           "--dataset-split", "train", "--device", "cpu", "--output-dir", str(tmp_path / "runs")],
+def test_hub_dataset_offline_is_one_line_exit_2_before_torch(tmp_path):
+    """No network and not in the local cache: one line naming the dataset, exit 2, before torch is imported."""
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": ".", "PATH": "/usr/bin:/bin",
+           "HOME": str(tmp_path)}
+    code = ("import sys; from ftprof.cli.main import main; code = main(sys.argv[1:]); "
+            "print('torch' in sys.modules); sys.exit(code)")
+    proc = subprocess.run([sys.executable, "-c", code, "train", "lora", "--dataset", "nobody/no-such-dataset",
+                           "--device", "cpu", "--output-dir", str(tmp_path / "runs")],
                           capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 2 and proc.stdout.strip() == "False", (proc.stdout, proc.stderr)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert lines[-1].startswith("ftprof train: error: --dataset: cannot reach hub dataset 'nobody/no-such-dataset'")
-    assert "not in the local datasets cache" in lines[-1]
+    assert len(lines) == 1 and lines[0].startswith("ftprof train: error: --dataset: hub dataset "
+                                                   "'nobody/no-such-dataset' (split 'train') is not in the local")
     assert not (tmp_path / "runs").exists()  # nothing started
+
+
+def test_a_hub_dataset_in_either_cache_is_left_to_the_load(tmp_path, monkeypatch):
+    from ftprof.data.hub import dataset_maybe_cached
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    for var in ("HF_DATASETS_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+    assert not dataset_maybe_cached("Org/Set")
+    (tmp_path / "hub" / "datasets--Org--Set").mkdir(parents=True)
+    assert dataset_maybe_cached("Org/Set") and not dataset_maybe_cached("Org/Other")
+    (tmp_path / "datasets" / "org___other").mkdir(parents=True)  # datasets' own cache (its case may differ)
+    assert dataset_maybe_cached("Org/Other")
