@@ -204,10 +204,18 @@ def _compare(console, base: list, new: list, base_paths: list[Path], paths: list
     except ValueError as exc:
         raise ConfigError(f"--baseline: {exc}") from None
     console.print(diff_output.rich_view(d, a_side.name, b_side.name))
-    stem = str(summaries_dir(paths[0]) / f"{paths[0].name.split('.')[0]}.diff")
+    stem = str(summaries_dir(paths[0]) / f"{_diff_name(base_paths[0], paths[0])}.diff")
     write_json_atomic(Path(stem + ".json"), d.to_dict())
     write_text_atomic(Path(stem + ".md"), diff_output.to_markdown(d, a_side.name, b_side.name))
     console.print(f"[dim]wrote {stem}.json and {stem}.md[/dim]")
+
+
+def _diff_name(base: Path, new: Path) -> str:
+    """``NEW.vs-BASE``: each baseline's comparison a file of its own (one name overwrote the last). Two cycles of
+    one run have the same trace name: the baseline's folder tells them apart."""
+    stem = lambda p: p.name.split(".")[0]  # noqa: E731 - a trace's or a summary's name without its suffixes
+    other = stem(base) if stem(base) != stem(new) else f"{base.resolve().parent.name}-{stem(base)}"
+    return f"{stem(new)}.vs-{other}"
 
 
 def _check_summarize_only(args: argparse.Namespace) -> None:

@@ -85,15 +85,19 @@ def test_cli_baseline(tmp_path, capsys):
     assert main(["profile", "--summarize", str(b), "--baseline", str(a)]) == 0
     out = capsys.readouterr().out
     assert "against" in out and "other elementwise +0.3" in out
-    md = (tmp_path / "b.diff.md").read_text()
+    md = (tmp_path / "b.vs-a.diff.md").read_text()
     assert md.startswith("# B: b (lora) against A: a (lora), per active step") and "| other elementwise |" in md
-    assert json.loads((tmp_path / "b.diff.json").read_text())["explanation"].startswith("+0.3 ms/step")
+    assert json.loads((tmp_path / "b.vs-a.diff.json").read_text())["explanation"].startswith("+0.3 ms/step")
     assert b.exists() and a.exists()  # the traces are never overwritten
     # a summary file works as the baseline too
     assert main(["profile", "--summarize", str(a)]) == 0
     capsys.readouterr()
     assert main(["profile", "--summarize", str(b), "--baseline", str(tmp_path / "a.summary.json")]) == 0
     assert "other elementwise +0.3" in capsys.readouterr().out
+    # another baseline's comparison is a file of its own
+    c = _steps(tmp_path / "c.json", extra_elementwise_us=600.0)
+    assert main(["profile", "--summarize", str(b), "--baseline", str(c)]) == 0
+    assert (tmp_path / "b.vs-c.diff.json").is_file() and (tmp_path / "b.vs-a.diff.md").read_text() == md
 
 
 def test_cli_baseline_needs_summarize(tmp_path, capsys):
