@@ -125,7 +125,11 @@ def _save_adapter(resolved, peft_model, gathered: dict | None, root: Path, token
     config = peft_model.peft_config["default"]
     before, config.base_model_name_or_path = config.base_model_name_or_path, name
     try:
-        _publish(root / ADAPTER, lambda tmp: (peft_model.save_pretrained(tmp, state_dict=gathered),
+        # save_embedding_layers=False: ftprof never resizes the vocabulary, so the base's embeddings have nothing to
+        # add; PEFT's "auto" read the base's config.json to find out, warning at every checkpoint (the base is
+        # published after the adapter)
+        _publish(root / ADAPTER, lambda tmp: (peft_model.save_pretrained(tmp, state_dict=gathered,
+                                                                         save_embedding_layers=False),
                                               _save_tokenizer(tokenizer, tmp)))
     finally:
         config.base_model_name_or_path = before
