@@ -153,14 +153,36 @@ def is_output_projection(name: str) -> bool:
     return name.rsplit(".", 1)[-1] in OUTPUT_PROJECTIONS
 
 
-def recomputed_params(model: nn.Module, lean: bool = False) -> ParamCounts:
+# Decoder layers that are two pre-norm residual halves, x + self_attn(input_layernorm(x)) then
+# h + mlp(post_attention_layernorm(h)), and their attention's output projection: checkpointed as two halves
+# (--lean-recompute with --offload-checkpoints, ftprof/models/split_layer.py), that projection is not recomputed
+SPLIT_CLASSES = frozenset({"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer"})
+ATTENTION_OUTPUTS = ("o_proj",)
+
+
+def is_attention_output(name: str) -> bool:
+    """Whether a decoder layer's module of this qualified name (``self_attn.o_proj``) is its attention's output
+    projection."""
+    return name.rsplit(".", 1)[-1] in ATTENTION_OUTPUTS
+
+
+def _lean_skips(layer: nn.Module, name: str, lean: bool, split: bool) -> bool:
+    """Whether a lean recomputation leaves out this frozen matmul of ``layer`` (``split``: layers checkpointed as
+    two halves, where the attention's output projection is left out too)."""
+    name = name.removesuffix(".base_layer")
+    return lean and (is_output_projection(name)
+                     or (split and type(layer).__name__ in SPLIT_CLASSES and is_attention_output(name)))
+
+
+def recomputed_params(model: nn.Module, lean: bool = False, split: bool = False) -> ParamCounts:
     """Matmul parameters that activation checkpointing runs again in backward.
 
     torch's non-reentrant checkpointing stops recomputing once every tensor backward needs is back. A block's last
     matmul (down_proj in Llama/Mistral; with LoRA on it, that projection's lora_B, which runs after the base
     matmul and lora_A) produces only the block output, which nothing saves: it is not recomputed. lm_head is
     outside the blocks and not recomputed either. (Checked against FlopCounterMode with and without LoRA.)
-    ``lean`` (--lean-recompute): the output projection's frozen base matmul is not recomputed either."""
+    ``lean`` (--lean-recompute): the output projection's frozen base matmul is not recomputed either; ``split``
+    (with --offload-checkpoints: layers checkpointed as two halves), nor the attention's."""
     trainable = frozen = 0
     for layer in decoder_layers(model):
         leaves = [(n, m) for n, m in layer.named_modules() if _is_leaf_linear(m)]
@@ -168,7 +190,7 @@ def recomputed_params(model: nn.Module, lean: bool = False) -> ParamCounts:
             size, trains = _matmul_size(module)
             if trains:
                 trainable += size
-            elif not (lean and is_output_projection(name.removesuffix(".base_layer"))):
+            elif not _lean_skips(layer, name, lean, split):
                 frozen += size
     return ParamCounts(trainable, frozen, 0, trainable + frozen)
 

@@ -16,7 +16,7 @@ from ftprof.engine import checkpointing, distributed
 from ftprof.engine.compile import CompileOutcome, warm_up
 from ftprof.engine.evaluate import eval_batches_for
 from ftprof.engine.schedule import make_scheduler
-from ftprof.models import attention, dequant, fp8_base, fused_projections, host_embedding, kernels, offload
+from ftprof.models import attention, dequant, fp8_base, fused_projections, host_embedding, kernels, offload, split_layer
 from ftprof.models.checkpointing import SelectivePolicy
 from ftprof.models.materialize import materialize_sharded
 from ftprof.models.methods import LoadContext, get_strategy
@@ -121,6 +121,10 @@ def build(resolved: ResolvedRun, memory: MemoryTracker, log: Callable[[str], Non
 def _say_offloaded(model, resolved: ResolvedRun, log: Callable[[str], None]) -> None:
     if resolved.offload_checkpoints:
         log(f"--offload-checkpoints: {len(offload.offloaded_layers(model))} layer inputs kept in pinned host memory")
+    split = split_layer.split_layers(model)
+    if split:
+        log(f"--lean-recompute with --offload-checkpoints: {len(split)} layers checkpointed as their two halves "
+            "(the attention's output projection is not recomputed either; its input offloaded too)")
 
 
 def _host_embedding(model, resolved: ResolvedRun, log: Callable[[str], None]) -> host_embedding.HostEmbedding | None:
@@ -208,7 +212,8 @@ def count_flops(model, counts: metrics.ParamCounts, resolved: ResolvedRun, polic
     seq = resolved.config.data.seq_len
     recompute = 0.0
     if policy == "full":
-        recomputed = metrics.recomputed_params(model, lean=resolved.lean_recompute)
+        recomputed = metrics.recomputed_params(model, lean=resolved.lean_recompute,
+                                               split=resolved.lean_recompute and resolved.offload_checkpoints)
         recompute = metrics.recompute_flops_per_token(recomputed, layers, attn_dim, seq)
         if checkpointed is not None and layers:
             recompute *= checkpointed / layers  # identical layers: each recomputes the same share

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 from ftprof import metrics
-from ftprof.models import checkpointing, offload
+from ftprof.models import checkpointing, offload, split_layer
 
 
 class CompiledForward:
@@ -51,8 +51,9 @@ def checkpointed(block: torch.nn.Module) -> bool:
 
 
 def attach(model, compile_kwargs: dict) -> list[torch.nn.Module]:
-    """Compile each full-checkpointed layer of ``model`` inside its checkpoint (under the offload, when its input
-    is offloaded: that wrapper keeps its place outermost). Returns the layers."""
+    """Compile each full-checkpointed layer of ``model`` inside its checkpoint (under the split and offload
+    wrappers, which keep their places outside: split, each half is compiled as the layer's function). Returns the
+    layers."""
     compiled: dict[Callable, Callable] = {}  # one compiled forward per layer class
     layers = [block for block in metrics.decoder_layers(model) if checkpointed(block)]
     for block in layers:
@@ -67,15 +68,25 @@ def detach(model) -> None:
             _set_checkpoint(block, _checkpoint(block).inner)
 
 
+_WRAPPERS = (split_layer.SplitCheckpoint, offload.OffloadedCheckpoint)  # outermost first, each holding ``inner``
+
+
 def _checkpoint(block: torch.nn.Module):
-    """The layer's torch checkpoint function: its own, or the one inside the offload wrapper around it."""
-    function = getattr(block, "_gradient_checkpointing_func", None)
-    return function.inner if isinstance(function, offload.OffloadedCheckpoint) else function
+    """The layer's torch checkpoint function: its own, or the one inside the split and offload wrappers."""
+    return _holder(block)[1]
+
+
+def _holder(block: torch.nn.Module) -> tuple:
+    """(the innermost wrapper, or None where there is none; the checkpoint function it holds)."""
+    holder, function = None, getattr(block, "_gradient_checkpointing_func", None)
+    while isinstance(function, _WRAPPERS):
+        holder, function = function, function.inner
+    return holder, function
 
 
 def _set_checkpoint(block: torch.nn.Module, function: Callable) -> None:
-    outer = block._gradient_checkpointing_func
-    if isinstance(outer, offload.OffloadedCheckpoint):
-        outer.inner = function
+    holder = _holder(block)[0]
+    if holder is not None:
+        holder.inner = function
     else:
         block._gradient_checkpointing_func = function

@@ -15,7 +15,8 @@ policy saves, measured on a probe forward. The run (ftprof/engine/checkpointing.
   Full goes on the first layers: backward reaches the last ones first, and by the time it recomputes a full layer
   the selective layers' saved tensors are freed.
 - ``offload`` (``--offload-checkpoints``, with full): the full-checkpointed layers' inputs wait for backward in
-  pinned host memory (ftprof/models/offload.py).
+  pinned host memory (ftprof/models/offload.py); with ``lean`` too, each of those layers is checkpointed as its two
+  halves, whose recomputation leaves out the attention's output projection as well (ftprof/models/split_layer.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 
 from ftprof import metrics
 from ftprof.models import offload as offloading
-from ftprof.models import recompute
+from ftprof.models import recompute, split_layer
 from ftprof.profiling.memory import SavedActivations
 
 SPEED_ORDER = ("none", "selective", "full")  # fastest first: less recomputation
@@ -161,6 +162,9 @@ def apply_policy(model, policy: str, selective: SelectivePolicy | None = None, l
         recompute.attach(model, None if selective_rest else layers)
     if offload:
         offloading.attach(model, layers)  # after the layers' checkpoint function is set (enabling sets it anew)
+    if offload and lean:  # each layer's two halves checkpointed, the second's input offloaded as the first's
+        for block in split_layer.attach(model, layers):
+            recompute.mark(block, metrics.is_attention_output)
 
 
 def _checkpoint_kwargs(policy: str, selective: SelectivePolicy | None, lean: bool = False,

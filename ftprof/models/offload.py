@@ -51,6 +51,7 @@ import weakref
 import torch
 
 from ftprof import metrics
+from ftprof.models import split_layer
 
 
 class _Offloaded:
@@ -196,9 +197,14 @@ def attach(model, layers: int | None = None) -> int:
 def offloaded_layers(model) -> list[torch.nn.Module]:
     """The decoder layers whose checkpointed input is offloaded."""
     return [block for block in metrics.decoder_layers(model) if getattr(block, "gradient_checkpointing", False)
-            and isinstance(getattr(block, "_gradient_checkpointing_func", None), OffloadedCheckpoint)]
+            and isinstance(_function(block), OffloadedCheckpoint)]
+
+
+def _function(block):
+    """The layer's checkpoint function, inside the split wrapper when it is checkpointed as two halves."""
+    return split_layer.unwrap(getattr(block, "_gradient_checkpointing_func", None))
 
 
 def offloader_of(model) -> Offloader | None:
     layers = offloaded_layers(model)
-    return layers[0]._gradient_checkpointing_func.offloader if layers else None
+    return _function(layers[0]).offloader if layers else None

@@ -127,18 +127,23 @@ def attach(model, layers: int | None = None) -> int:
     checkpointing an op of its own is not one selective saves (models/checkpointing.py saves aten's and ftprof's
     other matmuls): the projection's output, which backward never reads, is no longer kept (compiled, the
     partitioner never kept it). Returns how many were marked."""
+    return sum(mark(block, metrics.is_output_projection) for block in metrics.decoder_layers(model)[:layers])
+
+
+def mark(block: nn.Module, is_projection) -> int:
+    """Mark the frozen base linears of ``block`` whose qualified names ``is_projection`` accepts (the output
+    projection; under split checkpointing the attention's too, models/split_layer.py). Returns how many."""
     marked = 0
-    for block in metrics.decoder_layers(model)[:layers]:
-        for name, module in block.named_modules():
-            if not metrics.is_output_projection(name):
-                continue
-            base = getattr(module, "base_layer", module)
-            if any(p.requires_grad for p in base.parameters(recurse=False)):
-                continue  # a trained weight: its gradient needs the input, and a full fine-tune is not lean here
-            setattr(base, MARK, True)
-            if type(base) is nn.Linear and "forward" not in vars(base):  # (FP8's forward reads the mark itself)
-                base.forward = types.MethodType(_plain_forward, base)
-            marked += 1
+    for name, module in block.named_modules():
+        if not is_projection(name):
+            continue
+        base = getattr(module, "base_layer", module)
+        if any(p.requires_grad for p in base.parameters(recurse=False)):
+            continue  # a trained weight: its gradient needs the input, and a full fine-tune is not lean here
+        setattr(base, MARK, True)
+        if type(base) is nn.Linear and "forward" not in vars(base):  # (FP8's forward reads the mark itself)
+            base.forward = types.MethodType(_plain_forward, base)
+        marked += 1
     return marked
 
 

@@ -35,7 +35,7 @@ from ftprof.plan.candidates import POLICIES
 # give the slope; one alone would count as per-token what is saved once per forward (the adapters' weights cast to
 # bf16 under autocast: 35 KB per "token" per llama-8b layer at 64 tokens).
 PROBE_TOKENS = (64, 128)
-PROBE_VERSION = 9  # bump when what the probe measures changes: cached results are keyed by it
+PROBE_VERSION = 10  # bump when what the probe measures changes: cached results are keyed by it
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,8 @@ class Parts:
     matmul_frozen: int  # and those that do not (N_frozen)
     matmul_recomputed: int  # matmul weights full checkpointing runs again (metrics.recomputed_params)
     matmul_recomputed_lean: int  # the same under --lean-recompute (the output projection's base matmul left out)
+    matmul_recomputed_split: int  # and with --offload-checkpoints too (layers in two halves: the attention's output
+    # projection left out as well, models/split_layer.py)
     loss_activations: float  # bytes per token the loss saves (the logits' fp32 upcast and log-softmax): none
     # where the kernel set fuses lm_head and the loss (Liger's fused linear cross entropy works in chunks)
 
@@ -239,11 +241,13 @@ def _static_parts(model, cfg: RunConfig) -> dict:
         state += 4 * len(trainable)  # torch's AdamW keeps each parameter's step count as an fp32 scalar tensor
     counts, again = metrics.count_params(model), metrics.recomputed_params(model)
     lean = metrics.recomputed_params(model, lean=True)
+    split = metrics.recomputed_params(model, lean=True, split=True)
     return {"weights": static["weights_frozen"] + static["weights_trainable"], "gradients": grads,
             "optimizer_state": state, "matmul_trainable": counts.trainable_matmul,
             "matmul_frozen": counts.frozen_matmul,
             "matmul_recomputed": again.trainable_matmul + again.frozen_matmul,
-            "matmul_recomputed_lean": lean.trainable_matmul + lean.frozen_matmul}
+            "matmul_recomputed_lean": lean.trainable_matmul + lean.frozen_matmul,
+            "matmul_recomputed_split": split.trainable_matmul + split.frozen_matmul}
 
 
 def _activations(model, autocast, cfg: RunConfig, policy: str) -> tuple[float, float]:
@@ -264,7 +268,7 @@ def _parts(static: dict, activations: dict, without_loss: float) -> Parts:
     fixed = {p: a[1] for p, a in activations.items()}
     return Parts(static["weights"], static["gradients"], static["optimizer_state"], per_token, fixed,
                  static["matmul_trainable"], static["matmul_frozen"], static["matmul_recomputed"],
-                 static["matmul_recomputed_lean"],
+                 static["matmul_recomputed_lean"], static["matmul_recomputed_split"],
                  per_token["none"] - without_loss)
 
 
@@ -295,6 +299,7 @@ def _difference(a: Parts, b: Parts) -> Parts:
                  {p: a.activations_fixed[p] - b.activations_fixed[p] for p in a.activations_fixed},
                  a.matmul_trainable - b.matmul_trainable, a.matmul_frozen - b.matmul_frozen,
                  a.matmul_recomputed - b.matmul_recomputed, a.matmul_recomputed_lean - b.matmul_recomputed_lean,
+                 a.matmul_recomputed_split - b.matmul_recomputed_split,
                  a.loss_activations - b.loss_activations)
 
 

@@ -51,8 +51,11 @@ def flops_per_token(probe: ProbeResult, cand: Candidate, seq_len: int, attn_dim:
     if cand.checkpointing == "full":
         checkpointed = layers if cand.checkpoint_layers is None else cand.checkpoint_layers
         # one layer's recomputation (its share is the same in every identical layer), times the layers; under
-        # --lean-recompute without the output projection's base matmul
-        again = per.matmul_recomputed_lean if cand.option("lean_recompute") else per.matmul_recomputed
+        # --lean-recompute without the output projection's base matmul, with --offload-checkpoints too without the
+        # attention's (the layers in two halves, models/split_layer.py)
+        again = per.matmul_recomputed
+        if cand.option("lean_recompute"):
+            again = per.matmul_recomputed_split if cand.option("offload_checkpoints") else per.matmul_recomputed_lean
         one_layer = metrics.ParamCounts(again, 0, 0, again)
         recomputed = checkpointed * metrics.recompute_flops_per_token(one_layer, 1, attn_dim, seq_len)
     return FlopsPerToken(model, recomputed)

@@ -32,6 +32,10 @@ FAST_PATHS = {
     "full+lean": {"checkpointing": "full", "lean_recompute": True},
     "compile+full+lean": {"compile": True, "checkpointing": "full", "lean_recompute": True},
     "selective+lean": {"checkpointing": "selective", "lean_recompute": True},  # eager: the output not kept
+    # with the layer inputs offloaded, each layer in two halves: o_proj's base matmul skipped too (models/split_layer)
+    "full+lean+offload": {"checkpointing": "full", "lean_recompute": True, "offload_checkpoints": True},
+    "compile+full+lean+offload": {"compile": True, "checkpointing": "full", "lean_recompute": True,
+                                  "offload_checkpoints": True},
     # full on the first 8 layers, selective on the other 8 (--selective-rest): each compiled as its policy is
     "selective-rest": {"checkpointing": "full", "checkpoint_layers": 8, "selective_rest": True},
     "compile+selective-rest": {"compile": True, "checkpointing": "full", "checkpoint_layers": 8,
@@ -189,7 +193,7 @@ def _lora_grads(cfg) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("name", [pytest.param(name, marks=requires_run("lora", **FAST_PATHS[name])) for name in [
     "addmm", "liger", "compile", "selective", "compile+liger", "compile+full", "cudnn", "compile-tuning", "fused-a",
     "compile-cudagraphs-fused-a", "fused-proj", "compile+fused-proj", "compile+selective-rest",
-    "compile+full+lean"]])
+    "compile+full+lean", "compile+full+lean+offload"]])
 def test_fast_path_lora_gradients_match_eager(tmp_path, name):
     eager = _lora_grads(fast_config(tmp_path / "e", **_reference("lora")))
     fast = _lora_grads(fast_config(tmp_path / "f", **FAST_PATHS[name]))
