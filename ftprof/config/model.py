@@ -41,8 +41,10 @@ class ModelConfig:
     lean_recompute: bool = option(
         False, "with --checkpointing full: the recomputation skips each full-checkpointed layer's output projection "
         "(down_proj), whose output no tensor saved for backward depends on: 27% of a llama-8b layer's matmul FLOPs "
-        "recomputed less; with selective, uncompiled: that output is no longer kept. The same gradients (LoRA and "
-        "QLoRA, in 16 bits or with --fp8-base)")
+        "recomputed less; with --offload-checkpoints too, each layer is checkpointed as its two halves and the "
+        "attention's output projection (o_proj) is skipped as well, its mid-layer input offloaded beside the layer's "
+        "(Llama, Mistral, Qwen); with selective, uncompiled: that output is no longer kept. The same gradients (LoRA "
+        "and QLoRA, in 16 bits or with --fp8-base)")
     offload_checkpoints: bool = option(
         False, "with --checkpointing full: the checkpointed decoder layers' inputs (all full checkpointing keeps) "
         "wait for backward in pinned host memory, copied off and back on a side CUDA stream that overlaps compute, "

@@ -1,6 +1,7 @@
 """--checkpointing auto prices --offload-checkpoints like every other way full checkpointing fits: on a CUDA target
 it takes the offload where only it fits or where it lets fewer layers be recomputed, says so in its reason and its
-record, and leaves it alone where the plain way does as well; on the CPU (a plain copy there) it never tries it.
+record, and leaves it alone where the plain way does as well (in 16 bits the offload with --lean-recompute splits each
+layer in two halves, priced faster: there it takes it); on the CPU (a plain copy there) it never tries it.
 Planned from the CPU for an H200 on an 8-layer checkpoint of the tiny shape (the probe builds two layers)."""
 
 from __future__ import annotations
@@ -66,12 +67,23 @@ def test_auto_takes_the_offload_where_it_recomputes_fewer_layers(deep):
 
 
 def test_auto_leaves_the_offload_off_where_the_plain_way_does_as_well(deep):
-    p, cand = _planner(deep)
+    p, cand = _planner(deep, fp8_base=True)  # (no --lean-recompute under FP8: the offload splits no layer)
     choice, _, record, fits = _auto(p, cand, _peak(p, cand, 6))  # both fit on 6 layers: no offload needed
-    assert fits and (record.layers, record.offload) == (6, False) and choice.options == (("lean_recompute", True),)
+    assert fits and (record.layers, record.offload) == (6, False) and choice.options == (("fp8_base", True),)
     assert "offload" not in record.reason
     _, _, roomy, _ = _auto(p, cand, 64 * GIB)
     assert (roomy.policy, roomy.offload) == ("none", False)
+
+
+def test_in_16_bits_auto_takes_the_offload_for_the_lean_halves(deep):
+    """With --lean-recompute the offloaded layers are checkpointed as two halves (models/split_layer.py), whose
+    recomputation leaves the attention's output projection out too: priced faster at the same layers."""
+    p, cand = _planner(deep)
+    choice, pred, record, fits = _auto(p, cand, _peak(p, cand, 6))  # both fit on 6 layers
+    assert fits and (record.layers, record.offload, record.lean_recompute) == (6, True, True)
+    assert "without the offload full on 6 of 8 layers fits but is predicted slower" in record.reason
+    plain = dataclasses.replace(cand, checkpointing="full", checkpoint_layers=6).with_option(budget.LEAN)
+    assert pred.tokens_per_s > p.predict(plain).tokens_per_s
 
 
 def test_auto_does_not_try_the_offload_on_the_cpu(deep):
