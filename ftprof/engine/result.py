@@ -12,6 +12,7 @@ from ftprof.data.formats import IGNORE_INDEX
 from ftprof.engine.build import Built
 from ftprof.engine.proof import TrainingCheck
 from ftprof.engine.trackers import FirstStepMemory, NvmlTracker, StepLog
+from ftprof.models import split_layer
 from ftprof.models.kernels import FUSED_LOSS
 from ftprof.profiling.memory import MemoryTracker, host_peak_rss
 from ftprof.resolved import ResolvedRun
@@ -144,7 +145,8 @@ def _flops(built: Built, resolved: ResolvedRun) -> Flops:
 
 def _checkpointing(built: Built) -> Checkpointing:
     return Checkpointing(checkpointing_policy=built.checkpointing, checkpointed_layers=built.checkpointed_layers,
-                         checkpointing_auto=built.auto_choice, kept_dequantized=built.kept_dequantized or None)
+                         checkpointing_auto=built.auto_choice, kept_dequantized=built.kept_dequantized or None,
+                         split_layers=len(split_layer.split_layers(built.model)) or None)
 
 
 def _compile(built: Built, kernels_applied: list[str], notes: list[str], wanted_sdpa: str) -> Compile:

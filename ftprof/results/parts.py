@@ -340,6 +340,7 @@ class Checkpointing(Part):
     checkpointed_layers: Optional[int] = None  # decoder layers the policy applies to (None: all of them)
     checkpointing_auto: Optional[AutoChoice] = record(AutoChoice)  # auto's estimates, budget and reason
     kept_dequantized: Optional[int] = None  # QLoRA under full: 4-bit linears whose recomputation keeps the weight
+    split_layers: Optional[int] = None  # --lean-recompute with --offload-checkpoints: layers checkpointed as halves
 
 
 @dataclass

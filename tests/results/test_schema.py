@@ -50,14 +50,17 @@ ADDED = {"eval_loss_first": None, "eval_loss_last": None, "eval_loss_best": None
          "prediction": {}}
 # auto's memory and recomputation choices
 ADDED_TO_AUTO = {"offload": False, "host_embeddings": False, "selective_rest": False, "lean_recompute": False}
+# keys added inside a part, after the key named
+ADDED_AFTER = {"kept_dequantized": {"split_layers": None}}
 _AT = FLAT_KEYS_V1.index("artifacts")
-FLAT_KEYS = FLAT_KEYS_V1[:_AT] + list(ADDED) + FLAT_KEYS_V1[_AT:]
+FLAT_KEYS = [k for key in FLAT_KEYS_V1[:_AT] for k in [key, *ADDED_AFTER.get(key, {})]] + list(ADDED) \
+    + FLAT_KEYS_V1[_AT:]
 
 
 def _with_added(old: dict) -> dict:
     """A version-1 result as this version writes it: the same keys, values and order, the added keys in place."""
-    items = list(old.items())
-    at = list(old).index("artifacts")
+    items = [item for key, value in old.items() for item in [(key, value), *ADDED_AFTER.get(key, {}).items()]]
+    at = [key for key, _ in items].index("artifacts")
     out = dict(items[:at] + list(ADDED.items()) + items[at:])
     if out.get("checkpointing_auto"):  # records' keys added since, at their end
         out["checkpointing_auto"] = {**out["checkpointing_auto"], **ADDED_TO_AUTO}
