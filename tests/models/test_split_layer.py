@@ -73,12 +73,12 @@ def _grads(tmp_path, method: str, **flat):
     return built, grads
 
 
-@pytest.mark.parametrize("method", ["lora", "qlora"])
-def test_the_gradients_are_full_checkpointings_and_both_projections_skip(tmp_path, method, skips):
+@pytest.mark.parametrize("method, flat", [("lora", {}), ("qlora", {}), ("qlora", {"fp8_base": True})])
+def test_the_gradients_are_full_checkpointings_and_both_projections_skip(tmp_path, method, flat, skips):
     torch.manual_seed(0)
-    _, plain = _grads(tmp_path / "plain", method)
+    _, plain = _grads(tmp_path / "plain", method, **flat)
     torch.manual_seed(0)
-    built, split = _grads(tmp_path / "split", method, offload_checkpoints=True, lean_recompute=True)
+    built, split = _grads(tmp_path / "split", method, offload_checkpoints=True, lean_recompute=True, **flat)
     layers = metrics.decoder_layers(built.model)
     assert split_layer.split_layers(built.model) == layers and offload.offloaded_layers(built.model) == layers
     offloader = offload.offloader_of(built.model)
