@@ -73,7 +73,8 @@ def _grads(tmp_path, method: str, **flat):
     return built, grads
 
 
-@pytest.mark.parametrize("method, flat", [("lora", {}), ("qlora", {}), ("qlora", {"fp8_base": True})])
+@pytest.mark.parametrize("method, flat", [("lora", {}), ("qlora", {}), ("qlora", {"fp8_base": True}),
+                                          ("qlora", {"lora_fused_projections": True})])
 def test_the_gradients_are_full_checkpointings_and_both_projections_skip(tmp_path, method, flat, skips):
     torch.manual_seed(0)
     _, plain = _grads(tmp_path / "plain", method, **flat)
