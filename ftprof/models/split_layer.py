@@ -8,6 +8,10 @@ first half's recomputation needs o_proj's output for nothing, and --lean-recompu
 skips down_proj's (models/recompute.py). llama-8b: o_proj is 16.8M of a layer's 218M matmul weights, 7.7% of what
 full checkpointing recomputed.
 
+Measured on an H100 (llama-8b QLoRA 4 x 2048, full checkpointing, both host offloads, Liger, compiled; BENCHMARKS.md
+round 28): 11,536 -> 11,887 tokens/s (+3.0%) and 7.66 -> 7.30 GiB peak allocated: backward recomputes one half at a
+time, so both halves' recomputed activations are never live together.
+
 What it costs: one more hidden-size tensor kept per layer (h: tokens x hidden x 2 bytes, 64 MiB at 4 x 2048 in
 llama-8b). Under --offload-checkpoints it waits in pinned host memory like the layer input (each half's input is
 offloaded by its own wrapper, models/offload.py), so the device holds what it held; the host link carries twice the
