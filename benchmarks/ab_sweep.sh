@@ -23,6 +23,6 @@ if [ -n "$before" ]; then
   (cd "$before" && PYTHONPATH="$before:${PYTHONPATH:-}" timeout -s INT $(( $(left) - 25 )) python3 -m ftprof bench \
     "$sweep" --output-dir "$OLDPWD/runs/before") > runs/bench-before.log 2>&1
 fi
-python3 -m ftprof report "runs/$name" $([ -d runs/before ] && echo runs/before) --format md > runs/report.md 2>&1
+python3 -m ftprof report "runs/$name" $([ -d runs/before ] && echo --baseline runs/before) --format md > runs/report.md 2>&1  # (two sides as paths would pool as repeats)
 tar czf "$out/$name.tgz" --exclude='*.pt.trace.json.gz' --exclude='*.pickle' --exclude='*.safetensors' runs
 echo "done in $(( $(date +%s) - t0 )) s"

@@ -18,7 +18,7 @@ timeout "${TESTS_S:-150}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/
 timeout -s INT "${SWEEP_S:-110}" python3 -m ftprof bench "$sweep" --output-dir runs/split-halves > runs/bench-split.log 2>&1
 (cd "$before" && PYTHONPATH="$before:${PYTHONPATH:-}" timeout -s INT "${SWEEP_S:-110}" python3 -m ftprof bench "$sweep" \
   --output-dir "$OLDPWD/runs/before") > runs/bench-before.log 2>&1
-python3 -m ftprof report runs/split-halves runs/before --format md > runs/report.md 2>&1
+python3 -m ftprof report runs/split-halves --baseline runs/before --format md > runs/report.md 2>&1
 tar czf "$out/split-halves.tgz" --exclude='*.pt.trace.json.gz' --exclude='*.pickle' --exclude='*.safetensors' runs
 if [ "$(left)" -gt 200 ]; then
   BUDGET_S=$(( $(left) - 10 )) MODEL=llama-8b BUDGETS="40:${PLAN_K:-2}" bash "$(dirname "$0")/plan_accuracy.sh" top5 "$out"
