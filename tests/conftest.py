@@ -75,6 +75,23 @@ def build_run(cfg: RunConfig):
     return resolved, build(resolved, MemoryTracker(resolved.device), lambda _: None)
 
 
+def two_step_grads(tmp_path, method: str, **flat):
+    """A full-checkpointed tiny run's LoRA (or full) gradients after each of two accumulated forward+backward
+    passes (LoRA's B drawn non-zero, so every A gets a gradient): (built, [grads after one, grads after two])."""
+    import torch
+
+    resolved, built = build_run(tiny_config(tmp_path, method, checkpointing="full", seq_len=32, **flat))
+    with torch.no_grad():  # PEFT's zero B would leave every A without a gradient
+        for name, p in built.model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.02)
+    grads = []
+    for _ in range(2):  # two micro-batches' worth, accumulated: pending inputs are cleared between them
+        run_one_step(resolved, built)
+        grads.append({n: p.grad.clone() for n, p in built.model.named_parameters() if p.grad is not None})
+    return built, grads
+
+
 def run_one_step(resolved, built) -> None:
     """Forward and backward of one step (no optimizer step), as the loop runs them."""
     from ftprof.engine.loop import train_step

@@ -212,8 +212,9 @@ def count_flops(model, counts: metrics.ParamCounts, resolved: ResolvedRun, polic
     seq = resolved.config.data.seq_len
     recompute = 0.0
     if policy == "full":
+        # (split: the layers apply_policy checkpointed as two halves, read off the model rather than its rule again)
         recomputed = metrics.recomputed_params(model, lean=resolved.lean_recompute,
-                                               split=resolved.lean_recompute and resolved.offload_checkpoints)
+                                               split=bool(split_layer.split_layers(model)))
         recompute = metrics.recompute_flops_per_token(recomputed, layers, attn_dim, seq)
         if checkpointed is not None and layers:
             recompute *= checkpointed / layers  # identical layers: each recomputes the same share

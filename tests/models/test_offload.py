@@ -15,7 +15,7 @@ from ftprof import metrics
 from ftprof.config import declarations
 from ftprof.models import offload
 from ftprof.profiling.memory import SavedActivations
-from tests.conftest import assert_train_refuses, build_run, run_one_step, tiny_config
+from tests.conftest import assert_train_refuses, build_run, run_one_step, tiny_config, two_step_grads
 
 METHODS = ["full", "lora", "qlora"]
 
@@ -38,23 +38,10 @@ def test_offloaded_runs_train_the_same_losses_as_full_checkpointing(tmp_path, me
     assert runs[True].memory.memory_breakdown.activations_saved < runs[False].memory.memory_breakdown.activations_saved
 
 
-def _grads(tmp_path, method: str, **flat):
-    resolved, built = build_run(tiny_config(tmp_path, method, checkpointing="full", seq_len=32, **flat))
-    with torch.no_grad():  # PEFT's zero B would leave every A without a gradient
-        for name, p in built.model.named_parameters():
-            if "lora_B" in name:
-                torch.nn.init.normal_(p, std=0.02)
-    grads = []
-    for _ in range(2):  # two micro-batches' worth, accumulated: pending inputs are cleared between them
-        run_one_step(resolved, built)
-        grads.append({n: p.grad.clone() for n, p in built.model.named_parameters() if p.grad is not None})
-    return built, grads
-
-
 @pytest.mark.parametrize("method", METHODS)
 def test_offloaded_gradients_equal_full_checkpointing(tmp_path, method):
-    _, plain = _grads(tmp_path / "plain", method)
-    built, offloaded = _grads(tmp_path / "off", method, offload_checkpoints=True)
+    _, plain = two_step_grads(tmp_path / "plain", method)
+    built, offloaded = two_step_grads(tmp_path / "off", method, offload_checkpoints=True)
     layers = metrics.decoder_layers(built.model)
     assert offload.offloaded_layers(built.model) == layers
     offloader = offload.offloader_of(built.model)

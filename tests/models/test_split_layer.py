@@ -11,7 +11,7 @@ import torch
 import ftprof
 from ftprof import metrics
 from ftprof.models import offload, recompute, split_layer
-from tests.conftest import build_run, run_one_step, tiny_config
+from tests.conftest import build_run, tiny_config, two_step_grads
 from tests.tolerances import COMPILED_LOSS
 
 FAMILIES = {
@@ -60,26 +60,13 @@ def skips(monkeypatch):
     return calls
 
 
-def _grads(tmp_path, method: str, **flat):
-    resolved, built = build_run(tiny_config(tmp_path, method, checkpointing="full", seq_len=32, **flat))
-    with torch.no_grad():  # PEFT's zero B would leave every A without a gradient
-        for name, p in built.model.named_parameters():
-            if "lora_B" in name:
-                torch.nn.init.normal_(p, std=0.02)
-    grads = []
-    for _ in range(2):  # two micro-batches' worth, accumulated: pending inputs are cleared between them
-        run_one_step(resolved, built)
-        grads.append({n: p.grad.clone() for n, p in built.model.named_parameters() if p.grad is not None})
-    return built, grads
-
-
 @pytest.mark.parametrize("method, flat", [("lora", {}), ("qlora", {}), ("qlora", {"fp8_base": True}),
                                           ("qlora", {"lora_fused_projections": True})])
 def test_the_gradients_are_full_checkpointings_and_both_projections_skip(tmp_path, method, flat, skips):
     torch.manual_seed(0)
-    _, plain = _grads(tmp_path / "plain", method, **flat)
+    _, plain = two_step_grads(tmp_path / "plain", method, **flat)
     torch.manual_seed(0)
-    built, split = _grads(tmp_path / "split", method, offload_checkpoints=True, lean_recompute=True, **flat)
+    built, split = two_step_grads(tmp_path / "split", method, offload_checkpoints=True, lean_recompute=True, **flat)
     layers = metrics.decoder_layers(built.model)
     assert split_layer.split_layers(built.model) == layers and offload.offloaded_layers(built.model) == layers
     offloader = offload.offloader_of(built.model)
