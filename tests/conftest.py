@@ -75,12 +75,12 @@ def build_run(cfg: RunConfig):
     return resolved, build(resolved, MemoryTracker(resolved.device), lambda _: None)
 
 
-def two_step_grads(tmp_path, method: str, **flat):
-    """A full-checkpointed tiny run's LoRA (or full) gradients after each of two accumulated forward+backward
+def two_step_grads(tmp_path, method: str, checkpointing: str = "full", **flat):
+    """A (full-checkpointed) tiny run's LoRA (or full) gradients after each of two accumulated forward+backward
     passes (LoRA's B drawn non-zero, so every A gets a gradient): (built, [grads after one, grads after two])."""
     import torch
 
-    resolved, built = build_run(tiny_config(tmp_path, method, checkpointing="full", seq_len=32, **flat))
+    resolved, built = build_run(tiny_config(tmp_path, method, checkpointing=checkpointing, seq_len=32, **flat))
     with torch.no_grad():  # PEFT's zero B would leave every A without a gradient
         for name, p in built.model.named_parameters():
             if "lora_B" in name:

@@ -70,6 +70,10 @@ class MethodConfig:
         None, "one GEMM for each group of adapted projections that read the same input (q, k, v; gate, up), the "
         "adapters' B matmuls inside it: base weights side by side, no full-size adapter output or add (lora, "
         "qlora; gptq-lora bases keep their own; not under FSDP; default off)")
+    lean_activations: Optional[bool] = option(
+        None, "in layers that keep their activations, the MLP keeps gate and up but not their SwiGLU product, "
+        "which backward forms again for the down projection's adapter (one elementwise pass): intermediate_size "
+        "values less per token and layer, a fifth of a llama-8b LoRA layer's (Llama-style MLPs; default off)")
     fp8_base: Optional[bool] = option(
         None, "run the frozen base weights' matmuls (forward and input gradient) as rowwise-scaled e4m3 GEMMs, "
         "twice the bf16 tensor-core rate on Hopper and Ada; adapters, attention and the loss stay 16-bit: FP8's "
@@ -167,7 +171,8 @@ class MethodConfig:
             values.update(lora_r=r, lora_alpha=self.lora_alpha if self.lora_alpha is not None else 2.0 * r,
                           lora_dropout=self.lora_dropout or 0.0,
                           lora_targets=self.lora_targets or DEFAULT_LORA_TARGETS,
-                          lora_addmm=bool(self.lora_addmm), lora_fused_a=self._fused_a())
+                          lora_addmm=bool(self.lora_addmm), lora_fused_a=self._fused_a(),
+                          lean_activations=bool(self.lean_activations))
         if self.method in ("lora", "qlora"):
             values.update(lora_fused_projections=bool(self.lora_fused_projections), fp8_base=bool(self.fp8_base))
         if self.method in ("qlora", "gptq-lora"):

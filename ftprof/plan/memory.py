@@ -12,6 +12,7 @@
   computes in the forward. Times the
   calibration's factor for this kind of run on a GPU (compile and fused kernels save less than the eager probe
   measured; ftprof/plan/calibration.py). A CPU run saves what the CPU probe measured: no factor.
+- --lean-activations: less the SwiGLU product of each layer that keeps its activations (``lean_mlp_bytes``).
 - transients: the larger of the loss backward's fp32 logits gradients (none with a fused loss; one logits-sized
   gradient in the run dtype with the compiled loss) and, under full
   checkpointing, the layer being recomputed (its activations at none's rate, for QLoRA/GPTQ-LoRA its dequantized
@@ -60,6 +61,7 @@ class Shape:
     fp8_base: bool = False  # --fp8-base: LoRA keeps each base weight's e4m3 rows and their transpose
     layer_input_bytes_per_token: int = 0  # a decoder layer's input (hidden size x the run dtype's width)
     host_embedding_bytes: int = 0  # the input embedding table --offload-embeddings moves to the host (0: tied)
+    mlp_product_bytes_per_token: int = 0  # one SwiGLU product (intermediate size x the run dtype's width)
 
 
 def static_parts(probe: ProbeResult, cand: Candidate, shape: Shape) -> tuple[int, int, int]:
@@ -181,6 +183,7 @@ def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: fl
     rest = min(rest, probed)
     rest_saved = int(rest * (factor if rest_factor is None else rest_factor))
     activations = int((probed - rest) * factor) + rest_saved
+    activations = max(0, activations - lean_mlp_bytes(probe, cand, shape, unchecked) * tokens)
     transients = transient_bytes(probe, cand, shape, freed=rest_saved)
     if cand.checkpointing == "full" and cand.option("offload_checkpoints"):
         # --offload-checkpoints: the checkpointed layers' inputs wait in host memory; two of them are back on the
@@ -200,6 +203,18 @@ def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: fl
         dynamic = max(activations + transients, grads)
     return MemoryPrediction(weights + state + dynamic, weights + grads + state, weights, grads, state, activations,
                             int(probed), activations / probed if probed else factor, transients)
+
+
+def lean_mlp_bytes(probe: ProbeResult, cand: Candidate, shape: Shape, unchecked: int) -> int:
+    """Bytes per token --lean-activations leaves unsaved (models/lean_mlp.py): the SwiGLU product of each layer that
+    keeps its activations, computed rather than probed (the probe is built without it). The eager MLP of HF
+    keeps silu(gate) beside the product, and the lean op keeps neither: two products a layer there, one where Liger
+    or the compiler had already left silu(gate) unsaved (measured on the CPU, tiny preset: 2 and 1)."""
+    if not cand.option("lean_activations"):
+        return 0
+    layers = probe.layers if cand.checkpointing == "none" else unchecked if rest_policy(cand) == "none" else 0
+    products = 1 if cand.compile or cand.kernels == "liger" else 2
+    return layers * products * shape.mlp_product_bytes_per_token
 
 
 def _selective_layers(probe: ProbeResult, cand: Candidate) -> int:

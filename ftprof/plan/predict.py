@@ -214,7 +214,8 @@ class Planner:
                             m.keep_dequantized is not False and not fp8, m.double_quant is not False,
                             config.hidden_size * torch_dtype(self.dtype).itemsize, bool(self.cfg.model.compile_loss),
                             torch_dtype(self.dtype).itemsize, fp8,
-                            config.hidden_size * torch_dtype(self.dtype).itemsize, self.host_embedding_bytes)
+                            config.hidden_size * torch_dtype(self.dtype).itemsize, self.host_embedding_bytes,
+                            (getattr(config, "intermediate_size", 0) or 0) * torch_dtype(self.dtype).itemsize)
 
     @property
     def host_embedding_bytes(self) -> int:

@@ -181,6 +181,8 @@ def _probe_config(cfg: RunConfig, dtype: str) -> RunConfig:
     from ftprof.config import declarations
 
     method = cfg.method.for_method(probed_method(cfg.method.method), dtype, preset=True)
+    # built without --lean-activations: the planner takes its saving off what the probe measured (plan/memory.py)
+    method = dataclasses.replace(method, lean_activations=False)
     # eager and uncompiled: compile's own options back to their defaults too (a CUDA-graph mode without compile
     # is refused by the configuration)
     uncompiled = {d.name: d.default for d in declarations.DECLARED

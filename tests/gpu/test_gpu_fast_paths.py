@@ -40,6 +40,13 @@ FAST_PATHS = {
     "selective-rest": {"checkpointing": "full", "checkpoint_layers": 8, "selective_rest": True},
     "compile+selective-rest": {"compile": True, "checkpointing": "full", "checkpoint_layers": 8,
                                "selective_rest": True},
+    # the SwiGLU product formed again in backward (--lean-activations, models/lean_mlp.py): the same formulas
+    "lean-act": {"lean_activations": True},
+    "liger+lean-act": {"kernels": "liger", "lean_activations": True},  # Liger's MLP replaced, its product rounded
+    "compile+lean-act": {"compile": True, "lean_activations": True},
+    "compile-cudagraphs-lean-act": {"compile": True, "compile_mode": "reduce-overhead", "lean_activations": True},
+    "compile+partial+lean-act": {"compile": True, "checkpointing": "full", "checkpoint_layers": 8,
+                                 "lean_activations": True},
     "cudnn": {"sdpa_backend": "cudnn"},
     "compile+cudnn": {"compile": True, "sdpa_backend": "cudnn"},
     "compile-autotune": {"compile": True, "compile_mode": "max-autotune-no-cudagraphs"},
@@ -72,6 +79,7 @@ FP8_PATHS = {
     "compile+selective-rest": {"compile": True, "checkpointing": "full", "checkpoint_layers": 8,
                                "selective_rest": True},
     "compile+full+lean": {"compile": True, "checkpointing": "full", "lean_recompute": True},
+    "compile-cudagraphs-lean-act": {"compile": True, "compile_mode": "reduce-overhead", "lean_activations": True},
 }
 FP8_LOSS = 0.02
 FP8_GRADIENTS = 0.4
@@ -193,7 +201,7 @@ def _lora_grads(cfg) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("name", [pytest.param(name, marks=requires_run("lora", **FAST_PATHS[name])) for name in [
     "addmm", "liger", "compile", "selective", "compile+liger", "compile+full", "cudnn", "compile-tuning", "fused-a",
     "compile-cudagraphs-fused-a", "fused-proj", "compile+fused-proj", "compile+selective-rest",
-    "compile+full+lean", "compile+full+lean+offload"]])
+    "compile+full+lean", "compile+full+lean+offload", "lean-act", "compile+lean-act"]])
 def test_fast_path_lora_gradients_match_eager(tmp_path, name):
     eager = _lora_grads(fast_config(tmp_path / "e", **_reference("lora")))
     fast = _lora_grads(fast_config(tmp_path / "f", **FAST_PATHS[name]))
