@@ -5,14 +5,15 @@
 #    partial checkpointing and FP8; the LoRA gradients; one product less kept per layer, Liger and compiled),
 # 2. benchmarks/sweeps/lean-activations.yaml (llama-8b QLoRA 4 x 2048, no checkpointing, CUDA graphs: with and
 #    without it, 2 x 2 with the host's table, FP8) with what is left.
-# Packs runs/ into OUT/lean-activations.tgz.
+# SWEEP names another sweep (benchmarks/sweeps/lean-activations-eager.yaml: beside compiled HF MLPs), TESTS_K
+# another test selection. Packs runs/ into OUT/lean-activations.tgz.
 set -u
 out=${1:?output folder}
 budget=${BUDGET_S:-570}
 . "$(dirname "$0")/common.sh"  # left(), scratch in memory, runs/machine.txt
 timeout "${TESTS_S:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider -rA tests/gpu/test_gpu_fast_paths.py \
-  tests/gpu/test_gpu_memory_levers.py -k "lean-act or lean_activations" > runs/pytest-gpu-lean-act.log 2>&1
-timeout -s INT $(( $(left) - 25 )) python3 -m ftprof bench benchmarks/sweeps/lean-activations.yaml \
+  tests/gpu/test_gpu_memory_levers.py -k "${TESTS_K:-lean-act or lean_activations}" > runs/pytest-gpu-lean-act.log 2>&1
+timeout -s INT $(( $(left) - 25 )) python3 -m ftprof bench "${SWEEP:-benchmarks/sweeps/lean-activations.yaml}" \
   --output-dir runs/lean-activations > runs/bench-lean-activations.log 2>&1
 python3 -m ftprof report runs/lean-activations --format md > runs/report.md 2>&1
 tar czf "$out/lean-activations.tgz" --exclude='*.pt.trace.json.gz' --exclude='*.pickle' --exclude='*.safetensors' runs
