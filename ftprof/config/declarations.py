@@ -86,6 +86,7 @@ class Declared:
     speed_class: bool = False  # runs with it on are calibrated apart (their rate differs by more than knobs' do)
     host_work: bool = False  # on, it adds host work per micro-batch: host floors are calibrated apart (plan/host.py)
     family: str = ""  # how a refusal names the methods it belongs to ("a lora option"); default: the methods
+    unprobed: bool = False  # the planner's probe is built without it: its saving is computed (plan/memory.py)
 
     @property
     def flag(self) -> str:
@@ -151,7 +152,7 @@ DECLARED: tuple[Declared, ...] = (
     # the SwiGLU product formed again in backward rather than kept (models/lean_mlp.py): it saves memory only where
     # a layer keeps its activations, so the planner leaves it off where every layer is full-checkpointed
     Declared("lean_activations", "method", frozenset({"speed", "activations"}), False, methods=LORA_METHODS,
-             family="lora", refuse=frozenset({"methods"}), word="lean-act", planner_values=(False, True),
+             family="lora", refuse=frozenset({"methods"}), word="lean-act", planner_values=(False, True), unprobed=True,
              planner_avoid=(((When("checkpointing", ("full",)), When("checkpoint_layers", (None,))), True),
                             (When("checkpointing", ("selective",)), True)),
              excludes=(Excludes(When("lora_addmm", (ON,)), "{flag} and {other} " + _ADAPTER),)),
@@ -285,7 +286,7 @@ def activation_options() -> frozenset[str]:
     model, eager and uncompiled: compile's options, and options of the 4-bit methods alone, are not in it), so a
     calibration record off their default describes another activation model."""
     return frozenset(d.name for d in DECLARED if "activations" in d.effects and d.name not in ("compile", "dtype")
-                     and (d.section == "model" or "lora" not in d.methods))
+                     and (d.section == "model" or "lora" not in d.methods or d.unprobed))
 
 
 def speed_classes() -> tuple[str, ...]:

@@ -208,13 +208,13 @@ def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: fl
 def lean_mlp_bytes(probe: ProbeResult, cand: Candidate, shape: Shape, unchecked: int) -> int:
     """Bytes per token --lean-activations leaves unsaved (models/lean_mlp.py): the SwiGLU product of each layer that
     keeps its activations, computed rather than probed (the probe is built without it). The eager MLP of HF
-    keeps silu(gate) beside the product, and so does a compiled layer on the GPU; the lean op keeps neither: two
-    products a layer there, one beside Liger's MLP, which keeps gate and up alone (measured on an H100, 2026-12-05:
-    2 compiled, 1 with Liger; on the CPU, compiled in fp32: 1)."""
+    keeps silu(gate) beside the product, and the lean op keeps neither: two products a layer there. Beside Liger's MLP
+    (gate and up kept) it is one; beside a compiled layer, one for llama-8b QLoRA at 4 x 2048 (43.99 -> 36.99 GiB on
+    an H100, 2026-12-05) and two for a 64-wide test model: one is taken, the safe side."""
     if not cand.option("lean_activations"):
         return 0
     layers = probe.layers if cand.checkpointing == "none" else unchecked if rest_policy(cand) == "none" else 0
-    products = 1 if cand.kernels == "liger" else 2
+    products = 2 if cand.kernels == "eager" and not cand.compile else 1
     return layers * products * shape.mlp_product_bytes_per_token
 
 

@@ -48,7 +48,8 @@ def test_the_table_leaves_the_device_and_the_losses_stay(tmp_path, wide_vocab, m
 
 
 # --lean-activations (models/lean_mlp.py): the lean op keeps gate and up alone. Liger's MLP keeps gate, up and the
-# product: one product less per token and layer; a compiled HF MLP keeps silu(gate) too: two (H100, 2026-12-05)
+# product: one product less per token and layer; this 64-wide model's compiled HF MLP keeps silu(gate) too: two
+# (H100, 2026-12-05; llama-8b QLoRA's compiled layers measured one, the planner's figure: plan/memory.py)
 @pytest.mark.parametrize("flat, products", [({"kernels": "liger"}, 1), ({"compile": True}, 2)],
                          ids=["liger", "compile"])
 def test_lean_activations_keep_the_products_less_a_layer(tmp_path, wide_vocab, flat, products):

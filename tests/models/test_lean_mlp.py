@@ -120,3 +120,15 @@ def test_compiled_keeps_one_product_less_and_trains_as_eager(tmp_path):
     assert saved[(False, True)] - saved[(True, True)] == config.num_hidden_layers * product
     assert runs[(True, True)].throughput.loss_last == pytest.approx(runs[(False, False)].throughput.loss_last,
                                                                     rel=COMPILED_LOSS)
+
+
+def test_a_run_with_it_calibrates_no_activation_factor(tmp_path):
+    """The probe is built without it, so a run with it would teach the planner a factor with its saving in, which
+    the planner then takes off again (measured: a 30.0 GiB prediction for a 37.0 GiB run, 2026-12-05)."""
+    from ftprof.plan import calibration, probe
+
+    assert "lean_activations" in calibration.MEMORY_KNOBS
+    assert calibration.memory_options_off({"policy": "none", "knobs": {"lean_activations": True}}) == \
+        {"lean_activations"}
+    cfg = tiny_config(tmp_path, "lora", lean_activations=True)
+    assert probe._probe_config(cfg, "bfloat16").method.lean_activations is False
