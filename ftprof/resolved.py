@@ -64,6 +64,14 @@ class ResolvedRun:
         return lean_recompute_of(self.config, self.auto_choice)
 
     @property
+    def lean_activations(self) -> bool:
+        """Whether the layers that keep their activations keep no SwiGLU product: --lean-activations, or
+        --checkpointing auto's choice (it tries it where no checkpointing fits only with it)."""
+        chosen = self.config.model.checkpointing == "auto" and bool(getattr(self.auto_choice, "lean_activations",
+                                                                             False))
+        return bool(getattr(self.config.method, "lean_activations", False)) or chosen
+
+    @property
     def offload_checkpoints(self) -> bool:
         """Whether full checkpointing's saved layer inputs wait in pinned host memory: --offload-checkpoints, or
         --checkpointing auto's choice (it tries the offload on CUDA where full checkpointing needs it)."""

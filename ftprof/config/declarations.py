@@ -149,8 +149,9 @@ DECLARED: tuple[Declared, ...] = (
                        Excludes(When("lora_fused_projections", (ON,)), "{flag} and {other} " + _ADAPTER))),
     Declared("lora_fused_a", "method", frozenset({"speed", "activations"}), True, methods=LORA_METHODS, family="lora",
              refuse=frozenset({"methods"})),
-    # the SwiGLU product formed again in backward rather than kept (models/lean_mlp.py): it saves memory only where
-    # a layer keeps its activations, so the planner leaves it off where every layer is full-checkpointed
+    # the SwiGLU product and the norms' outputs formed again in backward rather than kept (models/lean_mlp.py,
+    # models/lean_norm.py): it saves memory only where a layer keeps its activations, so the planner leaves it off
+    # where every layer is full-checkpointed
     Declared("lean_activations", "method", frozenset({"speed", "activations"}), False, methods=LORA_METHODS,
              family="lora", refuse=frozenset({"methods"}), word="lean-act", planner_values=(False, True), unprobed=True,
              planner_avoid=(((When("checkpointing", ("full",)), When("checkpoint_layers", (None,))), True),

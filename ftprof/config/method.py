@@ -71,9 +71,10 @@ class MethodConfig:
         "adapters' B matmuls inside it: base weights side by side, no full-size adapter output or add (lora, "
         "qlora; gptq-lora bases keep their own; not under FSDP; default off)")
     lean_activations: Optional[bool] = option(
-        None, "in layers that keep their activations, the MLP keeps gate and up but not their SwiGLU product, "
-        "which backward forms again for the down projection's adapter (one elementwise pass): intermediate_size "
-        "values less per token and layer, a fifth of a llama-8b LoRA layer's (Llama-style MLPs; default off)")
+        None, "in layers that keep their activations, the MLP keeps gate and up but not their SwiGLU product, and "
+        "each norm feeding a shared adapter A matmul its input but not its output: backward forms them again for the "
+        "adapters (elementwise passes); intermediate_size + 2 x hidden_size values less per token and layer, a "
+        "quarter of a llama-8b LoRA layer's (Llama-style layers; default off)")
     fp8_base: Optional[bool] = option(
         None, "run the frozen base weights' matmuls (forward and input gradient) as rowwise-scaled e4m3 GEMMs, "
         "twice the bf16 tensor-core rate on Hopper and Ada; adapters, attention and the loss stay 16-bit: FP8's "

@@ -16,7 +16,18 @@ from ftprof.engine import checkpointing, distributed
 from ftprof.engine.compile import CompileOutcome, warm_up
 from ftprof.engine.evaluate import eval_batches_for
 from ftprof.engine.schedule import make_scheduler
-from ftprof.models import attention, dequant, fp8_base, fused_projections, host_embedding, kernels, offload, split_layer
+from ftprof.models import (
+    attention,
+    dequant,
+    fp8_base,
+    fused_projections,
+    host_embedding,
+    kernels,
+    lean_mlp,
+    lean_norm,
+    offload,
+    split_layer,
+)
 from ftprof.models.checkpointing import SelectivePolicy
 from ftprof.models.materialize import materialize_sharded
 from ftprof.models.methods import LoadContext, get_strategy
@@ -87,8 +98,7 @@ def build(resolved: ResolvedRun, memory: MemoryTracker, log: Callable[[str], Non
         if auto is not None:
             log(f"--checkpointing auto: {auto.reason}")
         _say_offloaded(model, resolved, log)
-        joined = (fused_projections.fuse(model, metrics.decoder_layers(model))
-                  if cfg.method.lora_fused_projections else [])
+        joined = _joined_then_lean(model, resolved, log)
         if cfg.method.fp8_base:
             log(f"--fp8-base: {fp8_base.convert(metrics.decoder_layers(model))} base linears multiply in e4m3")
         kept, torch_dequant = route_dequantization(model, cfg, policy, layers, compiling=cfg.model.compile)
@@ -116,6 +126,18 @@ def build(resolved: ResolvedRun, memory: MemoryTracker, log: Callable[[str], Non
     return Built(tokenizer, batches, model, params, optimizer, autocast, counts,
                  count_flops(model, counts, resolved, policy, layers), device_name, policy, layers, auto, compiled,
                  used, selective, kept, scheduler, eval_batches_for(resolved, tokenizer), host_table)
+
+
+def _joined_then_lean(model, resolved: ResolvedRun, log: Callable[[str], None]) -> list:
+    """--lora-fused-projections' joined groups, then --lean-activations: the MLPs keep no SwiGLU product, the norms
+    feeding shared A matmuls no output (after the joining: joined projections keep their own input, and the norms
+    leave them alone)."""
+    blocks = metrics.decoder_layers(model)
+    joined = fused_projections.fuse(model, blocks) if resolved.config.method.lora_fused_projections else []
+    if resolved.lean_activations:
+        mlps, norms = lean_mlp.attach(blocks), lean_norm.attach(blocks)
+        log(f"--lean-activations: {mlps} MLPs keep no SwiGLU product, {norms} norms no output")
+    return joined
 
 
 def _say_offloaded(model, resolved: ResolvedRun, log: Callable[[str], None]) -> None:

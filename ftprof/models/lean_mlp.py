@@ -1,4 +1,5 @@
-"""The SwiGLU product computed again in backward instead of kept (``--lean-activations``).
+"""The SwiGLU product computed again in backward instead of kept (``--lean-activations``; the norms' outputs:
+models/lean_norm.py).
 
 A Llama-style MLP is ``down_proj(silu(gate) * up)``. A layer that keeps its activations (no checkpointing, or the
 layers past ``--checkpoint-layers``) keeps, per token, gate and up (the product's own backward reads them) and the

@@ -9,9 +9,10 @@ sibling its slice: the input is read once instead of three (two) times, in forwa
 input gradient is written instead of three (two). The LoRA weights stay PEFT's own parameters (the concatenation
 is taken in each forward, a few hundred KB), so optimizer, checkpoints and gradients are unchanged.
 
-The slice is handed over through an attribute of the sibling module, set by the first projection and cleared by
-the sibling that reads it, within one forward of the layer (so a compiled block sees it empty on entry: one graph
-serves every layer). A sibling whose slice is missing, or was made from another input, applies its own A. A call
+The slice is handed over through an attribute of the sibling module, set by the first projection (or, under
+--lean-activations, by the norm before them all: models/lean_norm.py) and cleared by the sibling that reads it,
+within one forward of the layer (so a compiled block sees it empty on entry: one graph serves every layer). A
+sibling whose slice is missing, or was made from another input, applies its own A. A call
 the fused form does not cover (adapters disabled or merged, several active adapters, dropout, DoRA and other
 variants, a LoRA bias, extra arguments) runs PEFT's own forward; the siblings then apply their own A.
 """
@@ -69,14 +70,14 @@ def _group_forward(peft_forward):
             return peft_forward(x, *args, **kwargs)
         result = self.base_layer(x)
         lora_x = self._cast_input_dtype(x, self.lora_A[name].weight.dtype)  # as PEFT does (a no-op under autocast)
-        if index == 0 and all(plain_adapter(m) == name for m in members):
+        if handed is not None and handed[0] is x:  # from a sibling, or from the norm (models/lean_norm.py)
+            down = handed[1]
+        elif index == 0 and all(plain_adapter(m) == name for m in members):
             weights = [m.lora_A[name].weight for m in members]
             slices = nn.functional.linear(lora_x, torch.cat(weights)).split([w.shape[0] for w in weights], dim=-1)
             for sibling, part in zip(members[1:], slices[1:], strict=True):
                 sibling._ftprof_slice = (x, part)
             down = slices[0]
-        elif index > 0 and handed is not None and handed[0] is x:
-            down = handed[1]
         else:  # no slice handed over (the first projection was not called first, or on another input)
             down = self.lora_A[name](lora_x)
         return (result + self.lora_B[name](down) * self.scaling[name]).to(result.dtype)

@@ -21,7 +21,7 @@ from torch import nn
 
 from ftprof import metrics, ranks
 from ftprof.config import RunConfig
-from ftprof.models import lean_mlp, lora_addmm, lora_fused_a
+from ftprof.models import lora_addmm, lora_fused_a
 from ftprof.models.materialize import build_random_model
 from ftprof.models.source import ModelSource
 from ftprof.runtime import import_peft, quiet_import, torch_dtype
@@ -108,8 +108,6 @@ class LoRA:
             lora_addmm.fuse_adapters(model)
         if m.lora_fused_a:
             lora_fused_a.fuse_groups(metrics.decoder_layers(model))
-        if m.lean_activations:
-            lean_mlp.attach(metrics.decoder_layers(model))
         return model
 
 

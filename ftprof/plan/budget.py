@@ -16,7 +16,9 @@ does wherever the table's gigabyte is the difference (llama-8b: 1.0 GiB). Full o
 with selective on the rest (``--selective-rest``): fewer layers recomputed whole in the same memory, priced by
 each layer's policy (plan/predict.py). Every way full fits is tried with ``--lean-recompute`` where it applies and
 the planner does not avoid it (LoRA and QLoRA in 16 bits, not under FSDP): the same memory, fewer FLOPs
-recomputed (+5.7% measured, llama-8b QLoRA on an H100).
+recomputed (+5.7% measured, llama-8b QLoRA on an H100). No checkpointing is also tried with ``--lean-activations``
+(the layers keep no SwiGLU product: 7 GiB less for llama-8b QLoRA at 4 x 2048, 2.1-2.7% slower on an H100), after
+the embedding table, and with both: recomputing nothing wins where that is the difference.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ EMBED = "offload_embeddings"
 EMBED_WORDS = "with --offload-embeddings (the input embedding table in host memory)"
 LEAN = "lean_recompute"
 LEAN_WORDS = "--lean-recompute too (the recomputation leaves out the output projection's base matmul: the same memory)"
+LEAN_ACT = "lean_activations"
+LEAN_ACT_WORDS = "with --lean-activations (the layers keep no SwiGLU product)"
 
 
 def margin_for(available: int) -> int:
@@ -157,12 +161,14 @@ def auto_policy(planner: Planner, cand: Candidate, available: int) -> tuple[Cand
 
 def _without_recomputation(planner: Planner, by_policy: dict[str, Candidate],
                            budget: int) -> tuple[Candidate, Prediction, str] | None:
-    """none, else selective, that fits: each as asked, else with the embedding table in host memory."""
+    """none, else selective, that fits: each as asked, else with the embedding table in host memory, else (none)
+    with --lean-activations, else with both."""
     for policy, why in (("none", ""), ("selective", "none did not")):
-        for way in memory_variants(planner, by_policy[policy], (EMBED,)):
+        for way in memory_variants(planner, by_policy[policy], (EMBED, LEAN_ACT)):
             pred = planner.predict(way)
             if pred.peak_bytes <= budget:
-                return way, pred, why + ("; " if why else "") + (f"only {EMBED_WORDS}" if way.option(EMBED) else "")
+                taken = " and ".join(w for n, w in ((EMBED, EMBED_WORDS), (LEAN_ACT, LEAN_ACT_WORDS)) if way.option(n))
+                return way, pred, why + ("; " if why and taken else "") + (f"only {taken}" if taken else "")
     return None
 
 
@@ -232,7 +238,8 @@ def _record(choice: Candidate, reason: str, predicted: dict[str, Prediction], av
                       predicted["none"].static_bytes, available, margin,
                       max(0, predicted["full"].transient_bytes), offload=bool(choice.option(OFFLOAD)),
                       host_embeddings=bool(choice.option(EMBED)), selective_rest=bool(choice.option(REST)),
-                      lean_recompute=choice.checkpointing == "full" and bool(choice.option(LEAN)))
+                      lean_recompute=choice.checkpointing == "full" and bool(choice.option(LEAN)),
+                      lean_activations=bool(choice.option(LEAN_ACT)))
 
 
 def _tokens(pred: Prediction) -> int:

@@ -12,7 +12,8 @@
   computes in the forward. Times the
   calibration's factor for this kind of run on a GPU (compile and fused kernels save less than the eager probe
   measured; ftprof/plan/calibration.py). A CPU run saves what the CPU probe measured: no factor.
-- --lean-activations: less the SwiGLU product of each layer that keeps its activations (``lean_mlp_bytes``).
+- --lean-activations: less the SwiGLU product and the norms' outputs of each layer that keeps its activations
+  (``lean_bytes``).
 - transients: the larger of the loss backward's fp32 logits gradients (none with a fused loss; one logits-sized
   gradient in the run dtype with the compiled loss) and, under full
   checkpointing, the layer being recomputed (its activations at none's rate, for QLoRA/GPTQ-LoRA its dequantized
@@ -62,6 +63,7 @@ class Shape:
     layer_input_bytes_per_token: int = 0  # a decoder layer's input (hidden size x the run dtype's width)
     host_embedding_bytes: int = 0  # the input embedding table --offload-embeddings moves to the host (0: tied)
     mlp_product_bytes_per_token: int = 0  # one SwiGLU product (intermediate size x the run dtype's width)
+    lean_norm_bytes_per_token: int = 0  # --lean-activations' two norm outputs a layer (0 where no shared A matmul)
 
 
 def static_parts(probe: ProbeResult, cand: Candidate, shape: Shape) -> tuple[int, int, int]:
@@ -183,7 +185,7 @@ def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: fl
     rest = min(rest, probed)
     rest_saved = int(rest * (factor if rest_factor is None else rest_factor))
     activations = int((probed - rest) * factor) + rest_saved
-    activations = max(0, activations - lean_mlp_bytes(probe, cand, shape, unchecked) * tokens)
+    activations = max(0, activations - lean_bytes(probe, cand, shape, unchecked) * tokens)
     transients = transient_bytes(probe, cand, shape, freed=rest_saved)
     if cand.checkpointing == "full" and cand.option("offload_checkpoints"):
         # --offload-checkpoints: the checkpointed layers' inputs wait in host memory; two of them are back on the
@@ -205,17 +207,23 @@ def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: fl
                             int(probed), activations / probed if probed else factor, transients)
 
 
-def lean_mlp_bytes(probe: ProbeResult, cand: Candidate, shape: Shape, unchecked: int) -> int:
-    """Bytes per token --lean-activations leaves unsaved (models/lean_mlp.py): the SwiGLU product of each layer that
-    keeps its activations, computed rather than probed (the probe is built without it). The eager MLP of HF
-    keeps silu(gate) beside the product, and the lean op keeps neither: two products a layer there. Beside Liger's MLP
-    (gate and up kept) it is one; beside a compiled layer, one for llama-8b QLoRA at 4 x 2048 (43.99 -> 36.99 GiB on
-    an H100, 2026-12-05) and two for a 64-wide test model: one is taken, the safe side."""
+def lean_bytes(probe: ProbeResult, cand: Candidate, shape: Shape, unchecked: int) -> int:
+    """Bytes per token --lean-activations leaves unsaved in the layers that keep their activations, computed rather
+    than probed (the probe is built without it): the SwiGLU product (models/lean_mlp.py) and, where a group of
+    projections shares one A matmul and is not joined, the two norms' outputs (models/lean_norm.py).
+    The product: HF's eager MLP keeps silu(gate) beside it, and the lean op keeps neither: two products a layer
+    there. Beside Liger's MLP (gate and up kept) it is one; beside a compiled layer, one for llama-8b QLoRA at
+    4 x 2048 (43.99 -> 36.99 GiB on an H100, 2026-12-05) and two for a 64-wide test model: one is taken, the safe
+    side. The norms: each output, in the run dtype, where the layers run eager (HF's norm also kept an fp32 copy of
+    its input, which the op replaces by the input itself: not counted, the safe side); compiled, none is counted:
+    the compiled layer kept other tensors for the norm's backward, and the op's input takes some of what its output
+    gave back (the tiny preset compiled on the CPU: 76% of the outputs' bytes)."""
     if not cand.option("lean_activations"):
         return 0
     layers = probe.layers if cand.checkpointing == "none" else unchecked if rest_policy(cand) == "none" else 0
     products = 2 if cand.kernels == "eager" and not cand.compile else 1
-    return layers * products * shape.mlp_product_bytes_per_token
+    norms = 0 if cand.option("lora_fused_projections") or cand.compile else shape.lean_norm_bytes_per_token
+    return layers * (products * shape.mlp_product_bytes_per_token + norms)
 
 
 def _selective_layers(probe: ProbeResult, cand: Candidate) -> int:

@@ -215,7 +215,8 @@ class Planner:
                             config.hidden_size * torch_dtype(self.dtype).itemsize, bool(self.cfg.model.compile_loss),
                             torch_dtype(self.dtype).itemsize, fp8,
                             config.hidden_size * torch_dtype(self.dtype).itemsize, self.host_embedding_bytes,
-                            (getattr(config, "intermediate_size", 0) or 0) * torch_dtype(self.dtype).itemsize)
+                            (getattr(config, "intermediate_size", 0) or 0) * torch_dtype(self.dtype).itemsize,
+                            2 * config.hidden_size * torch_dtype(self.dtype).itemsize if m.lora_fused_a else 0)
 
     @property
     def host_embedding_bytes(self) -> int:

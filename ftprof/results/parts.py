@@ -144,12 +144,14 @@ class AutoChoice(Record):
     host_embeddings: bool = False  # --offload-embeddings chosen too (CUDA only; files without the key: False)
     selective_rest: bool = False  # under full on some layers: the rest selective-checkpointed (files without: False)
     lean_recompute: bool = False  # under full: --lean-recompute chosen too (files without the key: False)
+    lean_activations: bool = False  # without checkpointing: --lean-activations chosen too (files without: False)
 
 
 # The memory options --checkpointing auto may choose, each with the AutoChoice field that records the choice: the
 # one vocabulary the store's records (plan/records.py) and the reports' effective configuration read it by.
 AUTO_OPTIONS = (("offload_checkpoints", "offload"), ("offload_embeddings", "host_embeddings"),
-                ("selective_rest", "selective_rest"), ("lean_recompute", "lean_recompute"))
+                ("selective_rest", "selective_rest"), ("lean_recompute", "lean_recompute"),
+                ("lean_activations", "lean_activations"))
 
 
 def auto_chosen(checkpointing_auto: dict | None) -> list[str]:

@@ -49,7 +49,8 @@ ADDED = {"eval_loss_first": None, "eval_loss_last": None, "eval_loss_best": None
          "saved": None, "save_dir": None, "save_base_dir": None, "save_time_s": None, "training_proof": {},
          "prediction": {}}
 # auto's memory and recomputation choices
-ADDED_TO_AUTO = {"offload": False, "host_embeddings": False, "selective_rest": False, "lean_recompute": False}
+ADDED_TO_AUTO = {"offload": False, "host_embeddings": False, "selective_rest": False, "lean_recompute": False,
+                 "lean_activations": False}
 # keys added inside a part, after the key named
 ADDED_AFTER = {"kept_dequantized": {"split_layers": None}}
 _AT = FLAT_KEYS_V1.index("artifacts")
