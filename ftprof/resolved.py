@@ -67,9 +67,17 @@ class ResolvedRun:
     def lean_activations(self) -> bool:
         """Whether the layers that keep their activations keep no SwiGLU product: --lean-activations, or
         --checkpointing auto's choice (it tries it where no checkpointing fits only with it)."""
-        chosen = self.config.model.checkpointing == "auto" and bool(getattr(self.auto_choice, "lean_activations",
-                                                                             False))
-        return bool(getattr(self.config.method, "lean_activations", False)) or chosen
+        return self._lean("lean_activations")
+
+    @property
+    def lean_norms(self) -> bool:
+        """Whether the norms feeding shared A matmuls keep their input, not their output: --lean-norms, or auto's
+        choice (as --lean-activations)."""
+        return self._lean("lean_norms")
+
+    def _lean(self, name: str) -> bool:
+        chosen = self.config.model.checkpointing == "auto" and bool(getattr(self.auto_choice, name, False))
+        return bool(getattr(self.config.method, name, False)) or chosen
 
     @property
     def offload_checkpoints(self) -> bool:

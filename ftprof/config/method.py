@@ -71,10 +71,15 @@ class MethodConfig:
         "adapters' B matmuls inside it: base weights side by side, no full-size adapter output or add (lora, "
         "qlora; gptq-lora bases keep their own; not under FSDP; default off)")
     lean_activations: Optional[bool] = option(
-        None, "in layers that keep their activations, the MLP keeps gate and up but not their SwiGLU product, and "
-        "each norm feeding a shared adapter A matmul its input but not its output: backward forms them again for the "
-        "adapters (elementwise passes); intermediate_size + 2 x hidden_size values less per token and layer, a "
-        "quarter of a llama-8b LoRA layer's (Llama-style layers; default off)")
+        None, "in layers that keep their activations, the MLP keeps gate and up but not their SwiGLU product, "
+        "which backward forms again for the down projection's adapter (one elementwise pass): intermediate_size "
+        "values less per token and layer, a fifth of a llama-8b LoRA layer's; 2-3% slower on an H100 "
+        "(Llama-style MLPs; default off)")
+    lean_norms: Optional[bool] = option(
+        None, "in layers that keep their activations, each norm feeding a shared adapter A matmul (--lora-fused-a) "
+        "keeps its input but not its output, which backward forms again: 2 x hidden_size values less per token and "
+        "layer; about 5% slower on an H100 (the norm runs outside the compiled kernels; Llama-style layers; "
+        "default off)")
     fp8_base: Optional[bool] = option(
         None, "run the frozen base weights' matmuls (forward and input gradient) as rowwise-scaled e4m3 GEMMs, "
         "twice the bf16 tensor-core rate on Hopper and Ada; adapters, attention and the loss stay 16-bit: FP8's "
@@ -173,7 +178,7 @@ class MethodConfig:
                           lora_dropout=self.lora_dropout or 0.0,
                           lora_targets=self.lora_targets or DEFAULT_LORA_TARGETS,
                           lora_addmm=bool(self.lora_addmm), lora_fused_a=self._fused_a(),
-                          lean_activations=bool(self.lean_activations))
+                          lean_activations=bool(self.lean_activations), lean_norms=bool(self.lean_norms))
         if self.method in ("lora", "qlora"):
             values.update(lora_fused_projections=bool(self.lora_fused_projections), fp8_base=bool(self.fp8_base))
         if self.method in ("qlora", "gptq-lora"):

@@ -129,14 +129,15 @@ def build(resolved: ResolvedRun, memory: MemoryTracker, log: Callable[[str], Non
 
 
 def _joined_then_lean(model, resolved: ResolvedRun, log: Callable[[str], None]) -> list:
-    """--lora-fused-projections' joined groups, then --lean-activations: the MLPs keep no SwiGLU product, the norms
-    feeding shared A matmuls no output (after the joining: joined projections keep their own input, and the norms
-    leave them alone)."""
+    """--lora-fused-projections' joined groups, then --lean-activations (the MLPs keep no SwiGLU product) and
+    --lean-norms (the norms feeding shared A matmuls keep their input, not their output; after the joining: joined
+    projections keep their own input, and the norms leave them alone)."""
     blocks = metrics.decoder_layers(model)
     joined = fused_projections.fuse(model, blocks) if resolved.config.method.lora_fused_projections else []
     if resolved.lean_activations:
-        mlps, norms = lean_mlp.attach(blocks), lean_norm.attach(blocks)
-        log(f"--lean-activations: {mlps} MLPs keep no SwiGLU product, {norms} norms no output")
+        log(f"--lean-activations: {lean_mlp.attach(blocks)} MLPs keep no SwiGLU product")
+    if resolved.lean_norms:
+        log(f"--lean-norms: {lean_norm.attach(blocks)} norms keep their input, not their output")
     return joined
 
 

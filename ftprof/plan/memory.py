@@ -12,7 +12,7 @@
   computes in the forward. Times the
   calibration's factor for this kind of run on a GPU (compile and fused kernels save less than the eager probe
   measured; ftprof/plan/calibration.py). A CPU run saves what the CPU probe measured: no factor.
-- --lean-activations: less the SwiGLU product and the norms' outputs of each layer that keeps its activations
+- --lean-activations, --lean-norms: less the SwiGLU product, the norms' outputs of each layer that keeps its activations
   (``lean_bytes``).
 - transients: the larger of the loss backward's fp32 logits gradients (none with a fused loss; one logits-sized
   gradient in the run dtype with the compiled loss) and, under full
@@ -63,7 +63,7 @@ class Shape:
     layer_input_bytes_per_token: int = 0  # a decoder layer's input (hidden size x the run dtype's width)
     host_embedding_bytes: int = 0  # the input embedding table --offload-embeddings moves to the host (0: tied)
     mlp_product_bytes_per_token: int = 0  # one SwiGLU product (intermediate size x the run dtype's width)
-    lean_norm_bytes_per_token: int = 0  # --lean-activations' two norm outputs a layer (0 where no shared A matmul)
+    lean_norm_bytes_per_token: int = 0  # --lean-norms' two norm outputs a layer (0 where no shared A matmul)
 
 
 def static_parts(probe: ProbeResult, cand: Candidate, shape: Shape) -> tuple[int, int, int]:
@@ -208,9 +208,9 @@ def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: fl
 
 
 def lean_bytes(probe: ProbeResult, cand: Candidate, shape: Shape, unchecked: int) -> int:
-    """Bytes per token --lean-activations leaves unsaved in the layers that keep their activations, computed rather
-    than probed (the probe is built without it): the SwiGLU product (models/lean_mlp.py) and, where a group of
-    projections shares one A matmul and is not joined, the two norms' outputs (models/lean_norm.py).
+    """Bytes per token --lean-activations and --lean-norms leave unsaved in the layers that keep their activations,
+    computed rather than probed (the probe is built without them): the SwiGLU product (models/lean_mlp.py) and,
+    where a group of projections shares one A matmul and is not joined, the two norms' outputs (models/lean_norm.py).
     The product: HF's eager MLP keeps silu(gate) beside it, and the lean op keeps neither: two products a layer
     there. Beside Liger's MLP (gate and up kept) it is one; beside a compiled layer, one for llama-8b QLoRA at
     4 x 2048 (43.99 -> 36.99 GiB on an H100, 2026-12-05) and two for a 64-wide test model: one is taken, the safe
@@ -218,12 +218,10 @@ def lean_bytes(probe: ProbeResult, cand: Candidate, shape: Shape, unchecked: int
     its input, which the op replaces by the input itself: not counted, the safe side); compiled, none is counted:
     the compiled layer kept other tensors for the norm's backward, and the op's input takes some of what its output
     gave back (the tiny preset compiled on the CPU: 76% of the outputs' bytes)."""
-    if not cand.option("lean_activations"):
-        return 0
     layers = probe.layers if cand.checkpointing == "none" else unchecked if rest_policy(cand) == "none" else 0
-    products = 2 if cand.kernels == "eager" and not cand.compile else 1
-    norms = 0 if cand.option("lora_fused_projections") or cand.compile else shape.lean_norm_bytes_per_token
-    return layers * (products * shape.mlp_product_bytes_per_token + norms)
+    products = (2 if cand.kernels == "eager" and not cand.compile else 1) if cand.option("lean_activations") else 0
+    norms = cand.option("lean_norms") and not (cand.option("lora_fused_projections") or cand.compile)
+    return layers * (products * shape.mlp_product_bytes_per_token + (shape.lean_norm_bytes_per_token if norms else 0))
 
 
 def _selective_layers(probe: ProbeResult, cand: Candidate) -> int:

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ftprof import metrics
-from ftprof.config import RunConfig
+from ftprof.config import RunConfig, declarations
 from ftprof.plan import calibration, host, memory, speed
 from ftprof.plan.candidates import Candidate
 from ftprof.plan.probe import ProbeResult, probe
@@ -28,6 +28,17 @@ class Target:
     world_size: int = 1
     shards: bool = False
     capability: tuple | None = None  # CUDA compute capability (None: the CPU, or not known)
+
+
+def option_costs(cand: Candidate) -> float:
+    """What the candidate's options measured costing (their declarations' ``speed_cost``), as a factor on tokens/s:
+    priced so where the calibration has no run of the candidate's own options to rate it by."""
+    factor = 1.0
+    for name, value in cand.options:
+        declared = declarations.BY_NAME.get(name)
+        if declared is not None and declared.speed_cost and declarations.is_on(value):
+            factor *= 1.0 - declared.speed_cost
+    return factor
 
 
 # Below this share of the calibrated GPU model's speed a prediction is at the host's edge (host.tokens_per_s): it
@@ -79,6 +90,8 @@ class Planner:
         rate = speed.at_micro_batch(rate, micro_tokens, cand.compile) if rate else None
         rate = speed.capped(rate, metrics.peak_flops(self.target.device_name), bool(cand.option("fp8_base")))
         tps = speed.tokens_per_s(flops, rate.flops_per_s, self.target.world_size) if rate else None
+        if tps is not None and not rate.knobs_matched:
+            tps *= option_costs(cand)
         floor = self.floor(key, cand) if rate else None
         if tps is not None and floor is not None:
             gpu_tps, tps = tps, host.tokens_per_s(tps, floor, micro_tokens, self.target.world_size, measured_at)

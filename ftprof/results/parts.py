@@ -145,13 +145,14 @@ class AutoChoice(Record):
     selective_rest: bool = False  # under full on some layers: the rest selective-checkpointed (files without: False)
     lean_recompute: bool = False  # under full: --lean-recompute chosen too (files without the key: False)
     lean_activations: bool = False  # without checkpointing: --lean-activations chosen too (files without: False)
+    lean_norms: bool = False  # without checkpointing: --lean-norms chosen too (files without: False)
 
 
 # The memory options --checkpointing auto may choose, each with the AutoChoice field that records the choice: the
 # one vocabulary the store's records (plan/records.py) and the reports' effective configuration read it by.
 AUTO_OPTIONS = (("offload_checkpoints", "offload"), ("offload_embeddings", "host_embeddings"),
                 ("selective_rest", "selective_rest"), ("lean_recompute", "lean_recompute"),
-                ("lean_activations", "lean_activations"))
+                ("lean_activations", "lean_activations"), ("lean_norms", "lean_norms"))
 
 
 def auto_chosen(checkpointing_auto: dict | None) -> list[str]:

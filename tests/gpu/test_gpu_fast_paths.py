@@ -47,6 +47,10 @@ FAST_PATHS = {
     "compile-cudagraphs-lean-act": {"compile": True, "compile_mode": "reduce-overhead", "lean_activations": True},
     "compile+partial+lean-act": {"compile": True, "checkpointing": "full", "checkpoint_layers": 8,
                                  "lean_activations": True},
+    # each norm's output formed again for the shared A (--lean-norms, models/lean_norm.py): another order of the sum
+    "lean-norms": {"lean_norms": True},
+    "compile-cudagraphs-lean-act-norms": {"compile": True, "compile_mode": "reduce-overhead",
+                                          "lean_activations": True, "lean_norms": True},
     "cudnn": {"sdpa_backend": "cudnn"},
     "compile+cudnn": {"compile": True, "sdpa_backend": "cudnn"},
     "compile-autotune": {"compile": True, "compile_mode": "max-autotune-no-cudagraphs"},
@@ -201,7 +205,7 @@ def _lora_grads(cfg) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("name", [pytest.param(name, marks=requires_run("lora", **FAST_PATHS[name])) for name in [
     "addmm", "liger", "compile", "selective", "compile+liger", "compile+full", "cudnn", "compile-tuning", "fused-a",
     "compile-cudagraphs-fused-a", "fused-proj", "compile+fused-proj", "compile+selective-rest",
-    "compile+full+lean", "compile+full+lean+offload", "lean-act", "compile+lean-act"]])
+    "compile+full+lean", "compile+full+lean+offload", "lean-act", "compile+lean-act", "lean-norms"]])
 def test_fast_path_lora_gradients_match_eager(tmp_path, name):
     eager = _lora_grads(fast_config(tmp_path / "e", **_reference("lora")))
     fast = _lora_grads(fast_config(tmp_path / "f", **FAST_PATHS[name]))

@@ -47,8 +47,8 @@ def test_the_table_leaves_the_device_and_the_losses_stay(tmp_path, wide_vocab, m
     assert worst < 1e-3, (_losses(plain), _losses(moved))
 
 
-# --lean-activations (models/lean_mlp.py, models/lean_norm.py): the MLP keeps gate and up alone, each norm its input
-# instead of its output. Beside Liger's MLP one product a layer goes (its norm keeps its input anyway: the two outputs
+# --lean-activations, --lean-norms (models/lean_mlp.py, lean_norm.py): the MLP keeps gate and up alone, each norm
+# its input instead of its output. Beside Liger's MLP one product a layer goes (its norm keeps its input anyway: the two outputs
 # go too); compiled, at least the product (a 64-wide model's compiled HF MLP kept silu(gate) too: two, H100,
 # 2026-12-05; llama-8b QLoRA's one)
 @pytest.mark.parametrize("flat, products, norms", [({"kernels": "liger"}, 1, 2), ({"compile": True}, 1, 0)],
@@ -57,7 +57,7 @@ def test_lean_activations_keep_less_a_layer(tmp_path, wide_vocab, flat, products
     import transformers
 
     plain = _run(tmp_path / "p", wide_vocab, "lora", **flat)
-    lean = _run(tmp_path / "l", wide_vocab, "lora", lean_activations=True, **flat)
+    lean = _run(tmp_path / "l", wide_vocab, "lora", lean_activations=True, lean_norms=True, **flat)
     assert plain.status == lean.status == "ok", (plain.failure, lean.failure)
     config = transformers.AutoConfig.from_pretrained(wide_vocab)
     per_layer = BATCH * SEQ * (products * config.intermediate_size + norms * config.hidden_size) * 2

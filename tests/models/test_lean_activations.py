@@ -1,7 +1,9 @@
 """--lean-activations (models/lean_mlp.py): the MLP keeps gate and up but not their SwiGLU product, which backward
-forms again for the down projection's adapter. The gradients are the eager MLP's, bit for bit; what a layer keeps
-drops by the product (and the eager MLP's silu(gate)); MLPs the op does not cover are left alone; the planner
-takes the saving off the layers that keep their activations."""
+forms again for the down projection's adapter; --lean-norms (models/lean_norm.py): each norm feeding a shared A
+matmul keeps its input, not its output. Each op is autograd's formulas, bit for bit; what a layer keeps drops by the
+product (and the eager MLP's silu(gate)) and the outputs; what the ops do not cover is left alone; the planner takes
+the saving off the layers that keep their activations and prices the measured cost; auto takes them where only they
+let nothing be recomputed."""
 
 import dataclasses
 
@@ -46,16 +48,19 @@ def test_the_ops_are_autograds_formulas(dtype):
 
 @pytest.mark.parametrize("method, checkpointing", [("lora", "none"), ("qlora", "none"), ("lora", "full")])
 def test_the_gradients_follow_the_eager_model(tmp_path, method, checkpointing):
-    """fp32 on the CPU. Not the same bits: a norm's output feeds three (two) base matmuls and the adapters' A, whose
-    gradients autograd sums in its own order, the op in another (measured 4e-7 relative at most)."""
+    """Both options, fp32 on the CPU. --lean-activations alone: the same bits (the product has two consumers, whose
+    gradients add in either order alike). With --lean-norms not: a norm's output feeds three (two) base matmuls and
+    the adapters' A, whose gradients autograd sums in its own order, the op in another (4e-7 relative at most)."""
+    _, alone = two_step_grads(tmp_path / "a", method, checkpointing, dtype="float32", lean_activations=True)
     _, eager = two_step_grads(tmp_path / "e", method, checkpointing, dtype="float32")
-    built, lean = two_step_grads(tmp_path / "l", method, checkpointing, dtype="float32", lean_activations=True)
+    built, lean = two_step_grads(tmp_path / "l", method, checkpointing, dtype="float32", lean_activations=True,
+                                 lean_norms=True)
     assert sum(getattr(m, lean_mlp.MARK, False) for m in built.model.modules()) == 2  # the tiny preset's layers
     assert sum(getattr(m, lean_norm.MARK, False) for m in built.model.modules()) == 4  # two a layer
     assert eager[0].keys() == lean[0].keys() and any("down_proj.lora_A" in k for k in eager[0])
-    for before, after in zip(eager, lean, strict=True):
+    for before, after, same in zip(eager, lean, alone, strict=True):
         worst = max(float((after[k] - g).abs().max() / g.abs().max()) for k, g in before.items())
-        assert worst < 1e-5, worst
+        assert worst < 1e-5 and all(torch.equal(same[k], g) for k, g in before.items()), worst
 
 
 def _per_token(tmp_path, attach=None) -> tuple[float, object]:
@@ -124,6 +129,7 @@ def test_an_adapter_call_it_does_not_cover_runs_the_mlps_own_forward(tmp_path, m
 
 @pytest.mark.parametrize("argv, fragment", [
     (["--lean-activations", "--lora-addmm"], "--lean-activations and --lora-addmm"),
+    (["--lean-norms", "--lora-addmm"], "--lean-norms and --lora-addmm"),
 ])
 def test_refused_beside_another_adapter_forward(tmp_path, capsys, argv, fragment):
     assert_train_refuses(tmp_path, capsys, "lora", argv, fragment)
@@ -133,28 +139,41 @@ def test_refused_for_a_full_fine_tune(tmp_path, capsys):
     assert_train_refuses(tmp_path, capsys, "full", ["--lean-activations"], "does not apply to method 'full'")
 
 
-def test_the_planner_takes_the_products_off_the_layers_that_keep_theirs():
-    from ftprof.plan.predict import Target
+def test_the_planner_takes_the_products_and_outputs_off_the_layers_that_keep_theirs():
+    from ftprof.plan.predict import Target, option_costs
     from tests.plan.planners import planner_for
 
     p, lean = planner_for("tiny", "lora", seq_len=64, batch_size=2, target=Target("cpu"), checkpointing="full",
                           checkpoint_layers=1, lean_activations=True)
     config = p.source.config
-    plain = lean.without("lean_activations")
-    a, b = p.predict(plain), p.predict(lean)
+    plain, norms = lean.without("lean_activations"), lean.with_option("lean_norms")
+    a, b, c = p.predict(plain), p.predict(lean), p.predict(norms)
     product = 2 * 64 * config.intermediate_size * 2  # tokens x intermediate x bf16, per layer kept
-    norms = 2 * 64 * 2 * config.hidden_size * 2  # two norm outputs a layer
-    assert a.activation_bytes - b.activation_bytes == 2 * product + norms  # one layer keeps its own: eager
-    whole = [p.predict(dataclasses.replace(c, checkpoint_layers=None)) for c in (plain, lean)]
+    outputs = 2 * 64 * 2 * config.hidden_size * 2  # two norm outputs a layer
+    assert a.activation_bytes - b.activation_bytes == 2 * product  # one layer keeps its own: eager, two products
+    assert b.activation_bytes - c.activation_bytes == outputs
+    whole = [p.predict(dataclasses.replace(x, checkpoint_layers=None)) for x in (plain, norms)]
     assert whole[0].activation_bytes == whole[1].activation_bytes  # every layer checkpointed: nothing kept to trim
+    assert option_costs(plain) == 1.0 and option_costs(norms) == pytest.approx((1 - 0.027) * (1 - 0.046))
+
+
+def test_the_plan_prices_their_measured_cost():
+    """Where the calibration has no run with them, a candidate with them is predicted their measured share slower."""
+    from tests.plan.planners import planner_for
+
+    p, lean = planner_for("llama-8b", "qlora", seq_len=2048, batch_size=4, checkpointing="none", kernels="liger",
+                          compile=True, lean_activations=True)
+    plain = lean.without("lean_activations")
+    assert p.predict(lean).tokens_per_s == pytest.approx(p.predict(plain).tokens_per_s * (1 - 0.027))
 
 
 @pytest.mark.slow
 def test_compiled_keeps_less_and_trains_as_eager(tmp_path):
-    """Compiled, the op saves at least the product (the compiler had left silu(gate) unsaved already) and something
-    of the norms' outputs (the planner counts none of those: plan/memory.lean_bytes); the losses stay eager's."""
-    runs = {(lean, c): ftprof.train(tiny_config(tmp_path / f"{lean}{c}", "lora", lean_activations=lean, compile=c,
-                                                 max_steps=3, dtype="float32"))
+    """Both options. Compiled, the ops save at least the product (the compiler had left silu(gate) unsaved already)
+    and something of the norms' outputs (the planner counts none of those: plan/memory.lean_bytes); the losses stay
+    eager's."""
+    runs = {(lean, c): ftprof.train(tiny_config(tmp_path / f"{lean}{c}", "lora", lean_activations=lean,
+                                                 lean_norms=lean, compile=c, max_steps=3, dtype="float32"))
             for lean in (False, True) for c in (False, True)}
     assert all(r.status == "ok" for r in runs.values()), {k: r.failure for k, r in runs.items()}
     assert runs[(True, True)].compile.outcome.compiled  # (this needs a C++ compiler, as CI's machine has)
@@ -167,16 +186,17 @@ def test_compiled_keeps_less_and_trains_as_eager(tmp_path):
                                                                     rel=COMPILED_LOSS)
 
 
-def test_a_run_with_it_calibrates_no_activation_factor(tmp_path):
+def test_a_run_with_them_calibrates_no_activation_factor(tmp_path):
     """The probe is built without it, so a run with it would teach the planner a factor with its saving in, which
     the planner then takes off again (measured: a 30.0 GiB prediction for a 37.0 GiB run, 2026-12-05)."""
     from ftprof.plan import calibration, probe
 
-    assert "lean_activations" in calibration.MEMORY_KNOBS
+    assert {"lean_activations", "lean_norms"} <= calibration.MEMORY_KNOBS
     assert calibration.memory_options_off({"policy": "none", "knobs": {"lean_activations": True}}) == \
         {"lean_activations"}
-    cfg = tiny_config(tmp_path, "lora", lean_activations=True)
-    assert probe._probe_config(cfg, "bfloat16").method.lean_activations is False
+    cfg = tiny_config(tmp_path, "lora", lean_activations=True, lean_norms=True)
+    built = probe._probe_config(cfg, "bfloat16").method
+    assert built.lean_activations is False and built.lean_norms is False
 
 
 def test_auto_takes_it_where_only_it_lets_nothing_be_recomputed(tmp_path):
@@ -206,7 +226,7 @@ def test_joined_projections_keep_their_norms_whole(tmp_path):
     MLP product still goes, and the gradients stay the joined run's."""
     _, joined = two_step_grads(tmp_path / "j", "lora", "none", dtype="float32", lora_fused_projections=True)
     built, lean = two_step_grads(tmp_path / "l", "lora", "none", dtype="float32", lora_fused_projections=True,
-                                 lean_activations=True)
+                                 lean_activations=True, lean_norms=True)
     assert sum(getattr(m, lean_norm.MARK, False) for m in built.model.modules()) == 0
     assert sum(getattr(m, lean_mlp.MARK, False) for m in built.model.modules()) == 2
     for before, after in zip(joined, lean, strict=True):

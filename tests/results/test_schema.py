@@ -50,7 +50,7 @@ ADDED = {"eval_loss_first": None, "eval_loss_last": None, "eval_loss_best": None
          "prediction": {}}
 # auto's memory and recomputation choices
 ADDED_TO_AUTO = {"offload": False, "host_embeddings": False, "selective_rest": False, "lean_recompute": False,
-                 "lean_activations": False}
+                 "lean_activations": False, "lean_norms": False}
 # keys added inside a part, after the key named
 ADDED_AFTER = {"kept_dequantized": {"split_layers": None}}
 _AT = FLAT_KEYS_V1.index("artifacts")
