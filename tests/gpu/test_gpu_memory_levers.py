@@ -48,9 +48,9 @@ def test_the_table_leaves_the_device_and_the_losses_stay(tmp_path, wide_vocab, m
 
 
 # --lean-activations, --lean-norms (models/lean_mlp.py, lean_norm.py): the MLP keeps gate and up alone, each norm
-# its input instead of its output. Beside Liger's MLP one product a layer goes (its norm keeps its input anyway: the two outputs
-# go too); compiled, at least the product (a 64-wide model's compiled HF MLP kept silu(gate) too: two, H100,
-# 2026-12-05; llama-8b QLoRA's one)
+# its input instead of its output. Beside Liger's MLP one product a layer goes (its norm keeps its input anyway: the
+# two outputs go too); compiled, at least the product (a 64-wide model's compiled HF MLP kept silu(gate) too: two,
+# H100, 2026-12-05; llama-8b QLoRA's one)
 @pytest.mark.parametrize("flat, products, norms", [({"kernels": "liger"}, 1, 2), ({"compile": True}, 1, 0)],
                          ids=["liger", "compile"])
 def test_lean_activations_keep_less_a_layer(tmp_path, wide_vocab, flat, products, norms):
