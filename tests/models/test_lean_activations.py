@@ -157,6 +157,7 @@ def test_the_planner_takes_the_products_and_outputs_off_the_layers_that_keep_the
     assert option_costs(plain) == 1.0 and option_costs(norms) == pytest.approx((1 - 0.027) * (1 - 0.046))
 
 
+@pytest.mark.slow  # (the probe of llama-8b: 8 s with a cold cache)
 def test_the_plan_prices_their_measured_cost():
     """Where the calibration has no run with them, a candidate with them is predicted their measured share slower."""
     from tests.plan.planners import planner_for
