@@ -1,4 +1,5 @@
-"""A norm's output computed again in backward instead of kept (``--lean-activations``, beside models/lean_mlp.py).
+"""A norm's output computed again in backward instead of kept (``--lean-norms``; the SwiGLU product:
+models/lean_mlp.py).
 
 In a Llama-style layer each RMSNorm's output feeds a group of adapted projections (input_layernorm: q, k, v;
 post_attention_layernorm: gate, up). Their frozen base matmuls keep nothing of it, but their adapters' shared A
@@ -30,18 +31,18 @@ MARK = "_ftprof_lean_norm"
 NORMS = {"self_attn": "input_layernorm", "mlp": "post_attention_layernorm"}  # the group's parent -> its norm
 
 
-def _normalized(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the norm's output, x in fp32 times its reciprocal RMS before the cast): HF's RMSNorm, op for op."""
+def _normalized(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, ...]:
+    """(the norm's output, x in fp32, its reciprocal RMS): HF's RMSNorm, op for op."""
     wide = x.to(torch.float32)
-    scaled = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * scaled.to(x.dtype), scaled
+    rstd = torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * (wide * rstd).to(x.dtype), wide, rstd
 
 
 @torch.library.custom_op("ftprof::rmsnorm_lora_a", mutates_args=())
 def rmsnorm_lora_a(x: torch.Tensor, weight: torch.Tensor, eps: float,
                    lora_a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(rmsnorm(x) * weight, that output @ lora_a.T): the projections' input and their adapters' rank side."""
-    out, _ = _normalized(x, weight, eps)
+    out = _normalized(x, weight, eps)[0]
     return out, F.linear(out, lora_a)
 
 
@@ -59,10 +60,7 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad_out, grad_low):
     x, weight, lora_a = ctx.saved_tensors
-    wide = x.to(torch.float32)
-    rstd = torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + ctx.eps)
-    scaled = wide * rstd
-    out = weight * scaled.to(x.dtype)  # again: A's weight gradient reads it
+    out, wide, rstd = _normalized(x, weight, ctx.eps)  # again: A's weight gradient reads the output
     flat_low = grad_low.reshape(-1, grad_low.shape[-1])
     grad_a = flat_low.t().mm(out.reshape(-1, out.shape[-1]))
     grad = grad_low.matmul(lora_a)

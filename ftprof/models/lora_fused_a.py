@@ -10,7 +10,7 @@ input gradient is written instead of three (two). The LoRA weights stay PEFT's o
 is taken in each forward, a few hundred KB), so optimizer, checkpoints and gradients are unchanged.
 
 The slice is handed over through an attribute of the sibling module, set by the first projection (or, under
---lean-activations, by the norm before them all: models/lean_norm.py) and cleared by the sibling that reads it,
+--lean-norms, by the norm before them all: models/lean_norm.py) and cleared by the sibling that reads it,
 within one forward of the layer (so a compiled block sees it empty on entry: one graph serves every layer). A
 sibling whose slice is missing, or was made from another input, applies its own A. A call
 the fused form does not cover (adapters disabled or merged, several active adapters, dropout, DoRA and other

@@ -41,7 +41,7 @@ LEAN = "lean_recompute"
 LEAN_WORDS = "--lean-recompute too (the recomputation leaves out the output projection's base matmul: the same memory)"
 LEAN_ACT = "lean_activations"
 LEAN_NORMS = "lean_norms"
-LEAN_WORDS_BY = {EMBED: EMBED_WORDS, LEAN_ACT: "with --lean-activations (the layers keep no SwiGLU product)",
+TAKEN_WORDS = {EMBED: EMBED_WORDS, LEAN_ACT: "with --lean-activations (the layers keep no SwiGLU product)",
                  LEAN_NORMS: "with --lean-norms (the norms keep their input, not their output)"}
 
 
@@ -171,7 +171,7 @@ def _without_recomputation(planner: Planner, by_policy: dict[str, Candidate],
         for way in memory_variants(planner, by_policy[policy], (EMBED, LEAN_ACT, LEAN_NORMS)):
             pred = planner.predict(way)
             if pred.peak_bytes <= budget:
-                taken = " and ".join(w for n, w in LEAN_WORDS_BY.items() if way.option(n))
+                taken = " and ".join(w for n, w in TAKEN_WORDS.items() if way.option(n))
                 return way, pred, why + ("; " if why and taken else "") + (f"only {taken}" if taken else "")
     return None
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ftprof.config import declarations
 from ftprof.metrics import logits_gradient_bytes
 from ftprof.plan.candidates import REST, Candidate
 from ftprof.plan.probe import ProbeResult, gptq_bytes, nf4_bytes
@@ -220,7 +221,9 @@ def lean_bytes(probe: ProbeResult, cand: Candidate, shape: Shape, unchecked: int
     gave back (the tiny preset compiled on the CPU: 76% of the outputs' bytes)."""
     layers = probe.layers if cand.checkpointing == "none" else unchecked if rest_policy(cand) == "none" else 0
     products = (2 if cand.kernels == "eager" and not cand.compile else 1) if cand.option("lean_activations") else 0
-    norms = cand.option("lean_norms") and not (cand.option("lora_fused_projections") or cand.compile)
+    # (where the declaration voids it, beside joined projections, there is no norm output to leave)
+    norms = cand.option("lean_norms") and not cand.compile and declarations.BY_NAME["lean_norms"].applies(
+        cand.values())
     return layers * (products * shape.mlp_product_bytes_per_token + (shape.lean_norm_bytes_per_token if norms else 0))
 
 

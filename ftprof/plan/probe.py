@@ -181,7 +181,8 @@ def _probe_config(cfg: RunConfig, dtype: str) -> RunConfig:
     from ftprof.config import declarations
 
     method = cfg.method.for_method(probed_method(cfg.method.method), dtype, preset=True)
-    # built without --lean-activations (unprobed): the planner takes its saving off what was measured (plan/memory.py)
+    # built without the unprobed options (--lean-activations, --lean-norms): the planner takes their saving off what
+    # was measured (plan/memory.py)
     method = dataclasses.replace(method, **{d.name: d.default for d in declarations.DECLARED
                                             if d.unprobed and getattr(method, d.name, None) is not None})
     # eager and uncompiled: compile's own options back to their defaults too (a CUDA-graph mode without compile
