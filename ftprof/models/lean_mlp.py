@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ftprof.models import lean_kernels
 from ftprof.models.lora_addmm import is_lora_linear
 from ftprof.models.lora_fused_a import plain_adapter
 
@@ -41,8 +42,13 @@ MARK = "_ftprof_lean_mlp"
 @torch.library.custom_op("ftprof::swiglu_lora_a", mutates_args=())
 def swiglu_lora_a(gate: torch.Tensor, up: torch.Tensor, lora_a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(silu(gate) * up, that product @ lora_a.T): the down projection's input and its adapter's rank-r side."""
-    product = F.silu(gate) * up
+    product = lean_kernels.swiglu(gate.contiguous(), up.contiguous()) if _on_kernels(gate, up) else F.silu(gate) * up
     return product, F.linear(product, lora_a)
+
+
+def _on_kernels(gate: torch.Tensor, up: torch.Tensor) -> bool:
+    """The Triton kernels (models/lean_kernels.py) on CUDA, for operands of one shape and dtype."""
+    return gate.is_cuda and gate.shape == up.shape and gate.dtype == up.dtype
 
 
 @swiglu_lora_a.register_fake
@@ -56,16 +62,21 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad_product, grad_low):
     gate, up, lora_a = ctx.saved_tensors
-    silu = F.silu(gate)
-    product = silu * up  # again: A's weight gradient reads it
+    grad = grad_low.matmul(lora_a)  # the adapter's share of the product's gradient
+    if _on_kernels(gate, up):  # one kernel: the sum, both gradients and the product again
+        grad_gate, grad_up, product = lean_kernels.swiglu_backward(
+            gate.contiguous(), up.contiguous(), grad, None if grad_product is None else grad_product.contiguous())
+    else:
+        silu = F.silu(gate)
+        product = silu * up  # again: A's weight gradient reads it
+        if grad_product is not None:
+            grad = grad_product + grad
+        # mul's backward (silu * up), then silu's
+        grad_gate, grad_up = torch.ops.aten.silu_backward(grad * up, gate), grad * silu
     flat_low = grad_low.reshape(-1, grad_low.shape[-1])
     # A's gradient as autograd forms a linear's weight gradient: grad^T @ input
     grad_a = flat_low.t().mm(product.reshape(-1, product.shape[-1]))
-    grad = grad_low.matmul(lora_a)  # the adapter's share of the product's gradient
-    if grad_product is not None:
-        grad = grad_product + grad
-    # mul's backward (silu * up), then silu's
-    return torch.ops.aten.silu_backward(grad * up, gate), grad * silu, grad_a
+    return grad_gate, grad_up, grad_a
 
 
 swiglu_lora_a.register_autograd(_backward, setup_context=_setup_context)

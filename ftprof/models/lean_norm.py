@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ftprof.models import lean_kernels
 from ftprof.models.lora_fused_a import GROUPS, plain_adapter
 
 MARK = "_ftprof_lean_norm"
@@ -42,8 +43,16 @@ def _normalized(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torc
 def rmsnorm_lora_a(x: torch.Tensor, weight: torch.Tensor, eps: float,
                    lora_a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(rmsnorm(x) * weight, that output @ lora_a.T): the projections' input and their adapters' rank side."""
-    out = _normalized(x, weight, eps)[0]
+    if _on_kernels(x, weight):
+        out = lean_kernels.rmsnorm(x.contiguous(), weight, eps, torch.promote_types(x.dtype, weight.dtype))
+    else:
+        out = _normalized(x, weight, eps)[0]
     return out, F.linear(out, lora_a)
+
+
+def _on_kernels(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """The Triton kernels (models/lean_kernels.py) on CUDA, for a contiguous weight as wide as x's rows."""
+    return x.is_cuda and weight.dim() == 1 and weight.is_contiguous() and weight.shape[0] == x.shape[-1]
 
 
 @rmsnorm_lora_a.register_fake
@@ -60,12 +69,20 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad_out, grad_low):
     x, weight, lora_a = ctx.saved_tensors
-    out, wide, rstd = _normalized(x, weight, ctx.eps)  # again: A's weight gradient reads the output
+    grad = grad_low.matmul(lora_a)
+    if _on_kernels(x, weight):  # one kernel: the sum, x's gradient and the output again
+        grad_x, out = lean_kernels.rmsnorm_backward(
+            x.contiguous(), weight, ctx.eps, grad, None if grad_out is None else grad_out.contiguous())
+    else:
+        out, grad_x = _torch_backward(x, weight, ctx.eps, grad if grad_out is None else grad_out + grad)
     flat_low = grad_low.reshape(-1, grad_low.shape[-1])
     grad_a = flat_low.t().mm(out.reshape(-1, out.shape[-1]))
-    grad = grad_low.matmul(lora_a)
-    if grad_out is not None:
-        grad = grad_out + grad
+    return grad_x, None, None, grad_a
+
+
+def _torch_backward(x, weight, eps: float, grad) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the output formed again: A's weight gradient reads it, x's gradient) as torch ops."""
+    out, wide, rstd = _normalized(x, weight, eps)
     # autograd's chain through HF's norm: weight * y (y's share), y = scaled in x's dtype, scaled = wide * rstd,
     # rstd = rsqrt(mean(wide^2) + eps), wide = x in fp32
     grad_scaled = (grad * weight).to(torch.float32)
@@ -73,7 +90,7 @@ def _backward(ctx, grad_out, grad_low):
     grad_mean = -0.5 * grad_rstd * rstd.pow(3)
     grad_square = grad_mean.expand_as(wide) / wide.shape[-1]
     grad_wide = grad_scaled * rstd + grad_square * (2.0 * wide)
-    return grad_wide.to(x.dtype), None, None, grad_a
+    return out, grad_wide.to(x.dtype)
 
 
 rmsnorm_lora_a.register_autograd(_backward, setup_context=_setup_context)

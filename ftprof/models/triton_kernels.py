@@ -95,3 +95,93 @@ def quantize_rows_kernel(src, column_scale, values, scales, columns, stride, SCA
     quantized = tl.minimum(tl.maximum(tl.math.div_rn(t, scale), -E4M3_MAX), E4M3_MAX)
     tl.store(values + row * columns + offsets, quantized.to(values.dtype.element_ty), mask=inside)
     tl.store(scales + row, scale)
+
+
+@triton.jit
+def _rounded(value, like):
+    """``value`` (fp32) rounded to ``like``'s dtype and widened again: where eager rounds an intermediate."""
+    return value.to(like.dtype).to(tl.float32)
+
+
+@triton.jit
+def _silu(gate):
+    """torch's SiLU in fp32: x / (1 + exp(-x)) (its formula, not x * sigmoid(x), which rounds differently)."""
+    return gate / (1.0 + tl.exp(-gate))
+
+
+@triton.jit
+def swiglu_forward_kernel(gate, up, product, n, BLOCK: tl.constexpr):
+    """silu(gate) * up over ``n`` values, rounded where eager rounds: silu to the dtype, then the product
+    (models/lean_kernels.py)."""
+    index = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = index < n
+    g = tl.load(gate + index, mask=inside, other=0.0)
+    u = tl.load(up + index, mask=inside, other=0.0)
+    silu = _rounded(_silu(g.to(tl.float32)), g)
+    tl.store(product + index, (silu * u.to(tl.float32)).to(product.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def swiglu_backward_kernel(gate, up, grad, grad2, grad_gate, grad_up, product, n, TWO: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """One pass of the SwiGLU product's backward: the incoming gradient (``grad``, plus ``grad2`` if TWO, added
+    and rounded as eager adds them), then mul's and silu's backward, and the product formed again (for LoRA A's
+    weight gradient), each rounded where eager rounds (models/lean_kernels.py)."""
+    index = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = index < n
+    g = tl.load(gate + index, mask=inside, other=0.0)
+    wide = g.to(tl.float32)
+    u = tl.load(up + index, mask=inside, other=0.0).to(tl.float32)
+    dy = tl.load(grad + index, mask=inside, other=0.0).to(tl.float32)
+    if TWO:
+        dy = _rounded(dy + tl.load(grad2 + index, mask=inside, other=0.0).to(tl.float32), g)
+    sigmoid = 1.0 / (1.0 + tl.exp(-wide))
+    silu = _rounded(_silu(wide), g)
+    d_silu = _rounded(dy * u, g)  # mul's backward: the gradient times the other factor, rounded
+    d_gate = d_silu * sigmoid * (1.0 + wide * (1.0 - sigmoid))  # silu_backward's formula
+    tl.store(grad_gate + index, d_gate.to(grad_gate.dtype.element_ty), mask=inside)
+    tl.store(grad_up + index, (dy * silu).to(grad_up.dtype.element_ty), mask=inside)
+    tl.store(product + index, (silu * u).to(product.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _rms_row(x, weight, row, columns, eps, BLOCK: tl.constexpr):
+    """A row of HF's RMSNorm: (x in fp32, its reciprocal RMS, the output in fp32 before its rounding, the weight in
+    fp32, the mask)."""
+    offsets = tl.arange(0, BLOCK)
+    inside = offsets < columns
+    raw = tl.load(x + row * columns + offsets, mask=inside, other=0.0)
+    wide = raw.to(tl.float32)
+    rstd = tl.math.rsqrt(tl.sum(wide * wide, axis=0) / columns + eps)  # torch.rsqrt's (approximate) rsqrt
+    w = tl.load(weight + offsets, mask=inside, other=0.0).to(tl.float32)
+    return wide, rstd, w * _rounded(wide * rstd, raw), w, inside
+
+
+@triton.jit
+def rmsnorm_forward_kernel(x, weight, out, columns, eps, BLOCK: tl.constexpr):
+    """Each program one row: weight * (x * rsqrt(mean(x^2) + eps)) rounded to x's dtype, in fp32 statistics
+    (models/lean_kernels.py)."""
+    row = tl.program_id(0).to(tl.int64)
+    _, _, normed, _, inside = _rms_row(x, weight, row, columns, eps, BLOCK)
+    tl.store(out + row * columns + tl.arange(0, BLOCK), normed.to(out.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def rmsnorm_backward_kernel(x, weight, grad, grad2, grad_x, out, columns, eps, TWO: tl.constexpr,
+                            BLOCK: tl.constexpr):
+    """Each program one row of the norm's backward: the incoming gradient (``grad``, plus ``grad2`` if TWO,
+    rounded as eager adds them), the chain through HF's formula as autograd forms it, and the output formed
+    again (for LoRA A's weight gradient) (models/lean_kernels.py)."""
+    row = tl.program_id(0).to(tl.int64)
+    wide, rstd, normed, w, inside = _rms_row(x, weight, row, columns, eps, BLOCK)
+    offsets = row * columns + tl.arange(0, BLOCK)
+    tl.store(out + offsets, normed.to(out.dtype.element_ty), mask=inside)
+    dy = tl.load(grad + offsets, mask=inside, other=0.0)
+    wide_dy = dy.to(tl.float32)
+    if TWO:
+        wide_dy = _rounded(wide_dy + tl.load(grad2 + offsets, mask=inside, other=0.0).to(tl.float32), dy)
+    scaled = _rounded(wide_dy * w, dy)  # weight * y's gradient in the output's dtype, then to fp32
+    grad_rstd = tl.sum(scaled * wide, axis=0)
+    grad_mean = -0.5 * grad_rstd * (rstd * rstd * rstd)
+    d_wide = scaled * rstd + (grad_mean / columns) * (2.0 * wide)
+    tl.store(grad_x + offsets, d_wide.to(grad_x.dtype.element_ty), mask=inside)

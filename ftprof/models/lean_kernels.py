@@ -1,0 +1,79 @@
+"""The lean ops' elementwise work as Triton kernels on CUDA (``--lean-activations``: models/lean_mlp.py,
+``--lean-norms``: models/lean_norm.py).
+
+The ops are opaque to the compiler, so their elementwise work runs outside the compiled layer's fused kernels. As
+torch ops it was a pass per operation, and more in backward: round 29 measured the product at -2.7% tokens/s and
+the norms at -4.6% more on an H100 (llama-8b QLoRA, CUDA graphs). Here each op's forward is one kernel, and each
+backward one kernel that adds the two incoming gradients (the projection's and the adapter's), forms the kept-less
+tensor again for LoRA A's weight gradient and writes the inputs' gradients: one read of each input and one write of
+each output.
+
+The arithmetic is the torch ops', in fp32, rounded to the run's dtype wherever eager rounds an intermediate (silu
+before the product, the summed gradient, mul's gradient; the norm's normalized value before the weight). The GPU
+tests check the kernels against the torch ops (tests/gpu/test_gpu_fast_paths.py), the CPU tests in Triton's
+interpreter (tests/models/test_lean_kernels.py). Off CUDA the ops run their torch ops.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+ELEMENTS = 2048  # values a program of the elementwise kernels
+WARPS = 8
+
+
+@functools.cache  # (called at every launch: a hot path)
+def _kernels():
+    from ftprof.models import triton_kernels  # Triton only where a kernel launches
+
+    return triton_kernels
+
+
+def _blocks(n: int) -> tuple[int]:
+    return (-(-n // ELEMENTS),)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up (contiguous, of one shape and dtype)."""
+    product = torch.empty_like(gate)
+    if gate.numel():
+            _kernels().swiglu_forward_kernel[_blocks(gate.numel())](gate, up, product, gate.numel(), BLOCK=ELEMENTS,
+                                                               num_warps=WARPS)
+    return product
+
+
+def swiglu_backward(gate: torch.Tensor, up: torch.Tensor, grad: torch.Tensor,
+                    grad2: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(gate's gradient, up's gradient, the product) for the product's gradient ``grad`` (+ ``grad2``)."""
+    grad_gate, grad_up, product = torch.empty_like(gate), torch.empty_like(up), torch.empty_like(gate)
+    _kernels().swiglu_backward_kernel[_blocks(gate.numel())](
+        gate, up, grad, grad if grad2 is None else grad2, grad_gate, grad_up, product, gate.numel(),
+        TWO=grad2 is not None, BLOCK=ELEMENTS, num_warps=WARPS)
+    return grad_gate, grad_up, product
+
+
+def _row_launch(x: torch.Tensor) -> dict:
+    """One program a row of ``x``'s last dimension (a power of two wide block; wider rows, more warps)."""
+    block = 1 << max(x.shape[-1] - 1, 1).bit_length()
+    return {"BLOCK": block, "num_warps": min(16, max(1, block // 256))}
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    """HF's RMSNorm of ``x`` (contiguous) times ``weight``, in ``dtype`` (x's and the weight's promoted)."""
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    columns = x.shape[-1]
+    _kernels().rmsnorm_forward_kernel[(x.numel() // columns,)](x, weight, out, columns, eps, **_row_launch(x))
+    return out
+
+
+def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor, eps: float, grad: torch.Tensor,
+                     grad2: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x's gradient, the norm's output formed again) for the output's gradient ``grad`` (+ ``grad2``)."""
+    grad_x, out = torch.empty_like(x), torch.empty(x.shape, dtype=grad.dtype, device=x.device)
+    columns = x.shape[-1]
+    _kernels().rmsnorm_backward_kernel[(x.numel() // columns,)](
+        x, weight, grad, grad if grad2 is None else grad2, grad_x, out, columns, eps, TWO=grad2 is not None,
+        **_row_launch(x))
+    return grad_x, out

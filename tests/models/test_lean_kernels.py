@@ -1,0 +1,59 @@
+"""The lean ops' Triton kernels (models/lean_kernels.py) on the CPU, through Triton's interpreter (TRITON_INTERPRET=1,
+set before Triton is imported: a child process), against the torch ops they replace on CUDA: fp32, where the
+interpreter rounds as torch does (its bf16 rounding truncates; the GPU tests check bf16 on a GPU)."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+CHILD = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+    from ftprof.models import lean_kernels as lk
+
+    def close(got, want, what):
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6, msg=lambda m: f"{what}: {m}")
+
+    def autograd(fn, inputs, grad):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        out = fn(*leaves)
+        return (out, *torch.autograd.grad(out, leaves, grad))
+
+    def norm(x, weight, eps=1e-5):
+        wide = x.to(torch.float32)
+        return weight * (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+    torch.manual_seed(0)
+    for n in (700, 4096 + 5):  # a partial program, and several programs
+        gate, up, grad, grad2 = (torch.randn(3, n) * 4 for _ in range(4))
+        close(lk.swiglu(gate, up), F.silu(gate) * up, "product")
+        for second in (grad2, None):
+            total = grad if second is None else grad + second
+            product, d_gate, d_up = autograd(lambda g, u: F.silu(g) * u, (gate, up), total)
+            got_gate, got_up, got_product = lk.swiglu_backward(gate, up, grad, second)
+            for got, want, what in ((got_gate, d_gate, "gate"), (got_up, d_up, "up"), (got_product, product, "again")):
+                close(got, want, what)
+    for columns in (96, 100):  # a row of a power of two, and one the block pads
+        x, grad, grad2 = (torch.randn(2, 5, columns) * 3 for _ in range(3))
+        weight = torch.rand(columns) + 0.5
+        close(lk.rmsnorm(x, weight, 1e-5, torch.float32), norm(x, weight), "norm")
+        for second in (grad2, None):
+            total = grad if second is None else grad + second
+            out, d_x = autograd(lambda t: norm(t, weight), (x,), total)
+            got_x, got_out = lk.rmsnorm_backward(x, weight, 1e-5, grad, second)
+            close(got_x, d_x, "x")
+            close(got_out, out, "norm again")
+    print("close")
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_the_kernels_are_the_torch_ops_in_tritons_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "close" in done.stdout, done.stderr[-3000:]
