@@ -2,8 +2,9 @@
 # --lean-activations and --lean-norms (models/lean_mlp.py, lean_norm.py) on one GPU, from the repository root with
 # the GPU machine's wheels in .whl:
 #   benchmarks/lean_activations.sh OUT
-# 1. their GPU tests (tests/gpu: the losses against eager for LoRA and QLoRA, eager, Liger, compiled, CUDA graphs,
-#    partial checkpointing and FP8; the LoRA gradients; what a layer keeps less, Liger and compiled), verbose so
+# 1. their GPU tests (tests/gpu: their Triton kernels against eager's ops; the losses against eager for LoRA and
+#    QLoRA, eager, Liger, compiled, CUDA graphs, partial checkpointing and FP8; the LoRA gradients; what a layer
+#    keeps less, Liger and compiled), verbose so
 #    that a run cut off by its time keeps the lines of the tests that finished,
 # 2. benchmarks/sweeps/lean-activations.yaml (llama-8b QLoRA 4 x 2048, no checkpointing, CUDA graphs: with and
 #    without it, 2 x 2 with the host's table, FP8) with what is left.
@@ -13,8 +14,9 @@ set -u
 out=${1:?output folder}
 budget=${BUDGET_S:-570}
 . "$(dirname "$0")/common.sh"  # left(), scratch in memory, runs/machine.txt
-timeout "${TESTS_S:-200}" python3 -m pytest -m gpu -v -p no:cacheprovider -rA tests/gpu/test_gpu_fast_paths.py \
-  tests/gpu/test_gpu_memory_levers.py -k "${TESTS_K:-lean-act or lean-norms or lean_activations}" \
+timeout "${TESTS_S:-200}" python3 -m pytest -m gpu -v -p no:cacheprovider -rA tests/gpu/test_gpu_lean_kernels.py \
+  tests/gpu/test_gpu_fast_paths.py tests/gpu/test_gpu_memory_levers.py \
+  -k "${TESTS_K:-kernels or lean-act or lean-norms or lean_activations}" \
   > runs/pytest-gpu-lean-act.log 2>&1
 timeout -s INT $(( $(left) - 25 )) python3 -m ftprof bench "${SWEEP:-benchmarks/sweeps/lean-activations.yaml}" \
   --output-dir runs/lean-activations > runs/bench-lean-activations.log 2>&1
