@@ -89,6 +89,9 @@ class Declared:
     unprobed: bool = False  # the planner's probe is built without it: its saving is computed (plan/memory.py)
     # the share of tokens/s it measured lost, priced where no run of it is in the calibration (plan/predict.py)
     speed_cost: float = 0.0
+    # its cost is paid in the layers that keep their activations only (measured with every layer keeping them):
+    # priced by their share of the layers
+    cost_in_kept_layers: bool = False
 
     @property
     def flag(self) -> str:
@@ -160,11 +163,11 @@ DECLARED: tuple[Declared, ...] = (
     # checkpointing, 2026-12-05): the product 40.85 -> 34.29 GiB, -2.7% tokens/s; both 30.35 GiB, -7.2%
     Declared("lean_activations", "method", frozenset({"speed", "activations"}), False, methods=LORA_METHODS,
              family="lora", refuse=frozenset({"methods"}), word="lean-act", planner_values=(False, True), unprobed=True,
-             speed_cost=0.027, planner_avoid=_LEAN_AVOID,
+             speed_cost=0.027, cost_in_kept_layers=True, planner_avoid=_LEAN_AVOID,
              excludes=(Excludes(When("lora_addmm", (ON,)), "{flag} and {other} " + _ADAPTER),)),
     Declared("lean_norms", "method", frozenset({"speed", "activations"}), False, methods=LORA_METHODS,
              family="lora", refuse=frozenset({"methods"}), word="lean-norm", planner_values=(False, True),
-             unprobed=True, speed_cost=0.046, planner_avoid=_LEAN_AVOID,
+             unprobed=True, speed_cost=0.046, cost_in_kept_layers=True, planner_avoid=_LEAN_AVOID,
              # the norm hands its A slices to the group's shared A matmul, which joined projections do not take
              void_when=(When("lora_fused_a", (False,)), When("lora_fused_projections", (True,))),
              excludes=(Excludes(When("lora_addmm", (ON,)), "{flag} and {other} " + _ADAPTER),)),

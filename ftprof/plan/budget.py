@@ -153,6 +153,9 @@ def auto_policy(planner: Planner, cand: Candidate, available: int) -> tuple[Cand
         head = choice.checkpointing if choice.checkpointing != "full" else describe_full(choice, planner.layer_count)
         reason = f"{head}: predicted peak {pred.peak_bytes / GIB:.1f} GiB {fits}" + (f"; {why}" if why else "")
         reason += f"; {LEAN_WORDS}" if choice.checkpointing == "full" and choice.option(LEAN) else ""
+        kept = [w for n, w in TAKEN_WORDS.items() if n != EMBED and choice.option(n)]
+        if choice.checkpointing == "full" and kept:
+            reason += f"; {' and '.join(kept)} on the layers left unchecked"
         return choice, pred, _record(choice, reason, predicted, available, margin), True
     least = lean(planner, by_policy["full"])
     way, least_pred = min(((w, planner.predict(w)) for w in memory_variants(planner, least, (OFFLOAD, EMBED))),
@@ -183,6 +186,19 @@ def lean(planner: Planner, full: Candidate) -> Candidate:
     return full.with_option(LEAN) if option_applies(planner, full, LEAN) else full
 
 
+def kept_lean(planner: Planner, full: Candidate) -> list[Candidate]:
+    """``full`` with --lean-activations, then with --lean-norms too, where auto may take them: they trim the layers
+    partial checkpointing leaves unchecked, so that fewer layers need recomputing (each priced at its measured
+    cost on those layers' share: plan/predict.option_costs)."""
+    partial, way, out = dataclasses.replace(full, checkpoint_layers=1), full, []
+    for name in (LEAN_ACT, LEAN_NORMS):
+        if not offload_applies(planner, partial, name):
+            break
+        partial, way = partial.with_option(name), way.with_option(name)
+        out.append(way)
+    return out
+
+
 def describe_full(choice: Candidate, layer_count: int) -> str:
     """"full", "full on 2 of 32 layers" (", selective on the rest" under --selective-rest), each "... with
     --offload-checkpoints (...)" where the offload is on."""
@@ -196,9 +212,9 @@ def full_ways(planner: Planner, full: Candidate, budget: int) -> list[tuple[Cand
     then (where auto may try them) with the layer inputs, the embedding table or both in host memory."""
     out = []
     for base in memory_variants(planner, lean(planner, full), (OFFLOAD, EMBED)):
-        for way in [base] + ([base.with_option(REST)] if rest_applies(base) else []):
+        for way in [base] + ([base.with_option(REST)] if rest_applies(base) else []) + kept_lean(planner, base):
             layers = fewest_layers(planner, way, budget)
-            if layers is None and way.option(REST):  # a selective rest needs full on part of the layers
+            if layers is None and (way.option(REST) or way.option(LEAN_ACT)):  # both need layers left unchecked
                 continue
             choice = way if layers is None else dataclasses.replace(way, checkpoint_layers=layers)
             pred = planner.predict(choice)
@@ -224,7 +240,7 @@ def best_full(planner: Planner, full: Candidate, budget: int) -> tuple[Candidate
     why = "none and selective did not" if choice.checkpoint_layers is not None else "faster policies did not"
     if choice.option(OFFLOAD) or choice.option(EMBED):
         plain = next((c for c, _ in ways if not c.option(OFFLOAD) and not c.option(EMBED)
-                      and c.option(REST) == choice.option(REST)), None)
+                      and all(c.option(n) == choice.option(n) for n in (REST, LEAN_ACT, LEAN_NORMS))), None)
         if plain is None:
             why += "; without the offload full does not fit"
         else:

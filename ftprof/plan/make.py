@@ -158,12 +158,14 @@ def _fewest_layers(p: Planner, pool: list[Candidate], budget_bytes: int) -> list
     """For each (method, kernels, compile, micro-batch) whose none and selective do not fit: full checkpointing on
     the fewest layers that do; where none does not fit, selective on the fewest layers that do (the rest run as
     none: faster than selective on all, and than full on fewer layers in the same memory, as selective costs less
-    per GiB it saves). Only from the pool's candidates of that policy: their options are those the declarations
-    allow under it (CUDA graphs are not under full, say), where none's may not be."""
+    per GiB it saves). Full also with --lean-activations (and --lean-norms) on the layers it leaves. Only from the
+    pool's candidates of that policy: their options are those the declarations allow under it (CUDA graphs are not
+    under full, say), where none's may not be."""
     out, counts = [], {}
     for cand in {dataclasses.replace(c, checkpoint_layers=None) for c in pool
                  if c.checkpointing in ("full", "selective")}:
         ways = [cand] + ([cand.with_option(budget.REST)] if budget.rest_applies(cand) else [])
+        ways += budget.kept_lean(p, cand) if cand.checkpointing == "full" else []  # (trimming the layers left)
         for way in ways:
             same = _same_memory(way)
             if same not in counts:

@@ -186,7 +186,7 @@ def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: fl
     rest = min(rest, probed)
     rest_saved = int(rest * (factor if rest_factor is None else rest_factor))
     activations = int((probed - rest) * factor) + rest_saved
-    activations = max(0, activations - lean_bytes(probe, cand, shape, unchecked) * tokens)
+    activations = max(0, activations - lean_bytes(probe, cand, shape) * tokens)
     transients = transient_bytes(probe, cand, shape, freed=rest_saved)
     if cand.checkpointing == "full" and cand.option("offload_checkpoints"):
         # --offload-checkpoints: the checkpointed layers' inputs wait in host memory; two of them are back on the
@@ -208,7 +208,7 @@ def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: fl
                             int(probed), activations / probed if probed else factor, transients)
 
 
-def lean_bytes(probe: ProbeResult, cand: Candidate, shape: Shape, unchecked: int) -> int:
+def lean_bytes(probe: ProbeResult, cand: Candidate, shape: Shape) -> int:
     """Bytes per token --lean-activations and --lean-norms leave unsaved in the layers that keep their activations,
     computed rather than probed (the probe is built without them): the SwiGLU product (models/lean_mlp.py) and,
     where a group of projections shares one A matmul and is not joined, the two norms' outputs (models/lean_norm.py).
@@ -219,12 +219,21 @@ def lean_bytes(probe: ProbeResult, cand: Candidate, shape: Shape, unchecked: int
     its input, which the op replaces by the input itself: not counted, the safe side); compiled, none is counted:
     the compiled layer kept other tensors for the norm's backward, and the op's input takes some of what its output
     gave back (the tiny preset compiled on the CPU: 76% of the outputs' bytes)."""
-    layers = probe.layers if cand.checkpointing == "none" else unchecked if rest_policy(cand) == "none" else 0
+    layers = kept_layers(probe.layers, cand)
     products = (2 if cand.kernels == "eager" and not cand.compile else 1) if cand.option("lean_activations") else 0
     # (where the declaration voids it, beside joined projections, there is no norm output to leave)
     norms = cand.option("lean_norms") and not cand.compile and declarations.BY_NAME["lean_norms"].applies(
         cand.values())
     return layers * (products * shape.mlp_product_bytes_per_token + (shape.lean_norm_bytes_per_token if norms else 0))
+
+
+def kept_layers(layers: int, cand: Candidate) -> int:
+    """Of ``layers`` decoder layers, those that keep their activations: every one under none, the unchecked rest of
+    partial full checkpointing (unless --selective-rest runs it selective), else none."""
+    if cand.checkpointing == "none":
+        return layers
+    partial_full = cand.checkpointing == "full" and cand.checkpoint_layers is not None
+    return max(0, layers - cand.checkpoint_layers) if partial_full and rest_policy(cand) == "none" else 0
 
 
 def _selective_layers(probe: ProbeResult, cand: Candidate) -> int:

@@ -30,14 +30,15 @@ class Target:
     capability: tuple | None = None  # CUDA compute capability (None: the CPU, or not known)
 
 
-def option_costs(cand: Candidate) -> float:
+def option_costs(cand: Candidate, kept_share: float = 1.0) -> float:
     """What the candidate's options measured costing (their declarations' ``speed_cost``), as a factor on tokens/s:
-    priced so where the calibration has no run of the candidate's own options to rate it by."""
+    priced so where the calibration has no run of the candidate's own options to rate it by. ``kept_share``: the
+    share of the layers that keep their activations, where an option's cost is paid (``cost_in_kept_layers``)."""
     factor = 1.0
     for name, value in cand.options:
         declared = declarations.BY_NAME.get(name)
         if declared is not None and declared.speed_cost and declarations.is_on(value):
-            factor *= 1.0 - declared.speed_cost
+            factor *= 1.0 - declared.speed_cost * (kept_share if declared.cost_in_kept_layers else 1.0)
     return factor
 
 
@@ -91,7 +92,7 @@ class Planner:
         rate = speed.capped(rate, metrics.peak_flops(self.target.device_name), bool(cand.option("fp8_base")))
         tps = speed.tokens_per_s(flops, rate.flops_per_s, self.target.world_size) if rate else None
         if tps is not None and not rate.knobs_matched:
-            tps *= option_costs(cand)
+            tps *= option_costs(cand, memory.kept_layers(result.layers, cand) / max(1, result.layers))
         floor = self.floor(key, cand) if rate else None
         if tps is not None and floor is not None:
             gpu_tps, tps = tps, host.tokens_per_s(tps, floor, micro_tokens, self.target.world_size, measured_at)

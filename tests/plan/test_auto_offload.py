@@ -25,9 +25,11 @@ def deep(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _without_a_selective_rest(monkeypatch):
-    """The offload against plain full checkpointing alone: with a selective rest auto recomputes fewer layers still
-    (tests/plan/test_selective_rest_plan.py)."""
+    """The offload against plain full checkpointing alone: with a selective rest, or the lean options on the layers
+    left unchecked, auto recomputes fewer layers still (tests/plan/test_selective_rest_plan.py,
+    tests/plan/test_auto_lean.py)."""
     monkeypatch.setattr(budget, "rest_applies", lambda cand: False)
+    monkeypatch.setattr(budget, "kept_lean", lambda planner, cand: [])
 
 
 def _planner(deep, target=H200, **flat):

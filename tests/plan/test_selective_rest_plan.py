@@ -60,15 +60,17 @@ def test_plan_proposes_it_with_fewer_layers_than_full_alone(deep):
     p, cand = _planner(deep, compile=True)
     budget_bytes = (p.predict(_full(cand, 3, rest=True)).peak_bytes + p.predict(_full(cand, 3)).peak_bytes) // 2
     found = make._fewest_layers(p, [_full(cand)], budget_bytes)
-    by_rest = {bool(c.option(REST)): c.checkpoint_layers for c in found}
+    by_rest = {bool(c.option(REST)): c.checkpoint_layers for c in found if not c.option(budget.LEAN_ACT)}
     assert by_rest[True] == 3 and by_rest[False] == 4, found
     rest = next(c for c in found if c.option(REST))
     assert policy_words(rest, p.layer_count) == "full on 3 of 8 layers, selective on the rest"
     assert rest.flat()[REST] is True  # the command and the sweep file carry --selective-rest
 
 
-def test_auto_takes_it_where_it_recomputes_fewer_layers_and_records_it(deep):
+def test_auto_takes_it_where_it_recomputes_fewer_layers_and_records_it(deep, monkeypatch):
     from ftprof.resolved import selective_rest_of
+
+    monkeypatch.setattr(budget, "kept_lean", lambda planner, cand: [])  # (the rest against full alone)
 
     p, cand = _planner(deep, compile=True, checkpointing="auto")
     between = (p.predict(_full(cand, 3, rest=True)).peak_bytes + p.predict(_full(cand, 3)).peak_bytes) // 2
