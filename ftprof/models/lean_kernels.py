@@ -16,6 +16,7 @@ interpreter (tests/models/test_lean_kernels.py). Off CUDA the ops run their torc
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -31,6 +32,11 @@ def _kernels():
     return triton_kernels
 
 
+def _device(t: torch.Tensor):
+    """``t``'s GPU as the current device: Triton launches there (off CUDA, Triton's interpreter in the tests)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
 def _blocks(n: int) -> tuple[int]:
     return (-(-n // ELEMENTS),)
 
@@ -39,8 +45,9 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up (contiguous, of one shape and dtype)."""
     product = torch.empty_like(gate)
     if gate.numel():
+        with _device(gate):
             _kernels().swiglu_forward_kernel[_blocks(gate.numel())](gate, up, product, gate.numel(), BLOCK=ELEMENTS,
-                                                               num_warps=WARPS)
+                                                                   num_warps=WARPS)
     return product
 
 
@@ -48,9 +55,11 @@ def swiglu_backward(gate: torch.Tensor, up: torch.Tensor, grad: torch.Tensor,
                     grad2: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(gate's gradient, up's gradient, the product) for the product's gradient ``grad`` (+ ``grad2``)."""
     grad_gate, grad_up, product = torch.empty_like(gate), torch.empty_like(up), torch.empty_like(gate)
-    _kernels().swiglu_backward_kernel[_blocks(gate.numel())](
-        gate, up, grad, grad if grad2 is None else grad2, grad_gate, grad_up, product, gate.numel(),
-        TWO=grad2 is not None, BLOCK=ELEMENTS, num_warps=WARPS)
+    if gate.numel():
+        with _device(gate):
+            _kernels().swiglu_backward_kernel[_blocks(gate.numel())](
+                gate, up, grad, grad if grad2 is None else grad2, grad_gate, grad_up, product, gate.numel(),
+                TWO=grad2 is not None, BLOCK=ELEMENTS, num_warps=WARPS)
     return grad_gate, grad_up, product
 
 
@@ -64,7 +73,9 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtyp
     """HF's RMSNorm of ``x`` (contiguous) times ``weight``, in ``dtype`` (x's and the weight's promoted)."""
     out = torch.empty(x.shape, dtype=dtype, device=x.device)
     columns = x.shape[-1]
-    _kernels().rmsnorm_forward_kernel[(x.numel() // columns,)](x, weight, out, columns, eps, **_row_launch(x))
+    if x.numel():
+        with _device(x):
+            _kernels().rmsnorm_forward_kernel[(x.numel() // columns,)](x, weight, out, columns, eps, **_row_launch(x))
     return out
 
 
@@ -73,7 +84,9 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor, eps: float, grad: to
     """(x's gradient, the norm's output formed again) for the output's gradient ``grad`` (+ ``grad2``)."""
     grad_x, out = torch.empty_like(x), torch.empty(x.shape, dtype=grad.dtype, device=x.device)
     columns = x.shape[-1]
-    _kernels().rmsnorm_backward_kernel[(x.numel() // columns,)](
-        x, weight, grad, grad if grad2 is None else grad2, grad_x, out, columns, eps, TWO=grad2 is not None,
-        **_row_launch(x))
+    if x.numel():
+        with _device(x):
+            _kernels().rmsnorm_backward_kernel[(x.numel() // columns,)](
+                x, weight, grad, grad if grad2 is None else grad2, grad_x, out, columns, eps, TWO=grad2 is not None,
+                **_row_launch(x))
     return grad_x, out
