@@ -21,6 +21,8 @@ import functools
 
 import torch
 
+# Whether the lean ops launch these kernels on CUDA (else their torch ops there too)
+ON_CUDA = True
 ELEMENTS = 2048  # values a program of the elementwise kernels
 WARPS = 8
 
@@ -30,6 +32,11 @@ def _kernels():
     from ftprof.models import triton_kernels  # Triton only where a kernel launches
 
     return triton_kernels
+
+
+def wanted(t: torch.Tensor) -> bool:
+    """Whether an op on ``t`` launches the kernels."""
+    return ON_CUDA and t.is_cuda
 
 
 def _device(t: torch.Tensor):

@@ -49,7 +49,7 @@ def swiglu_lora_a(gate: torch.Tensor, up: torch.Tensor, lora_a: torch.Tensor) ->
 
 def _on_kernels(gate: torch.Tensor, up: torch.Tensor) -> bool:
     """The Triton kernels (models/lean_kernels.py) on CUDA, for operands of one shape and dtype."""
-    return gate.is_cuda and gate.shape == up.shape and gate.dtype == up.dtype
+    return lean_kernels.wanted(gate) and gate.shape == up.shape and gate.dtype == up.dtype
 
 
 @swiglu_lora_a.register_fake

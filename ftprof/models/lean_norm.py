@@ -53,7 +53,7 @@ def rmsnorm_lora_a(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 def _on_kernels(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """The Triton kernels (models/lean_kernels.py) on CUDA, for a contiguous weight as wide as x's rows."""
-    return x.is_cuda and weight.dim() == 1 and weight.is_contiguous() and weight.shape[0] == x.shape[-1]
+    return lean_kernels.wanted(x) and weight.dim() == 1 and weight.is_contiguous() and weight.shape[0] == x.shape[-1]
 
 
 @rmsnorm_lora_a.register_fake

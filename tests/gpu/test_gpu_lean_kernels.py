@@ -7,9 +7,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ftprof.models import lean_mlp, lean_norm
+from ftprof.models import lean_kernels, lean_mlp, lean_norm
 
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _kernels_on(monkeypatch):
+    """The kernels whether or not the ops launch them by default (lean_kernels.ON_CUDA)."""
+    monkeypatch.setattr(lean_kernels, "ON_CUDA", True)
 
 TOKENS, HIDDEN, INTERMEDIATE, RANK = 2 * 1000, 4096, 14336, 16  # 1000: rows that no power of two divides
 
