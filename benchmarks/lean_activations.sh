@@ -14,6 +14,7 @@ set -u
 out=${1:?output folder}
 budget=${BUDGET_S:-570}
 . "$(dirname "$0")/common.sh"  # left(), scratch in memory, runs/machine.txt
+export FTPROF_LEAN_KERNELS=${FTPROF_LEAN_KERNELS:-1}  # the lean ops' Triton kernels (models/lean_kernels.py); 0: torch ops
 timeout "${TESTS_S:-200}" python3 -m pytest -m gpu -v -p no:cacheprovider -rA tests/gpu/test_gpu_lean_kernels.py \
   tests/gpu/test_gpu_fast_paths.py tests/gpu/test_gpu_memory_levers.py \
   -k "${TESTS_K:-kernels or lean-act or lean-norms or lean_activations}" \
