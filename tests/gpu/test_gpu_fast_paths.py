@@ -51,6 +51,10 @@ FAST_PATHS = {
     "lean-norms": {"lean_norms": True},
     "compile-cudagraphs-lean-act-norms": {"compile": True, "compile_mode": "reduce-overhead",
                                           "lean_activations": True, "lean_norms": True},
+    # what auto may take under a tight budget: the first 8 layers as the lean halves, the rest lean (plan/budget)
+    "compile+partial-halves+lean-act-norms": {"compile": True, "checkpointing": "full", "checkpoint_layers": 8,
+                                              "lean_recompute": True, "offload_checkpoints": True,
+                                              "lean_activations": True, "lean_norms": True},
     "cudnn": {"sdpa_backend": "cudnn"},
     "compile+cudnn": {"compile": True, "sdpa_backend": "cudnn"},
     "compile-autotune": {"compile": True, "compile_mode": "max-autotune-no-cudagraphs"},
