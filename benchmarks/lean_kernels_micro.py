@@ -1,6 +1,6 @@
 """The lean ops' forward and backward on one GPU, their Triton kernels (models/lean_kernels.py) against their torch
 ops, at llama-8b's widths (4 x 2048 tokens, bf16): milliseconds per call and per step (32 layers: one MLP product and
-two norms each), each side timed with CUDA events over the same inputs.
+two norms each), each side timed with CUDA events over the same inputs (dequant_kernel.time_us).
 
     python3 benchmarks/lean_kernels_micro.py [--tokens 8192] [--repeats 20]
 """
@@ -10,24 +10,11 @@ from __future__ import annotations
 import argparse
 
 import torch
+from dequant_kernel import time_us  # (benchmarks/ is the script's path)
 
 from ftprof.models import lean_kernels, lean_mlp, lean_norm
 
 HIDDEN, INTERMEDIATE, RANK, LAYERS = 4096, 14336, 16, 32
-
-
-def _time(fn, repeats: int) -> float:
-    """Milliseconds per call of ``fn`` (forward and backward), after two warm-up calls."""
-    for _ in range(2):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
 
 
 def _mlp_call(tokens: int):
@@ -59,7 +46,7 @@ def main() -> None:
         call = make(args.tokens)
         for on in (False, True):
             lean_kernels.ON_CUDA = on
-            ms = _time(call, args.repeats)
+            ms = time_us(call, args.repeats) / 1000
             side = "triton" if on else "torch"
             per_step[side] = per_step.get(side, 0.0) + ms * per_layer * LAYERS
             print(f"{name:15s} {side:6s} {ms:8.3f} ms a call (forward + backward), {ms * per_layer * LAYERS:8.1f} ms a "

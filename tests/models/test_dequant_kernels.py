@@ -1,13 +1,12 @@
 """ftprof's Triton 4-bit dequantization kernel (models/dequant_kernels.py) on the CPU, through Triton's interpreter
 (TRITON_INTERPRET=1, set before Triton is imported: a child process). The GPU tests check the same bits on a GPU."""
 
-import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests.requires import requires
+from tests.triton_interpreter import run_in_interpreter
 
 CHILD = textwrap.dedent('''
     import torch, bitsandbytes.functional as bf
@@ -34,10 +33,9 @@ CHILD = textwrap.dedent('''
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+@requires("triton")
 def test_the_kernel_gives_bitsandbytes_bits_in_tritons_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600)
+    done = run_in_interpreter(CHILD)
     assert done.returncode == 0 and "same bits" in done.stdout, done.stderr[-3000:]
 
 
@@ -65,12 +63,10 @@ TRANSPOSED_CHILD = textwrap.dedent('''
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+@requires("triton")
 def test_the_transposing_e4m3_kernel_gives_the_rows_kernels_bits_transposed():
     """--fp8-base's backward operand, written transposed by its own tiled kernel, against the e4m3 rows kernel's
     output transposed, both in Triton's interpreter (whose e4m3 rounding differs from a GPU's; the GPU tests check
     both kernels against the torch ops)."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", TRANSPOSED_CHILD], env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = run_in_interpreter(TRANSPOSED_CHILD)
     assert done.returncode == 0 and "same bits" in done.stdout, done.stderr[-3000:]

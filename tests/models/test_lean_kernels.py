@@ -2,13 +2,12 @@
 set before Triton is imported: a child process), against the torch ops they replace on CUDA: fp32, where the
 interpreter rounds as torch does (its bf16 rounding truncates; the GPU tests check bf16 on a GPU)."""
 
-import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests.requires import requires
+from tests.triton_interpreter import run_in_interpreter
 
 CHILD = textwrap.dedent('''
     import torch
@@ -52,8 +51,7 @@ CHILD = textwrap.dedent('''
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+@requires("triton")
 def test_the_kernels_are_the_torch_ops_in_tritons_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600)
+    done = run_in_interpreter(CHILD)
     assert done.returncode == 0 and "close" in done.stdout, done.stderr[-3000:]
