@@ -228,12 +228,13 @@ def lean_bytes(probe: ProbeResult, cand: Candidate, shape: Shape) -> int:
 
 
 def kept_layers(layers: int, cand: Candidate) -> int:
-    """Of ``layers`` decoder layers, those that keep their activations: every one under none, the unchecked rest of
-    partial full checkpointing (unless --selective-rest runs it selective), else none."""
-    if cand.checkpointing == "none":
-        return layers
-    partial_full = cand.checkpointing == "full" and cand.checkpoint_layers is not None
-    return max(0, layers - cand.checkpoint_layers) if partial_full and rest_policy(cand) == "none" else 0
+    """Of ``layers`` decoder layers, those that keep their activations: every one under none, those partial
+    checkpointing (full or selective) leaves unchecked, unless --selective-rest runs them selective."""
+    if rest_policy(cand) == "selective":
+        return 0
+    checked = 0 if cand.checkpointing == "none" else layers if cand.checkpoint_layers is None else \
+        cand.checkpoint_layers
+    return max(0, layers - checked)
 
 
 def _selective_layers(probe: ProbeResult, cand: Candidate) -> int:

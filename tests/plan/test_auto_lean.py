@@ -35,6 +35,8 @@ def test_their_cost_is_paid_on_the_layers_left_unchecked(deep):
     lean = _partial(cand, 6, budget.LEAN_ACT, budget.LEAN_NORMS)
     assert [memory.kept_layers(8, c) for c in (lean, _partial(cand, None), lean.with_option(budget.REST))] == [2, 0, 0]
     assert memory.kept_layers(8, dataclasses.replace(cand, checkpointing="none")) == 8
+    selective = dataclasses.replace(cand, checkpointing="selective")
+    assert [memory.kept_layers(8, dataclasses.replace(selective, checkpoint_layers=n)) for n in (None, 5)] == [0, 3]
     assert option_costs(lean, 2 / 8) == pytest.approx((1 - 0.027 / 4) * (1 - 0.046 / 4))
     assert option_costs(lean.with_option("fp8_base"), 0.0) == 1.0  # (FP8 declares no cost)
 
