@@ -41,6 +41,7 @@ def test_their_cost_is_paid_on_the_layers_left_unchecked(deep):
     assert option_costs(lean.with_option("fp8_base"), 0.0) == 1.0  # (FP8 declares no cost)
 
 
+@pytest.mark.slow  # (the probe of the 8-layer checkpoint: about 4 s)
 def test_auto_trims_the_layers_left_unchecked_where_that_recomputes_fewer(deep):
     p, cand = planner_for(deep, "lora", seq_len=512, batch_size=4, checkpointing="auto", fp8_base=True)
     plain, lean = (p.predict(_partial(cand, 6, *o)).peak_bytes for o in ((), (budget.LEAN_ACT,)))
