@@ -124,8 +124,14 @@ def bench_command(args: argparse.Namespace) -> int:
     target = results_dir(sweep, args.output_dir)
     out_dir = target if args.status and not target.is_dir() else output_dir_for(sweep, args.output_dir)
     check_same_sweep(sweep, out_dir)  # another sweep's results there: refused whatever the mode (run, plan, status)
+    cannot_run_here = None
     if launcher.type == "local":  # the experiments run here: what this machine cannot run is refused now
-        check_devices(sweep)
+        try:
+            check_devices(sweep)
+        except ConfigError as exc:  # a dry run previews a GPU sweep anywhere (a laptop, a login node)
+            if not args.dry_run:
+                raise
+            cannot_run_here = str(exc)
     console = make_console()
     if args.status:
         return status_command(console, sweep, out_dir)
@@ -136,6 +142,8 @@ def bench_command(args: argparse.Namespace) -> int:
 
         dry_run(console, sweep, out_dir, plan(sweep, out_dir, force=args.force, retry_failed=args.retry_failed),
                 gpu_slots() if launcher.type == "local" else [], launcher)
+        if cannot_run_here:
+            console.print(f"not on this machine: {cannot_run_here}", style="yellow", markup=False, soft_wrap=True)
         return 0
     # held from here to the end: a busy output directory is refused before torch is imported (gpu_slots)
     with OutputLock(out_dir, wait=args.wait,

@@ -89,6 +89,25 @@ def test_slurm_options_are_taken_where_the_sweep_runs_as_slurm_jobs(tmp_path):
     assert res["code"] == 0 and res["stderr"] == "" and not res["torch"]
 
 
+def test_a_dry_run_previews_a_gpu_sweep_on_a_machine_without_one(tmp_path):
+    """A GPU sweep is refused here (one line, exit 2), but its dry run prints the plan and says why it would not run
+    here, as on a laptop or a cluster's login node."""
+    from ftprof.checks import host_has_cuda
+
+    if host_has_cuda():
+        pytest.skip("this machine has an NVIDIA GPU: the sweep would run here")
+    (tmp_path / "gpu.yaml").write_text("base: {model: tiny, seq_len: 32, max_steps: 3, device: cuda}\n"
+                                       "matrix: {method: [full, lora]}\n")
+    argv = ["bench", str(tmp_path / "gpu.yaml"), "--output-dir", str(tmp_path / "out")]
+    dry = subprocess.run([sys.executable, "-m", "ftprof", *argv, "--dry-run"], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=60)
+    assert dry.returncode == 0 and "2 experiments" in dry.stdout, dry.stdout + dry.stderr
+    assert "not on this machine: " in dry.stdout and "--device cuda: this machine has no NVIDIA GPU" in dry.stdout
+    (real,) = _run([argv], tmp_path)
+    assert real["code"] == 2 and "--device cuda: this machine has no NVIDIA GPU" in real["stderr"], real
+    assert not list((tmp_path / "out").glob("*/result.json"))  # nothing ran
+
+
 @pytest.mark.slow  # (over 2 s: CI's tier)
 def test_wait_waits_for_the_holder_then_runs_holding_the_directory(tmp_path):
     """--wait: the lock bench takes up front is waited for (saying whose), and held while the sweep runs; an
