@@ -1,7 +1,8 @@
 """The lean ops' Triton kernels (models/lean_kernels.py) on a real GPU: each op (``ftprof::swiglu_lora_a``,
 ``ftprof::rmsnorm_lora_a``), which launches them on CUDA, against autograd on the eager computation it replaces,
 at llama-8b's widths. bf16: nearly every value the same bits (the kernels round where eager rounds; exp and rsqrt may
-differ in the last fp32 bit), none further than a bf16 step; fp32: within 1e-5. Run with ``pytest -m gpu``."""
+differ in the last fp32 bit), none further than a bf16 step of the largest; fp32: within 1e-5 of the largest.
+Run with ``pytest -m gpu``."""
 
 import pytest
 import torch
@@ -54,11 +55,15 @@ def _outputs_and_grads(fn, inputs, trained):
 
 
 def _check(got, want, dtype):
+    """Close relative to each tensor's scale: the sums (A's gradient over 2,000 tokens, the norm's row sums) add in
+    another order than eager's, and a value near zero in a tensor of hundreds is off by the others' rounding (first
+    GPU run: 3e-5 in fp32 beside values of 80, one bf16 step of a value of 40)."""
     for g, w in zip(got, want, strict=True):
+        scale = w.abs().max().item()
         if dtype == torch.float32:
-            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5 * scale)
             continue
-        torch.testing.assert_close(g, w, rtol=1.6e-2, atol=1e-3)  # within a bf16 step (matmul outputs: cuBLAS's)
+        torch.testing.assert_close(g, w, rtol=1.6e-2, atol=4e-3 * scale)  # within a bf16 step of the largest
         same = (g.view(torch.int16) == w.view(torch.int16)).float().mean().item()
         assert same >= 0.99, same  # a rounding left out would differ in a third or more
 

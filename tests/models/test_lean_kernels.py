@@ -55,3 +55,30 @@ CHILD = textwrap.dedent('''
 def test_the_kernels_are_the_torch_ops_in_tritons_interpreter():
     done = run_in_interpreter(CHILD)
     assert done.returncode == 0 and "close" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("op", ["swiglu", "rmsnorm"])
+def test_the_ops_backward_traces_with_fake_cuda_tensors_when_the_kernels_are_on(op, monkeypatch):
+    """--compile traces the lean ops' autograd formulas with fake tensors: with the kernels on, their launches must
+    be ops with a fake implementation (a Triton launch on fake tensors failed that trace on the GPU, and the compiled
+    layers fell back to slower code). Fake CUDA tensors need no GPU; the formula is called as the trace calls it."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ftprof.models import lean_kernels, lean_mlp, lean_norm
+
+    monkeypatch.setattr(lean_kernels, "ON_CUDA", True)
+    with FakeTensorMode():
+        cuda = {"device": "cuda", "dtype": torch.bfloat16}
+        if op == "swiglu":
+            saved = (torch.empty(2, 8, 64, **cuda), torch.empty(2, 8, 64, **cuda), torch.empty(4, 64, **cuda))
+            ctx, backward, width = SimpleNamespace(saved_tensors=saved), lean_mlp._backward, 64
+        else:
+            saved = (torch.empty(2, 8, 64, **cuda), torch.empty(64, **cuda), torch.empty(12, 64, **cuda))
+            ctx, backward, width = SimpleNamespace(saved_tensors=saved, eps=1e-5), lean_norm._backward, 64
+        grads = backward(ctx, torch.empty(2, 8, width, **cuda), torch.empty(2, 8, saved[-1].shape[0], **cuda))
+    wanted = [saved[0].shape, saved[1].shape, saved[2].shape] if op == "swiglu" else [saved[0].shape, None, None,
+                                                                                       saved[2].shape]
+    assert [None if g is None else g.shape for g in grads] == wanted
