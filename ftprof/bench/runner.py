@@ -160,6 +160,10 @@ def killed_by(signum: int, before: dict[str, int], after: dict[str, int]) -> tup
 
 def gpu_slots() -> list[str]:
     """Visible GPUs as CUDA_VISIBLE_DEVICES entries (no CUDA context is created in this process)."""
+    from ftprof.checks import host_has_cuda
+
+    if not host_has_cuda():  # no NVIDIA driver: no GPU, said without importing torch
+        return []
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     try:
         import torch

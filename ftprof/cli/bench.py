@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -126,12 +127,8 @@ def bench_command(args: argparse.Namespace) -> int:
     check_same_sweep(sweep, out_dir)  # another sweep's results there: refused whatever the mode (run, plan, status)
     cannot_run_here = None
     if launcher.type == "local":  # the experiments run here: what this machine cannot run is refused now
-        try:
-            check_devices(sweep)
-        except ConfigError as exc:  # a dry run previews a GPU sweep anywhere (a laptop, a login node)
-            if not args.dry_run:
-                raise
-            cannot_run_here = str(exc)
+        # (a dry run previews a GPU sweep anywhere, a laptop or a login node: it says why, after the plan)
+        cannot_run_here = check_devices(sweep, preview=args.dry_run)
     console = make_console()
     if args.status:
         return status_command(console, sweep, out_dir)
@@ -267,19 +264,27 @@ def experiment_table(sweep, out_dir: Path) -> Table:
     return table
 
 
-def check_devices(sweep) -> None:
+def check_devices(sweep, preview: bool = False) -> str | None:
     """Each experiment's GPU-only options and --save-dir against this machine (no torch): one line naming the first
-    that cannot run, instead of launching it to fail."""
+    that cannot run, instead of launching it to fail. ``preview`` (a dry run): the first device problem is returned
+    instead (the plan is still worth printing); a --save-dir problem is refused all the same."""
     from ftprof.checks import check_device, check_save_dir
-    from ftprof.errors import ConfigError
 
+    device_problem = None
     for exp in sweep.experiments:
+        where = f"{sweep.path}: experiment {exp.name}"
         try:
             check_device(exp.config)
-            if exp.config.save.save_dir:  # written here after the cell trains: refused now if it cannot be
-                check_save_dir(exp.config, clean=False)
         except ConfigError as exc:
-            raise ConfigError(f"{sweep.path}: experiment {exp.name}: {exc}") from None
+            if not preview:
+                raise ConfigError(f"{where}: {exc}") from None
+            device_problem = device_problem or f"{where}: {exc}"
+        if exp.config.save.save_dir:  # written here after the cell trains: refused now if it cannot be
+            try:
+                check_save_dir(exp.config, clean=False)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
+    return device_problem
 
 
 def status_command(console: Console, sweep, out_dir: Path) -> int:
@@ -324,8 +329,6 @@ MAX_TABLE_ROWS = 500
 
 def dry_run(console: Console, sweep, out_dir: Path, planned, slots: list[str], launcher=None) -> None:
     """The plan as a table, then each experiment's replay command (plain lines: thousands print in a second)."""
-    import sys
-
     from ftprof.bench.runner import replay_command
 
     title = f"sweep {sweep.name}: {len(planned)} experiments -> {out_dir}"
