@@ -145,6 +145,18 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 # A decoder layer's output projection, by the names of the supported architectures (Llama, Mistral, Qwen: down_proj):
 # its output only joins the residual stream, which no tensor saved for backward depends on (--lean-recompute)
+def keeping_layers(count: int, policy: str, checkpointed: int | None, selective_rest: bool = False) -> range:
+    """Which of ``count`` decoder layers keep their activations: every one under none; those partial checkpointing
+    (on the first ``checkpointed``, full or selective) leaves out, unless --selective-rest runs them selective. The
+    lean options (--lean-activations, --lean-norms) trim what these keep and are applied to these alone
+    (engine/build.py); the planner prices them on these (plan/memory.kept_layers)."""
+    if policy == "none":
+        return range(count)
+    if checkpointed is None or selective_rest:
+        return range(0)
+    return range(min(checkpointed, count), count)
+
+
 OUTPUT_PROJECTIONS = ("down_proj", "w2", "fc2", "dense_4h_to_h")
 
 

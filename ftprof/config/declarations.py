@@ -159,15 +159,16 @@ DECLARED: tuple[Declared, ...] = (
              refuse=frozenset({"methods"})),
     # the SwiGLU product (models/lean_mlp.py) and the norms' outputs (models/lean_norm.py) formed again in backward
     # rather than kept: memory saved only where a layer keeps its activations, so the planner leaves them off where
-    # every layer is full-checkpointed. Measured on an H100 (llama-8b QLoRA 4 x 2048, Liger, CUDA graphs, no
-    # checkpointing, 2026-12-05): the product 40.85 -> 34.29 GiB, -2.7% tokens/s; both 30.35 GiB, -7.2%
+    # every layer is full-checkpointed (and the engine applies them to the layers that keep their activations
+    # alone). Measured on an H200 with their Triton kernels (llama-8b QLoRA 4 x 2048, Liger, CUDA graphs, no
+    # checkpointing, round 30): the product 40.85 -> 33.85 GiB, -1.1% tokens/s; both 29.91 GiB, -2.3%
     Declared("lean_activations", "method", frozenset({"speed", "activations"}), False, methods=LORA_METHODS,
              family="lora", refuse=frozenset({"methods"}), word="lean-act", planner_values=(False, True), unprobed=True,
-             speed_cost=0.027, cost_in_kept_layers=True, planner_avoid=_LEAN_AVOID,
+             speed_cost=0.011, cost_in_kept_layers=True, planner_avoid=_LEAN_AVOID,
              excludes=(Excludes(When("lora_addmm", (ON,)), "{flag} and {other} " + _ADAPTER),)),
     Declared("lean_norms", "method", frozenset({"speed", "activations"}), False, methods=LORA_METHODS,
              family="lora", refuse=frozenset({"methods"}), word="lean-norm", planner_values=(False, True),
-             unprobed=True, speed_cost=0.046, cost_in_kept_layers=True, planner_avoid=_LEAN_AVOID,
+             unprobed=True, speed_cost=0.012, cost_in_kept_layers=True, planner_avoid=_LEAN_AVOID,
              # the norm hands its A slices to the group's shared A matmul, which joined projections do not take
              void_when=(When("lora_fused_a", (False,)), When("lora_fused_projections", (True,))),
              excludes=(Excludes(When("lora_addmm", (ON,)), "{flag} and {other} " + _ADAPTER),)),

@@ -11,8 +11,11 @@ each output.
 The arithmetic is the torch ops', in fp32, rounded to the run's dtype wherever eager rounds an intermediate (silu
 before the product, the summed gradient, mul's gradient; the norm's normalized value before the weight). The GPU
 tests check the kernels against the torch ops (tests/gpu/test_gpu_lean_kernels.py), the CPU tests in Triton's
-interpreter (tests/models/test_lean_kernels.py). Off CUDA the ops run their torch ops; on CUDA too unless ``ON_CUDA``
-(below: not yet checked on a GPU).
+interpreter (tests/models/test_lean_kernels.py). Off CUDA the ops run their torch ops.
+
+Measured on an H200 (llama-8b QLoRA 4 x 2048, Liger, CUDA graphs, no checkpointing; BENCHMARKS.md round 30): the
+product costs 1.1% tokens/s with them, both options 2.3% (as torch ops on an H100, round 29: 2.7% and 7.2%; not
+rerun as torch ops on the H200).
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ import os
 
 import torch
 
-# Whether the lean ops launch these kernels on CUDA (else their torch ops there too). Off until their GPU tests
-# (tests/gpu/test_gpu_lean_kernels.py and the lean cases of test_gpu_fast_paths.py) have passed on a GPU: no GPU could
-# be had in the session that wrote them. FTPROF_LEAN_KERNELS=1 turns them on (benchmarks/lean_activations.sh does).
-ON_CUDA = os.environ.get("FTPROF_LEAN_KERNELS") == "1"
+# Whether the lean ops launch these kernels on CUDA (else their torch ops there too). On since their GPU checks
+# passed on an H200 (round 30: tests/gpu/test_gpu_lean_kernels.py, and the lean cases of test_gpu_fast_paths.py with
+# them on); FTPROF_LEAN_KERNELS=0 runs the torch ops instead (to compare, or to rule the kernels out).
+ON_CUDA = os.environ.get("FTPROF_LEAN_KERNELS", "1") != "0"
 ELEMENTS = 2048  # values a program of the elementwise kernels
 WARPS = 8
 

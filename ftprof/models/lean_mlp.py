@@ -16,7 +16,7 @@ partitioner cannot choose to save the product instead.
 
 What it costs: the elementwise pass in backward, and under --compile the product is no longer fused into the
 kernels around it (the FP8 input quantization of the down projection reads it from memory). The op's
-elementwise work as one Triton kernel each way: models/lean_kernels.py (off until checked on a GPU). The MLP is PEFT's
+elementwise work as one Triton kernel each way on CUDA: models/lean_kernels.py. The MLP is PEFT's
 computation otherwise: ``base(x) + B(A(x)) * scale`` with the base layer's own forward (bitsandbytes, FP8,
 --lean-recompute's op), so it composes with the options that change the base.
 

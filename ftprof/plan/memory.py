@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ftprof.config import declarations
-from ftprof.metrics import logits_gradient_bytes
+from ftprof.metrics import keeping_layers, logits_gradient_bytes
 from ftprof.plan.candidates import REST, Candidate
 from ftprof.plan.probe import ProbeResult, gptq_bytes, nf4_bytes
 
@@ -245,11 +245,7 @@ def lean_bytes(probe: ProbeResult, cand: Candidate, shape: Shape) -> int:
 def kept_layers(layers: int, cand: Candidate) -> int:
     """Of ``layers`` decoder layers, those that keep their activations: every one under none, those partial
     checkpointing (full or selective) leaves unchecked, unless --selective-rest runs them selective."""
-    if rest_policy(cand) == "selective":
-        return 0
-    checked = 0 if cand.checkpointing == "none" else layers if cand.checkpoint_layers is None else \
-        cand.checkpoint_layers
-    return max(0, layers - checked)
+    return len(keeping_layers(layers, cand.checkpointing, cand.checkpoint_layers, rest_policy(cand) == "selective"))
 
 
 def _selective_layers(probe: ProbeResult, cand: Candidate) -> int:

@@ -10,12 +10,16 @@ import dataclasses
 
 import pytest
 
+from ftprof.config import declarations
 from ftprof.metrics import GIB
 from ftprof.plan import budget, memory
 from ftprof.plan.predict import option_costs
 from tests.conftest import two_step_grads
 from tests.data_files import save_checkpoint
 from tests.plan.planners import planner_for
+
+ACT_COST = declarations.BY_NAME["lean_activations"].speed_cost  # their measured costs
+NORM_COST = declarations.BY_NAME["lean_norms"].speed_cost
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +41,7 @@ def test_their_cost_is_paid_on_the_layers_left_unchecked(deep):
     assert memory.kept_layers(8, dataclasses.replace(cand, checkpointing="none")) == 8
     selective = dataclasses.replace(cand, checkpointing="selective")
     assert [memory.kept_layers(8, dataclasses.replace(selective, checkpoint_layers=n)) for n in (None, 5)] == [0, 3]
-    assert option_costs(lean, 2 / 8) == pytest.approx((1 - 0.027 / 4) * (1 - 0.046 / 4))
+    assert option_costs(lean, 2 / 8) == pytest.approx((1 - ACT_COST / 4) * (1 - NORM_COST / 4))
     assert option_costs(lean.with_option("fp8_base"), 0.0) == 1.0  # (FP8 declares no cost)
 
 
