@@ -162,7 +162,7 @@ def transient_bytes(probe: ProbeResult, cand: Candidate, shape: Shape, freed: in
         logits = tokens * shape.vocab * shape.dtype_bytes
     recompute = 0
     if cand.checkpointing == "full":
-        recompute = int(recomputed_per_token(probe, cand, shape) * tokens)  # the layer (or half) being recomputed
+        recompute = int(probe.per_layer.activations["none"] * tokens)  # the layer being recomputed
         quantized = cand.method == "gptq-lora" or (cand.method == "qlora" and shape.keeps_dequantized)
         if quantized:
             recompute += probe.linear_bytes  # the layer's 4-bit weights dequantized to the run dtype
@@ -171,21 +171,6 @@ def transient_bytes(probe: ProbeResult, cand: Candidate, shape: Shape, freed: in
     # partial checkpointing the unchecked layers' activations are gone by the first recomputation (mistral-7b QLoRA,
     # full on 19 of 32, H200: 0.0-0.85 GiB above the activations measured, 1.41 predicted without this).
     return max(logits, recompute - freed)
-
-
-def recomputed_per_token(probe: ProbeResult, cand: Candidate, shape: Shape) -> float:
-    """The activations one recomputation holds, bytes a token: a layer's, or under --lean-recompute with
-    --offload-checkpoints on layers that split (models/split_layer.py) the larger half's: backward recomputes one
-    half at a time. The MLP half keeps its norm's output, gate, up and their product; the attention half the rest.
-    llama-8b QLoRA 4 x 2048: 0.38 GiB less predicted, 0.36 GiB less peak measured (H100, round 28)."""
-    per = probe.per_layer
-    layer = per.activations["none"]
-    halves = (cand.option("lean_recompute") and cand.option("offload_checkpoints")
-              and per.matmul_recomputed_split < per.matmul_recomputed_lean and shape.mlp_product_bytes_per_token)
-    if not halves:
-        return layer
-    mlp_half = min(layer, shape.layer_input_bytes_per_token + 3 * shape.mlp_product_bytes_per_token)
-    return max(mlp_half, layer - mlp_half)
 
 
 def predict_memory(probe: ProbeResult, cand: Candidate, shape: Shape, factor: float = 1.0,

@@ -40,19 +40,3 @@ def test_liger_s_fused_loss_holds_a_working_set_of_its_chunks(deep):
     shape = p.shape(cand)
     expected = int(memory.FUSED_LOSS_WORKSET * 4 * 256 * shape.layer_input_bytes_per_token)
     assert memory.transient_bytes(p.probe(cand.method), cand, shape) == expected > 0
-
-
-def test_layers_in_two_halves_recompute_the_larger_half(deep):
-    """--lean-recompute with --offload-checkpoints (models/split_layer.py): backward recomputes one half at a time,
-    so the transient is the larger half's activations, not the layer's (H100: 0.36 GiB less peak measured)."""
-    p, cand = _planner(deep, checkpointing="full", lean_recompute=True, offload_checkpoints=True)
-    probe, shape = p.probe(cand.method), p.shape(cand)
-    layer = probe.per_layer.activations["none"]
-    halves = memory.recomputed_per_token(probe, cand, shape)
-    mlp_half = shape.layer_input_bytes_per_token + 3 * shape.mlp_product_bytes_per_token
-    assert 0 < mlp_half < layer and halves == max(mlp_half, layer - mlp_half) < layer
-    for whole in ({"lean_recompute": True}, {"offload_checkpoints": True}):  # the layer is not split
-        other = dataclasses.replace(cand, options=tuple(sorted(whole.items())))
-        assert memory.recomputed_per_token(probe, other, shape) == layer
-    lean_only = dataclasses.replace(cand, options=(("lean_recompute", True),))
-    assert memory.transient_bytes(probe, cand, shape) < memory.transient_bytes(probe, lean_only, shape)
