@@ -151,7 +151,7 @@ class MethodConfig:
         values.update({name: None for name in inapplicable_options(method)}, method=method)
         return MethodConfig(**values).resolved(run_dtype, preset=preset)
 
-    def _fused_a(self) -> bool:
+    def fused_a_runs(self) -> bool:
         """--lora-fused-a as it runs: on unless asked off, or --lora-addmm (which replaces the same forward), or
         --kbit-prepare (the textbook recipe runs PEFT's forward as it is)."""
         if self.lora_fused_a is not None:
@@ -177,7 +177,7 @@ class MethodConfig:
             values.update(lora_r=r, lora_alpha=self.lora_alpha if self.lora_alpha is not None else 2.0 * r,
                           lora_dropout=self.lora_dropout or 0.0,
                           lora_targets=self.lora_targets or DEFAULT_LORA_TARGETS,
-                          lora_addmm=bool(self.lora_addmm), lora_fused_a=self._fused_a(),
+                          lora_addmm=bool(self.lora_addmm), lora_fused_a=self.fused_a_runs(),
                           lean_activations=bool(self.lean_activations), lean_norms=bool(self.lean_norms))
         if self.method in ("lora", "qlora"):
             values.update(lora_fused_projections=bool(self.lora_fused_projections), fp8_base=bool(self.fp8_base))

@@ -230,7 +230,7 @@ class Planner:
                             torch_dtype(self.dtype).itemsize, fp8,
                             config.hidden_size * torch_dtype(self.dtype).itemsize, self.host_embedding_bytes,
                             (getattr(config, "intermediate_size", 0) or 0) * torch_dtype(self.dtype).itemsize,
-                            2 * config.hidden_size * torch_dtype(self.dtype).itemsize if m.lora_fused_a else 0)
+                            2 * config.hidden_size * torch_dtype(self.dtype).itemsize if m.fused_a_runs() else 0)
 
     @property
     def host_embedding_bytes(self) -> int:
