@@ -30,8 +30,12 @@ SOURCES = ("*-fast-paths*-raw_summary.csv", "*-h200x2-targets-raw_summary.csv", 
            "*-h200-peers-rest-raw_summary.csv", "*-h200-compiled-checkpoint-raw_summary.csv",
            "*-h200-traced-fp8-raw_summary.csv", "*-h200-fp8-budgets-raw_summary.csv",
            "*-h200-fp8-partial-raw_summary.csv", "*-h200-traced-backward-raw_summary.csv",
-           "*-h200-fp8-tiles-raw_summary.csv", "*-h200-selective-compiled-raw_summary.csv")
-# Not sources: the same-call "before" rows (the code before a change), and round 23's hold-out plan at 24 GiB
+           "*-h200-fp8-tiles-raw_summary.csv", "*-h200-selective-compiled-raw_summary.csv",
+           "*-h200-lean-kernels-raw_summary.csv", "*-h200-micro-batch-prefetch-raw_summary.csv",
+           "*-h200-budget-cells-raw_summary.csv")
+# Not sources: the same-call "before" rows (the code before a change), round 30's lean rows from before a fix
+# (...-lean-kernels-broken-trace-..., and ...-lean-all-layers-...: the option then on every layer), and round 23's
+# hold-out plan at 24 GiB
 # (...-plan-holdout-r23-...), whose call ran slow: its two cells run again in the next call went 6% and 22% faster,
 # with steady steps (docs/measurements/HISTORY.md).
 # Runs of a few tokens per micro-batch (benchmarks/sweeps/host-floor.yaml): the host floor, not speed rows.

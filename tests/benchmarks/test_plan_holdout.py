@@ -20,9 +20,9 @@ def test_every_shipped_row_is_a_configuration_of_its_own_class():
     for row in rows:
         cfg = RunConfig.from_flat(plan_holdout.flat_config(row))
         cand = of_config(cfg)
-        values = {**dict(cand.options), "method": cand.method, "kernels": cand.kernels, "compile": cand.compile}
+        # (the planner's own key: cand.values() holds the policy, which options such as --selective-rest need)
         key = calibration.ClassKey(cand.method, cand.checkpointing, cand.kernels, cand.compile,
-                                   calibration.speed_class_options(values))
+                                   calibration.speed_class_options(cand.values()))
         assert key == calibration.class_key(row), row["experiment"]
         assert cand.batch_size * cfg.data.seq_len == row["micro_batch_tokens"]
 
