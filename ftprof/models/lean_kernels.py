@@ -42,8 +42,15 @@ def _kernels():
 
 
 def wanted(t: torch.Tensor) -> bool:
-    """Whether an op on ``t`` launches the kernels."""
-    return ON_CUDA and t.is_cuda
+    """Whether an op on ``t`` launches the kernels (on CUDA where Triton is installed: else the torch ops)."""
+    return ON_CUDA and t.is_cuda and _have_triton()
+
+
+@functools.cache
+def _have_triton() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
 
 
 def _device(t: torch.Tensor):

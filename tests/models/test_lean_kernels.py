@@ -70,6 +70,7 @@ def test_the_ops_backward_traces_with_fake_cuda_tensors_when_the_kernels_are_on(
     from ftprof.models import lean_kernels, lean_mlp, lean_norm
 
     monkeypatch.setattr(lean_kernels, "ON_CUDA", True)
+    monkeypatch.setattr(lean_kernels, "_have_triton", lambda: True)  # (the launch is never reached: a fake op)
     with FakeTensorMode():
         cuda = {"device": "cuda", "dtype": torch.bfloat16}
         if op == "swiglu":
@@ -82,3 +83,19 @@ def test_the_ops_backward_traces_with_fake_cuda_tensors_when_the_kernels_are_on(
     wanted = [saved[0].shape, saved[1].shape, saved[2].shape] if op == "swiglu" else [saved[0].shape, None, None,
                                                                                        saved[2].shape]
     assert [None if g is None else g.shape for g in grads] == wanted
+
+
+def test_without_triton_the_ops_run_their_torch_ops_on_cuda(monkeypatch):
+    """A CUDA machine without Triton (it is torch's dependency on Linux x86, not everywhere): the torch ops."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ftprof.models import lean_kernels
+
+    monkeypatch.setattr(lean_kernels, "ON_CUDA", True)
+    with FakeTensorMode():
+        cuda = torch.empty(2, 4, device="cuda")
+    monkeypatch.setattr(lean_kernels, "_have_triton", lambda: False)
+    assert not lean_kernels.wanted(cuda)
+    monkeypatch.setattr(lean_kernels, "_have_triton", lambda: True)
+    assert lean_kernels.wanted(cuda) and not lean_kernels.wanted(torch.empty(2, 4))
