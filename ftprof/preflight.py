@@ -10,6 +10,7 @@ import dataclasses
 import importlib.util
 import math
 
+from ftprof import runtime
 from ftprof.checks import check_layer_count, check_packages, cuda_only_problem
 from ftprof.config import RunConfig
 from ftprof.config.evaluation import eval_data_config
@@ -242,20 +243,14 @@ def _check_tokenizer(source: ModelSource, dataset: str) -> None:
         check_tokenizer(source.name, dataset)
 
 
-def _triton_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("triton") is not None
-
-
 def _triton_dequantizes(cfg: RunConfig, device) -> bool:
     """Whether --dequant-kernel auto picks ftprof's Triton kernel: on CUDA with Triton, unless --compile-dequant
     has torch ops do the dequantizing."""
-    return device.type == "cuda" and _triton_installed() and not cfg.model.compile_dequant
+    return device.type == "cuda" and runtime.triton_installed() and not cfg.model.compile_dequant
 
 
 def _check_triton() -> None:
-    if not _triton_installed():
+    if not runtime.triton_installed():
         raise ConfigError("--dequant-kernel triton: Triton is not installed (pip install triton)")
 
 

@@ -9,6 +9,7 @@ initialised, restores it after any such import, and records what was in effect (
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -43,6 +44,15 @@ warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", categ
 # import, which comes before theirs (the engine imports torch, transformers and datasets later).
 _OFF_TERMINAL_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
                      "TQDM_DISABLE": "1", "LOGBAR_ANIMATION": "0"}
+
+
+@functools.cache
+def triton_installed() -> bool:
+    """Whether Triton can be imported (torch's dependency on Linux x86, not everywhere): ftprof's Triton kernels
+    run only where it is (--dequant-kernel triton, the lean ops' kernels)."""
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
 
 
 def is_terminal(stream=None) -> bool:

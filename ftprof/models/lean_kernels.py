@@ -26,6 +26,8 @@ import os
 
 import torch
 
+from ftprof import runtime
+
 # Whether the lean ops launch these kernels on CUDA (else their torch ops there too). On since their GPU checks
 # passed on an H200 (round 30: tests/gpu/test_gpu_lean_kernels.py, and the lean cases of test_gpu_fast_paths.py with
 # them on); FTPROF_LEAN_KERNELS=0 runs the torch ops instead (to compare, or to rule the kernels out).
@@ -43,14 +45,7 @@ def _kernels():
 
 def wanted(t: torch.Tensor) -> bool:
     """Whether an op on ``t`` launches the kernels (on CUDA where Triton is installed: else the torch ops)."""
-    return ON_CUDA and t.is_cuda and _have_triton()
-
-
-@functools.cache
-def _have_triton() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("triton") is not None
+    return ON_CUDA and t.is_cuda and runtime.triton_installed()
 
 
 def _device(t: torch.Tensor):

@@ -10,7 +10,7 @@ Here the norm and the group's A matmul are one op, ``ftprof::rmsnorm_lora_a``: i
 and A, and forms the norm's output again in backward for A's gradient (one pass over tokens x hidden). The norm is
 HF's RMSNorm formula (Llama, Mistral, Qwen2, Qwen3: fp32 statistics, the run dtype's output times the weight) and
 the backward is autograd's formulas for it in autograd's order: the same bits on the CPU (tests). One Triton kernel
-each way: models/lean_kernels.py (off until checked on a GPU). The group's A
+each way on CUDA: models/lean_kernels.py. The group's A
 outputs are handed to its projections as fused A hands them between siblings, so the projections run as before.
 
 Applied where the group shares one A matmul (--lora-fused-a, on by default) and its projections are not joined

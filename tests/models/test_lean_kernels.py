@@ -67,19 +67,20 @@ def test_the_ops_backward_traces_with_fake_cuda_tensors_when_the_kernels_are_on(
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from ftprof import runtime
     from ftprof.models import lean_kernels, lean_mlp, lean_norm
 
     monkeypatch.setattr(lean_kernels, "ON_CUDA", True)
-    monkeypatch.setattr(lean_kernels, "_have_triton", lambda: True)  # (the launch is never reached: a fake op)
+    monkeypatch.setattr(runtime, "triton_installed", lambda: True)  # (the launch is never reached: a fake op)
     with FakeTensorMode():
         cuda = {"device": "cuda", "dtype": torch.bfloat16}
         if op == "swiglu":
             saved = (torch.empty(2, 8, 64, **cuda), torch.empty(2, 8, 64, **cuda), torch.empty(4, 64, **cuda))
-            ctx, backward, width = SimpleNamespace(saved_tensors=saved), lean_mlp._backward, 64
+            ctx, backward = SimpleNamespace(saved_tensors=saved), lean_mlp._backward
         else:
             saved = (torch.empty(2, 8, 64, **cuda), torch.empty(64, **cuda), torch.empty(12, 64, **cuda))
-            ctx, backward, width = SimpleNamespace(saved_tensors=saved, eps=1e-5), lean_norm._backward, 64
-        grads = backward(ctx, torch.empty(2, 8, width, **cuda), torch.empty(2, 8, saved[-1].shape[0], **cuda))
+            ctx, backward = SimpleNamespace(saved_tensors=saved, eps=1e-5), lean_norm._backward
+        grads = backward(ctx, torch.empty(2, 8, 64, **cuda), torch.empty(2, 8, saved[-1].shape[0], **cuda))
     wanted = [saved[0].shape, saved[1].shape, saved[2].shape] if op == "swiglu" else [saved[0].shape, None, None,
                                                                                        saved[2].shape]
     assert [None if g is None else g.shape for g in grads] == wanted
@@ -90,12 +91,13 @@ def test_without_triton_the_ops_run_their_torch_ops_on_cuda(monkeypatch):
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from ftprof import runtime
     from ftprof.models import lean_kernels
 
     monkeypatch.setattr(lean_kernels, "ON_CUDA", True)
     with FakeTensorMode():
         cuda = torch.empty(2, 4, device="cuda")
-    monkeypatch.setattr(lean_kernels, "_have_triton", lambda: False)
+    monkeypatch.setattr(runtime, "triton_installed", lambda: False)
     assert not lean_kernels.wanted(cuda)
-    monkeypatch.setattr(lean_kernels, "_have_triton", lambda: True)
+    monkeypatch.setattr(runtime, "triton_installed", lambda: True)
     assert lean_kernels.wanted(cuda) and not lean_kernels.wanted(torch.empty(2, 4))
