@@ -13,8 +13,10 @@ and puts the module back as it was when the run is done, so a later eager run in
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
+import os
 
 from ftprof.errors import ConfigError
 
@@ -36,6 +38,13 @@ def check_liger(model_type: str | None) -> None:
 
 
 FUSED_LOSS = "fused_linear_cross_entropy"
+# Liger's fused loss runs the head's matmul over chunks of tokens, sized so that one chunk's logits take about
+# chunk_mem_const x tokens x hidden values: by default (1) 64-token chunks at llama-8b's vocabulary and micro-batch
+# 1 x 2048, small matmuls that cost 10% of a step (FP8 1 x 4 CUDA graphs, H200: 16,240 tokens/s, 17,839 with the
+# unchunked loss). ftprof asks for chunks of up to LOSS_CHUNK_TOKENS tokens instead
+# (benchmarks/liger_loss_chunks.py); FTPROF_LOSS_CHUNK_TOKENS=0 keeps Liger's default.
+LOSS_CHUNK_TOKENS = int(os.environ.get("FTPROF_LOSS_CHUNK_TOKENS", "2048"))
+_LOSS_MODULES = {"llama": "liger_kernel.transformers.model.llama", "mistral": "liger_kernel.transformers.model.mistral"}
 BLOCK_KERNELS = ("rms_norm", "swiglu", "rope")
 
 
@@ -62,9 +71,38 @@ def patched(kernels: str, model_type: str | None, compiled_blocks: bool = False)
 
     getattr(liger, apply_name)(rope=blocks, rms_norm=blocks, swiglu=blocks, cross_entropy=False,
                                fused_linear_cross_entropy=True)
+    loss_module = importlib.import_module(_LOSS_MODULES[model_type])
+    saved_loss = loss_module.LigerForCausalLMLoss
+    if LOSS_CHUNK_TOKENS > 0:
+        loss_module.LigerForCausalLMLoss = functools.partial(_chunked_loss, saved_loss)
     try:
         yield [*(BLOCK_KERNELS if blocks else ()), FUSED_LOSS]
     finally:
         for name, value in saved.items():
             setattr(module, name, value)
         causal_lm.forward = saved_forward
+        loss_module.LigerForCausalLMLoss = saved_loss
+
+
+def _chunked_loss(liger_loss, *args, hidden_states, lm_head_weight, hidden_size: int, **kwargs):
+    """Liger's causal-LM loss with the transient-logits budget that gives chunks of up to LOSS_CHUNK_TOKENS."""
+    tokens = hidden_states.numel() // hidden_size
+    kwargs.setdefault("chunk_mem_const",
+                      loss_budget(tokens, lm_head_weight.shape[0], hidden_size, LOSS_CHUNK_TOKENS))
+    return liger_loss(*args, hidden_states=hidden_states, lm_head_weight=lm_head_weight, hidden_size=hidden_size,
+                      **kwargs)
+
+
+def loss_chunk_tokens(tokens: int, vocab: int, hidden: int, budget: int) -> int:
+    """The tokens in each chunk of Liger's fused loss for ``budget`` (its chunk_mem_const; Liger 0.8.5's formula:
+    the next power of two of tokens / ceil(vocab / (budget x hidden)), at most ``tokens``)."""
+    parts = -(-vocab // (budget * hidden))
+    return min(1 << (max(1, -(-tokens // parts)) - 1).bit_length(), tokens)
+
+
+def loss_budget(tokens: int, vocab: int, hidden: int, most_tokens: int) -> int:
+    """The largest budget (chunk_mem_const) whose chunks hold at most ``most_tokens`` tokens (1 if none does)."""
+    budget, whole = 1, -(-vocab // hidden)  # at ``whole`` one chunk would hold every token
+    while budget < whole and loss_chunk_tokens(tokens, vocab, hidden, budget + 1) <= most_tokens:
+        budget += 1
+    return budget

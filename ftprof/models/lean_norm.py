@@ -124,9 +124,14 @@ def _members(parent, names) -> tuple:
 
 
 def _is_rmsnorm(norm: nn.Module) -> bool:
-    """HF's RMSNorm of these families (a weight and variance_epsilon; Gemma's 1 + weight is another formula)."""
-    return type(norm).__name__ in ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm") \
-        and isinstance(getattr(norm, "weight", None), torch.Tensor) and not norm.weight.requires_grad
+    """HF's RMSNorm of these families (a weight and variance_epsilon; Gemma's 1 + weight is another formula), or
+    Liger's in its Llama casting mode without an offset (--kernels liger: the same formula, fp32 statistics, the
+    output cast before the weight's product)."""
+    name = type(norm).__name__
+    hf = name in ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+    liger = name == "LigerRMSNorm" and getattr(norm, "offset", None) == 0.0 \
+        and getattr(norm, "casting_mode", None) == "llama"
+    return (hf or liger) and isinstance(getattr(norm, "weight", None), torch.Tensor) and not norm.weight.requires_grad
 
 
 def _lean_forward(own_forward):

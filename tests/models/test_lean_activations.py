@@ -258,3 +258,27 @@ def test_joined_projections_keep_their_norms_whole(tmp_path):
     assert sum(getattr(m, lean_mlp.MARK, False) for m in built.model.modules()) == 2
     for before, after in zip(joined, lean, strict=True):
         assert max(float((after[k] - g).abs().max() / g.abs().max()) for k, g in before.items()) < 1e-5
+
+
+def test_ligers_norms_get_the_lean_forward_and_give_hfs_outputs(tmp_path):
+    """--kernels liger replaces the norms by LigerRMSNorm (Llama casting mode, no offset: HF's formula). They get the
+    lean forward as HF's do, and the model's logits stay the HF norms' (the op's torch side on the CPU)."""
+    liger_norm = pytest.importorskip("liger_kernel.transformers.rms_norm")
+    _, built = build_run(tiny_config(tmp_path, "lora", dtype="float32"))
+    ids = torch.randint(0, built.model.config.vocab_size, (2, 16))
+    with torch.no_grad():
+        before = built.model(input_ids=ids).logits
+    layers = metrics.decoder_layers(built.model)
+    for layer in layers:
+        for name in lean_norm.NORMS.values():
+            hf = getattr(layer, name)
+            liger = liger_norm.LigerRMSNorm(hf.weight.shape[0], eps=hf.variance_epsilon)
+            liger.weight.data.copy_(hf.weight.data)
+            liger.weight.requires_grad_(False)
+            setattr(layer, name, liger)
+    assert lean_norm.attach(layers) == 2 * len(layers)
+    with torch.no_grad():
+        assert torch.equal(built.model(input_ids=ids).logits, before)
+    gemma_like = liger_norm.LigerRMSNorm(8, offset=1.0, casting_mode="gemma")
+    gemma_like.weight.requires_grad_(False)
+    assert not lean_norm._is_rmsnorm(gemma_like)
