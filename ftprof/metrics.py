@@ -143,20 +143,24 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
             and any(p.numel() for p in m.parameters())]
 
 
+def some_layers_keep(policy: str, checkpointed: int | None, selective_rest: bool = False) -> bool:
+    """Whether any decoder layer keeps its activations: under none every one; under partial checkpointing (full or
+    selective on the first ``checkpointed``) the rest, unless --selective-rest (with full) runs them selective."""
+    return policy == "none" or (checkpointed is not None and not (selective_rest and policy == "full"))
+
+
+def keeping_layers(count: int, policy: str, checkpointed: int | None, selective_rest: bool = False) -> range:
+    """Which of ``count`` decoder layers keep their activations (``some_layers_keep``). The lean options
+    (--lean-activations, --lean-norms) trim what these keep and are applied to these alone (engine/build.py); the
+    planner prices them on these (plan/memory.kept_layers) and tries them only where there are some
+    (config/declarations.py's ``kept_layers_only``)."""
+    if not some_layers_keep(policy, checkpointed, selective_rest):
+        return range(0)
+    return range(count) if policy == "none" else range(min(checkpointed, count), count)
+
+
 # A decoder layer's output projection, by the names of the supported architectures (Llama, Mistral, Qwen: down_proj):
 # its output only joins the residual stream, which no tensor saved for backward depends on (--lean-recompute)
-def keeping_layers(count: int, policy: str, checkpointed: int | None, selective_rest: bool = False) -> range:
-    """Which of ``count`` decoder layers keep their activations: every one under none; those partial checkpointing
-    (on the first ``checkpointed``, full or selective) leaves out, unless --selective-rest runs them selective. The
-    lean options (--lean-activations, --lean-norms) trim what these keep and are applied to these alone
-    (engine/build.py); the planner prices them on these (plan/memory.kept_layers)."""
-    if policy == "none":
-        return range(count)
-    if checkpointed is None or selective_rest:
-        return range(0)
-    return range(min(checkpointed, count), count)
-
-
 OUTPUT_PROJECTIONS = ("down_proj", "w2", "fc2", "dense_4h_to_h")
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftprof.config.options import CUDA_GRAPH_MODES, LORA_METHODS, METHODS
+from ftprof.metrics import some_layers_keep
 
 ON = "on"  # in ``When.values``: any value that is on (True, or a set non-empty value)
 # What an option can change. "activations": what autograd saves (the planner's activation factor is calibrated per
@@ -89,9 +90,9 @@ class Declared:
     unprobed: bool = False  # the planner's probe is built without it: its saving is computed (plan/memory.py)
     # the share of tokens/s it measured lost, priced where no run of it is in the calibration (plan/predict.py)
     speed_cost: float = 0.0
-    # its cost is paid in the layers that keep their activations only (measured with every layer keeping them):
-    # priced by their share of the layers
-    cost_in_kept_layers: bool = False
+    # it acts in the layers that keep their activations alone (metrics.keeping_layers): the planner does not try it
+    # where none does, and prices its cost (measured with every layer keeping them) by their share of the layers
+    kept_layers_only: bool = False
 
     @property
     def flag(self) -> str:
@@ -111,6 +112,9 @@ class Declared:
 
     def avoided(self, value: Any, values: Mapping[str, Any]) -> bool:
         """Whether the planner does not try ``value`` among these option values (``planner_avoid``)."""
+        if self.kept_layers_only and is_on(value) and not some_layers_keep(
+                values.get("checkpointing"), values.get("checkpoint_layers"), bool(values.get("selective_rest"))):
+            return True
         return any(value == avoid and holds_all(when, values) for when, avoid in self.planner_avoid)
 
     def needs_cuda(self, value: Any) -> bool:
@@ -121,10 +125,6 @@ _COMPILED = When("compile", (True,))
 _BASE = "each decide how the base weights are multiplied: pick one"
 _ADAPTER = "each replace PEFT's adapter forward: pick one"
 _DEQUANT = "each dequantize the 4-bit weights: pick one"
-# where a lean option saves nothing: every layer full-checkpointed, or selective (which keeps neither tensor)
-_LEAN_AVOID = (((When("checkpointing", ("full",)), When("checkpoint_layers", (None,))), True),
-               (When("checkpointing", ("selective",)), True))
-
 DECLARED: tuple[Declared, ...] = (
     Declared("dtype", "model", frozenset({"speed", "activations", "weights", "numerics"}), "bfloat16", word="dtype"),
     Declared("sdpa_backend", "model", frozenset({"speed"}), "auto", word="attn",
@@ -164,11 +164,11 @@ DECLARED: tuple[Declared, ...] = (
     # checkpointing, round 30): the product 40.85 -> 33.85 GiB, -1.1% tokens/s; both 29.91 GiB, -2.3%
     Declared("lean_activations", "method", frozenset({"speed", "activations"}), False, methods=LORA_METHODS,
              family="lora", refuse=frozenset({"methods"}), word="lean-act", planner_values=(False, True), unprobed=True,
-             speed_cost=0.011, cost_in_kept_layers=True, planner_avoid=_LEAN_AVOID,
+             speed_cost=0.011, kept_layers_only=True,
              excludes=(Excludes(When("lora_addmm", (ON,)), "{flag} and {other} " + _ADAPTER),)),
     Declared("lean_norms", "method", frozenset({"speed", "activations"}), False, methods=LORA_METHODS,
              family="lora", refuse=frozenset({"methods"}), word="lean-norm", planner_values=(False, True),
-             unprobed=True, speed_cost=0.012, cost_in_kept_layers=True, planner_avoid=_LEAN_AVOID,
+             unprobed=True, speed_cost=0.012, kept_layers_only=True,
              # the norm hands its A slices to the group's shared A matmul, which joined projections do not take
              void_when=(When("lora_fused_a", (False,)), When("lora_fused_projections", (True,))),
              excludes=(Excludes(When("lora_addmm", (ON,)), "{flag} and {other} " + _ADAPTER),)),

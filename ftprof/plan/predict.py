@@ -33,12 +33,12 @@ class Target:
 def option_costs(cand: Candidate, kept_share: float = 1.0) -> float:
     """What the candidate's options measured costing (their declarations' ``speed_cost``), as a factor on tokens/s:
     priced so where the calibration has no run of the candidate's own options to rate it by. ``kept_share``: the
-    share of the layers that keep their activations, where an option's cost is paid (``cost_in_kept_layers``)."""
+    share of the layers that keep their activations, where an option's cost is paid (``kept_layers_only``)."""
     factor = 1.0
     for name, value in cand.options:
         declared = declarations.BY_NAME.get(name)
         if declared is not None and declared.speed_cost and declarations.is_on(value):
-            factor *= 1.0 - declared.speed_cost * (kept_share if declared.cost_in_kept_layers else 1.0)
+            factor *= 1.0 - declared.speed_cost * (kept_share if declared.kept_layers_only else 1.0)
     return factor
 
 

@@ -284,3 +284,22 @@ def test_ligers_norms_get_the_lean_forward_and_give_hfs_outputs(tmp_path):
     gemma_like = liger_norm.LigerRMSNorm(8, offset=1.0, casting_mode="gemma")
     gemma_like.weight.requires_grad_(False)
     assert not lean_norm._is_rmsnorm(gemma_like)
+
+
+@pytest.mark.parametrize("values, tried", [
+    ({"checkpointing": "none"}, True),
+    ({"checkpointing": "full"}, False),
+    ({"checkpointing": "full", "checkpoint_layers": 20}, True),
+    ({"checkpointing": "full", "checkpoint_layers": 20, "selective_rest": True}, False),
+    ({"checkpointing": "selective"}, False),
+    ({"checkpointing": "selective", "checkpoint_layers": 20}, True),  # the rest run as none
+])
+def test_the_planner_tries_them_where_the_engine_applies_them(values, tried):
+    """One rule (metrics.keeping_layers) for where the run attaches them and where the planner tries them."""
+    kept = metrics.keeping_layers(32, values["checkpointing"], values.get("checkpoint_layers"),
+                                  values.get("selective_rest", False))
+    assert (len(kept) > 0) is tried
+    for name in ("lean_activations", "lean_norms"):
+        declared = declarations.BY_NAME[name]
+        assert declared.avoided(True, {"method": "qlora", **values}) is not tried
+        assert not declared.avoided(False, {"method": "qlora", **values})
