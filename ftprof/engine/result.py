@@ -12,7 +12,7 @@ from ftprof.data.formats import IGNORE_INDEX
 from ftprof.engine.build import Built
 from ftprof.engine.proof import TrainingCheck
 from ftprof.engine.trackers import FirstStepMemory, NvmlTracker, StepLog
-from ftprof.models import split_layer
+from ftprof.models import kernels, split_layer
 from ftprof.models.kernels import FUSED_LOSS
 from ftprof.profiling.memory import MemoryTracker, host_peak_rss
 from ftprof.resolved import ResolvedRun
@@ -151,7 +151,8 @@ def _checkpointing(built: Built) -> Checkpointing:
 
 def _compile(built: Built, kernels_applied: list[str], notes: list[str], wanted_sdpa: str) -> Compile:
     out = Compile(kernels_applied=list(kernels_applied), outcome=built.compiled,
-                  sdpa_backend_used=built.sdpa_backend_used)
+                  sdpa_backend_used=built.sdpa_backend_used,
+                  loss_chunk_tokens=kernels.LOSS_CHUNK_TOKENS if FUSED_LOSS in kernels_applied else None)
     if wanted_sdpa != "auto" and out.sdpa_backend_used not in (None, wanted_sdpa):
         notes.append(f"--sdpa-backend {wanted_sdpa}: SDPA cannot run it for this shape and runs "
                      f"{out.sdpa_backend_used}")

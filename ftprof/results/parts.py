@@ -354,6 +354,8 @@ class Compile(Part):
     outcome: Optional[CompileOutcome] = record(CompileOutcome, key="compile")  # --compile: blocks, compiled, fallback
     sdpa_backend_used: Optional[str] = None  # the attention kernel SDPA picks for the training shape (CUDA only)
     compile_time_s: Optional[float] = None  # the compile warm-up (first forward + backward), apart from step times
+    # --kernels liger: the most tokens a chunk of its fused loss holds (0: Liger's own sizing; models/kernels.py)
+    loss_chunk_tokens: Optional[int] = None
 
 
 @dataclass

@@ -42,3 +42,15 @@ def test_the_run_asks_liger_for_the_chunk_and_gives_the_loss_back(monkeypatch):
     monkeypatch.setattr(kernels, "LOSS_CHUNK_TOKENS", 0)  # Liger's own chunks
     with kernels.patched("liger", "llama"):
         assert llama.LigerForCausalLMLoss is recorder
+
+
+def test_a_run_records_the_chunks_its_fused_loss_ran_in(monkeypatch):
+    """result.json's compile.loss_chunk_tokens: what a kept run's loss ran as (runs before 2026-12-06: Liger's)."""
+    from types import SimpleNamespace
+
+    from ftprof.engine.result import _compile
+
+    built = SimpleNamespace(compiled=None, sdpa_backend_used=None)
+    monkeypatch.setattr(kernels, "LOSS_CHUNK_TOKENS", 1024)
+    assert _compile(built, [*kernels.BLOCK_KERNELS, kernels.FUSED_LOSS], [], "auto").loss_chunk_tokens == 1024
+    assert _compile(built, [], [], "auto").loss_chunk_tokens is None  # no fused loss

@@ -52,7 +52,7 @@ ADDED = {"eval_loss_first": None, "eval_loss_last": None, "eval_loss_best": None
 ADDED_TO_AUTO = {"offload": False, "host_embeddings": False, "selective_rest": False, "lean_recompute": False,
                  "lean_activations": False, "lean_norms": False}
 # keys added inside a part, after the key named
-ADDED_AFTER = {"kept_dequantized": {"split_layers": None}}
+ADDED_AFTER = {"kept_dequantized": {"split_layers": None}, "compile_time_s": {"loss_chunk_tokens": None}}
 _AT = FLAT_KEYS_V1.index("artifacts")
 FLAT_KEYS = [k for key in FLAT_KEYS_V1[:_AT] for k in [key, *ADDED_AFTER.get(key, {})]] + list(ADDED) \
     + FLAT_KEYS_V1[_AT:]
