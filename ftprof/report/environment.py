@@ -1,6 +1,6 @@
 """What differed between the machines two sets of runs measured on (env.json): threads, CPUs, GPU, driver, CUDA,
-library versions. A baseline verdict names these beside itself, since a 30x slower CPU sweep on 2 threads instead of
-64 is the machine, not the code."""
+library versions, ftprof's environment switches. A baseline verdict names these beside itself, since a 30x slower
+CPU sweep on 2 threads instead of 64 is the machine, not the code."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ def facts(env: dict[str, Any]) -> dict[str, str]:
     for name, version in (env.get("packages") or {}).items():
         if name != "ftprof":
             out[name] = version
+    for name, value in (env.get("switches") or {}).items():  # (runs before 2026-12-06 recorded none)
+        out[name] = "unset" if value is None else value
     return {k: str(v) for k, v in out.items() if v is not None}
 
 

@@ -77,6 +77,11 @@ def _nvml_handle_by_uuid(pynvml, uuid: str):
         return None
 
 
+# Environment switches that change how a run computes, read where they act (models/lean_kernels.py: the lean ops'
+# Triton kernels; models/kernels.py: Liger's loss chunks): recorded, unset ones as None, so a comparison names them
+SWITCHES = ("FTPROF_LEAN_KERNELS", "FTPROF_LOSS_CHUNK_TOKENS")
+
+
 def collect_env(allocator=None) -> dict[str, Any]:
     import torch
 
@@ -95,5 +100,6 @@ def collect_env(allocator=None) -> dict[str, Any]:
         "alloc_conf_source": getattr(allocator, "source", None),
         "alloc_conf_reverted_from_imports": dict(getattr(allocator, "overridden_by_import", {}) or {}),
         "torch_threads": torch.get_num_threads(),
+        "switches": {name: os.environ.get(name) for name in SWITCHES},
         "ftprof_git_commit": git_commit(),
     }

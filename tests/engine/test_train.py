@@ -71,11 +71,14 @@ def test_method_trains_and_loss_falls(tmp_path, method):
         assert named == [(s["step"], s["cause"]) for s in metrics.slow_steps(recorded)]
 
 
-def test_env_records_versions_and_allocator(tmp_path):
+def test_env_records_versions_allocator_and_switches(tmp_path, monkeypatch):
+    monkeypatch.setenv("FTPROF_LOSS_CHUNK_TOKENS", "1024")
+    monkeypatch.delenv("FTPROF_LEAN_KERNELS", raising=False)
     result = ftprof.train(tiny_config(tmp_path, "lora", max_steps=2))
     env = json.loads((tmp_path / result.run_dir.split("/")[-1] / "env.json").read_text())
     assert env["packages"]["torch"] and env["packages"]["transformers"] and env["packages"]["peft"]
     assert env["pytorch_alloc_conf"] and env["alloc_conf_source"] in ("ftprof default", "environment", "option")
+    assert env["switches"] == {"FTPROF_LEAN_KERNELS": None, "FTPROF_LOSS_CHUNK_TOKENS": "1024"}
 
 
 def test_gradient_checkpointing_and_accumulation(tmp_path):
