@@ -35,15 +35,33 @@ def check_liger(model_type: str | None) -> None:
                           f"'{model_type}'; use --kernels eager")
     if importlib.util.find_spec("liger_kernel") is None:
         raise ConfigError("--kernels liger needs the 'liger-kernel' package: pip install 'ftprof[fast]'")
+    if _chunk_setting(os.environ.get(CHUNK_SWITCH)) is None:
+        raise ConfigError(f"{CHUNK_SWITCH}={os.environ[CHUNK_SWITCH]!r}: give the most tokens a chunk of Liger's fused "
+                          f"loss may hold, a whole number (0: Liger's own chunks)")
 
 
 FUSED_LOSS = "fused_linear_cross_entropy"
 # Liger's fused loss runs the head's matmul over chunks of tokens, sized so that one chunk's logits take about
 # chunk_mem_const x tokens x hidden values: by default (1) 64-token chunks at llama-8b's vocabulary and micro-batch
-# 1 x 2048, small matmuls that cost 10% of a step (FP8 1 x 4 CUDA graphs, H200: 16,240 tokens/s, 17,839 with the
-# unchunked loss). ftprof asks for chunks of up to LOSS_CHUNK_TOKENS tokens instead
-# (benchmarks/liger_loss_chunks.py); FTPROF_LOSS_CHUNK_TOKENS=0 keeps Liger's default.
-LOSS_CHUNK_TOKENS = int(os.environ.get("FTPROF_LOSS_CHUNK_TOKENS", "2048"))
+# 1 x 2048, small matmuls: 100 ms of loss a step against 26-28 ms in chunks of 1,024-2,048 tokens (H100,
+# benchmarks/liger_loss_chunks.py). ftprof asks for chunks of up to LOSS_CHUNK_TOKENS tokens instead: llama-8b QLoRA
+# 1 x 4, CUDA graphs, 12,188 -> 13,519 tokens/s, +0.25 GiB; 4 x 1 +0.6% (H100, BENCHMARKS.md round 31).
+# FTPROF_LOSS_CHUNK_TOKENS=0 keeps Liger's sizing (env.json and result.json record which ran).
+CHUNK_SWITCH, DEFAULT_LOSS_CHUNK_TOKENS = "FTPROF_LOSS_CHUNK_TOKENS", 2048
+
+
+def _chunk_setting(text: str | None) -> int | None:
+    """The switch's tokens (its default where unset); None where it is not a whole number >= 0 (check_liger
+    refuses that before a run)."""
+    try:
+        value = DEFAULT_LOSS_CHUNK_TOKENS if text is None else int(text)
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+_SETTING = _chunk_setting(os.environ.get(CHUNK_SWITCH))
+LOSS_CHUNK_TOKENS = DEFAULT_LOSS_CHUNK_TOKENS if _SETTING is None else _SETTING
 _LOSS_MODULES = {"llama": "liger_kernel.transformers.model.llama", "mistral": "liger_kernel.transformers.model.mistral"}
 BLOCK_KERNELS = ("rms_norm", "swiglu", "rope")
 

@@ -54,3 +54,20 @@ def test_a_run_records_the_chunks_its_fused_loss_ran_in(monkeypatch):
     monkeypatch.setattr(kernels, "LOSS_CHUNK_TOKENS", 1024)
     assert _compile(built, [*kernels.BLOCK_KERNELS, kernels.FUSED_LOSS], [], "auto").loss_chunk_tokens == 1024
     assert _compile(built, [], [], "auto").loss_chunk_tokens is None  # no fused loss
+
+
+@pytest.mark.parametrize("text, tokens", [(None, kernels.DEFAULT_LOSS_CHUNK_TOKENS), ("0", 0), ("1024", 1024),
+                                          ("-1", None), ("many", None)])
+def test_the_switch_reads_a_whole_number_of_tokens(text, tokens):
+    assert kernels._chunk_setting(text) == tokens
+
+
+def test_a_bad_switch_is_refused_before_the_run(monkeypatch):
+    from ftprof.errors import ConfigError
+
+    pytest.importorskip("liger_kernel")
+    monkeypatch.setenv(kernels.CHUNK_SWITCH, "many")
+    with pytest.raises(ConfigError, match="FTPROF_LOSS_CHUNK_TOKENS='many': give the most tokens"):
+        kernels.check_liger("llama")
+    monkeypatch.setenv(kernels.CHUNK_SWITCH, "0")
+    kernels.check_liger("llama")
