@@ -20,10 +20,13 @@ import os
 
 from ftprof.errors import ConfigError
 
-# model_type -> (transformers modeling module, Liger's apply function, the names Liger replaces in that module)
+# model_type -> (transformers modeling module, Liger's apply function, the names Liger replaces in that module,
+# Liger's module whose forward calls its causal-LM loss: where ftprof sizes the loss's chunks)
 SUPPORTED = {
-    "llama": ("transformers.models.llama.modeling_llama", "apply_liger_kernel_to_llama", "Llama"),
-    "mistral": ("transformers.models.mistral.modeling_mistral", "apply_liger_kernel_to_mistral", "Mistral"),
+    "llama": ("transformers.models.llama.modeling_llama", "apply_liger_kernel_to_llama", "Llama",
+              "liger_kernel.transformers.model.llama"),
+    "mistral": ("transformers.models.mistral.modeling_mistral", "apply_liger_kernel_to_mistral", "Mistral",
+                "liger_kernel.transformers.model.mistral"),
 }
 
 
@@ -62,7 +65,6 @@ def _chunk_setting(text: str | None) -> int | None:
 
 _SETTING = _chunk_setting(os.environ.get(CHUNK_SWITCH))
 LOSS_CHUNK_TOKENS = DEFAULT_LOSS_CHUNK_TOKENS if _SETTING is None else _SETTING
-_LOSS_MODULES = {"llama": "liger_kernel.transformers.model.llama", "mistral": "liger_kernel.transformers.model.mistral"}
 BLOCK_KERNELS = ("rms_norm", "swiglu", "rope")
 
 
@@ -80,7 +82,7 @@ def patched(kernels: str, model_type: str | None, compiled_blocks: bool = False)
         yield []
         return
     blocks = not compiled_blocks
-    module_name, apply_name, prefix = SUPPORTED[model_type]
+    module_name, apply_name, prefix, loss_module_name = SUPPORTED[model_type]
     module = importlib.import_module(module_name)
     causal_lm = getattr(module, f"{prefix}ForCausalLM")
     saved = {name: getattr(module, name) for name in ("apply_rotary_pos_emb", f"{prefix}RMSNorm", f"{prefix}MLP")}
@@ -89,7 +91,7 @@ def patched(kernels: str, model_type: str | None, compiled_blocks: bool = False)
 
     getattr(liger, apply_name)(rope=blocks, rms_norm=blocks, swiglu=blocks, cross_entropy=False,
                                fused_linear_cross_entropy=True)
-    loss_module = importlib.import_module(_LOSS_MODULES[model_type])
+    loss_module = importlib.import_module(loss_module_name)
     saved_loss = loss_module.LigerForCausalLMLoss
     if LOSS_CHUNK_TOKENS > 0:
         loss_module.LigerForCausalLMLoss = functools.partial(_chunked_loss, saved_loss)
