@@ -48,9 +48,11 @@ FUSED_LOSS = "fused_linear_cross_entropy"
 # chunk_mem_const x tokens x hidden values: by default (1) 64-token chunks at llama-8b's vocabulary and micro-batch
 # 1 x 2048, small matmuls: 100 ms of loss a step against 26-28 ms in chunks of 1,024-2,048 tokens (H100,
 # benchmarks/liger_loss_chunks.py). ftprof asks for chunks of up to LOSS_CHUNK_TOKENS tokens instead: llama-8b QLoRA
-# 1 x 4, CUDA graphs, 12,188 -> 13,519 tokens/s, +0.25 GiB; 4 x 1 +0.6% (H100, BENCHMARKS.md round 31).
+# 1 x 4, CUDA graphs, 12,188 -> 13,519 tokens/s (BENCHMARKS.md round 31). 1,024 rather than 2,048: the same speed in
+# that run (13,558 against 13,578 tokens/s, one H100, one call) with 0.25 GiB less at its peak (a chunk's bf16 logits,
+# 1,024 x 128,256 x 2 bytes, round 32); at 4 x 2048 the loss alone took 28.1 against 26.7 ms a step.
 # FTPROF_LOSS_CHUNK_TOKENS=0 keeps Liger's sizing (env.json and result.json record which ran).
-CHUNK_SWITCH, DEFAULT_LOSS_CHUNK_TOKENS = "FTPROF_LOSS_CHUNK_TOKENS", 2048
+CHUNK_SWITCH, DEFAULT_LOSS_CHUNK_TOKENS = "FTPROF_LOSS_CHUNK_TOKENS", 1024
 
 
 def _chunk_setting(text: str | None) -> int | None:

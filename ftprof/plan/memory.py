@@ -139,8 +139,9 @@ def activations_fixed(probe: ProbeResult, cand: Candidate) -> float:
 # Liger's fused linear cross entropy works through the logits in chunks of about tokens x hidden values (its chunk
 # rows are tokens / ceil(vocab / hidden)), upcast and differentiated in fp32: measured 0.83-0.85 GiB above the saved
 # activations for mistral-7b QLoRA at 4 x 2048 (H200, partial checkpointing, where no recomputed layer outweighs it),
-# 13.6 times the 64 MiB of one layer input. Since ftprof's chunks of up to 2,048 tokens (models/kernels.py) the
-# llama-8b 12 GiB cell (1 x 4, no checkpointing) peaked 0.25 GiB higher, at the 11.13 GiB this predicted (H100)
+# 13.6 times the 64 MiB of one layer input. The llama-8b 12 GiB cell (1 x 4, no checkpointing, H100) peaked at the
+# 11.13 GiB this predicts with 2,048-token chunks, at 10.88 GiB with Liger's own and with ftprof's 1,024-token
+# chunks (models/kernels.py; round 32): the prediction is 0.25 GiB high there, on the safe side.
 FUSED_LOSS_WORKSET = 13.6
 OFFLOADED_SHARE = 0.92  # of the checkpointed layers' inputs, what --offload-checkpoints takes off the peak (measured)
 

@@ -56,7 +56,7 @@ def test_a_run_records_the_chunks_its_fused_loss_ran_in(monkeypatch):
     assert _compile(built, [], [], "auto").loss_chunk_tokens is None  # no fused loss
 
 
-@pytest.mark.parametrize("text, tokens", [(None, kernels.DEFAULT_LOSS_CHUNK_TOKENS), ("0", 0), ("1024", 1024),
+@pytest.mark.parametrize("text, tokens", [(None, kernels.DEFAULT_LOSS_CHUNK_TOKENS), ("0", 0), ("2048", 2048),
                                           ("-1", None), ("many", None)])
 def test_the_switch_reads_a_whole_number_of_tokens(text, tokens):
     assert kernels._chunk_setting(text) == tokens
