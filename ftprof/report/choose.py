@@ -28,9 +28,9 @@ from ftprof.report import noise, training_check
 from ftprof.results.effective import config_key, effective_frame
 from ftprof.results.labels import labels, missing, short, varying_options
 
-# Common GPU memory sizes (GiB): 16 (V100/T4-class), 24 (L4/A10/4090), 40 (A100-40G), 48 (L40S/A6000),
-# 80 (A100/H100-80G), 141 (H200).
-BUDGETS_GIB = (16, 24, 40, 48, 80, 141)
+# Common GPU memory sizes (GiB): 8 (4060/3070-class), 12 (3060/4070, laptops), 16 (V100/T4-class), 24
+# (L4/A10/4090), 40 (A100-40G), 48 (L40S/A6000), 80 (A100/H100-80G), 141 (H200).
+BUDGETS_GIB = (8, 12, 16, 24, 40, 48, 80, 141)
 # A configuration fits a budget when its measured peak leaves the budget margin free: the one definition the plan
 # uses too (ftprof.metrics.fits_budget).
 

@@ -1,6 +1,9 @@
 """Configuration labels: the method, then only the options that vary between the runs shown, each spelled short
 ("lora b8 ckpt-full compile 2 GPUs"), read from the runs' effective configuration (results/effective.py), so an
-option that did nothing in a run never appears in its label."""
+option that did nothing in a run never appears in its label. Where several trainers ran (ftprof beside Unsloth or
+the HF recipe), a run's label names its trainer and the options that vary between the runs of that trainer only: a
+peer recipe's own settings (its dtype, its 4-bit storage) differ from ftprof's in every row and would fill every
+label without telling two runs of one trainer apart."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import math
 import pandas as pd
 
 from ftprof.config.declarations import BY_NAME
-from ftprof.results.effective import config_columns, config_key, effective_frame
+from ftprof.results.effective import TRAINER, config_columns, config_key, effective_frame
 
 # Options that identify a run's size but whose label is spelled specially (GPUs come from world_size).
 GPU_OPTIONS = {"nproc_per_node", "nnodes"}
@@ -76,14 +79,26 @@ def labels(df: pd.DataFrame, varying: list[str] | None = None, repeats: bool = T
     varying = varying_options(eff) if varying is None else varying
     cols = list(dict.fromkeys(varying + (["method"] if "method" in eff else []) + (["device"] if "device" in eff
                                                                                       else [])))
-    out = pd.Series([label({c: r.get(c) for c in varying}, r.get("method"), r.get("device"))
-                     for r in eff[cols].to_dict("records")], index=eff.index, dtype=object)
+    spelled = _spelled_options(eff, varying)
+    out = pd.Series([label({c: r.get(c) for c in spelled[i]}, r.get("method"), r.get("device"))
+                     for i, r in enumerate(eff[cols].to_dict("records"))], index=eff.index, dtype=object)
     if repeats:
         keys = config_key(eff)
         counts = keys.map(keys.value_counts())
         nth = keys.groupby(keys).cumcount() + 1
         out = out.where(counts <= 1, out + " #" + nth.astype(str))
     return out
+
+
+def _spelled_options(eff: pd.DataFrame, varying: list[str]) -> list[list[str]]:
+    """Each row's options to spell (by position): ``varying``, or, where several trainers ran, the trainer and those
+    of ``varying`` that vary between the runs of the row's own trainer. Two runs of one trainer that differ still
+    differ in an option spelled in both labels, so labels stay as distinct as the configurations."""
+    if TRAINER not in varying or TRAINER not in eff:
+        return [varying] * len(eff)
+    trainers = eff[TRAINER].map(str).to_numpy()
+    within = {t: set(varying_options(eff[trainers == t])) for t in set(trainers)}
+    return [[c for c in varying if c == TRAINER or c in within[t]] for t in trainers]
 
 
 def labeller(df: pd.DataFrame):

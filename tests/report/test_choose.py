@@ -130,7 +130,7 @@ def test_runs_that_pad_differently_are_ranked_by_the_tokens_that_train():
     packed = _row("lora", 4, False, 957, 10, dataset="d.jsonl", packing=True, real_tokens_per_s=942)
     choice = choose(pd.DataFrame([padded, packed]))
     assert choice.throughput == "real tokens/s" and choice.fastest.label == "lora packing"
-    assert {p.choice.label for p in choice.picks} == {"lora packing"}
+    assert {p.choice.label for p in choice.picks if p.choice} == {"lora packing"}  # 8 GiB: nothing fits 10
     assert "ranked by real tokens/s" in to_markdown(choice)
     alike = choose(pd.DataFrame([{**padded, "real_tokens_per_s": 1_395}, {**packed, "real_tokens_per_s": 950}]))
     assert alike.throughput == "tokens/s" and alike.fastest.tokens_per_s == 1_406

@@ -79,3 +79,23 @@ def test_report_tables_label_the_trainer_apart(tmp_path):
 
     df = _rows(tmp_path)
     assert report_key(df).nunique() == 3
+
+
+def test_a_peer_recipe_s_own_settings_stay_out_of_every_label(tmp_path):
+    """The HF recipe's float32 and gc_interval differ from ftprof's in every row: they tell no two runs of one
+    trainer apart, so only the options that vary within a trainer's runs are spelled (the peers table's labels)."""
+    for name, batch in (("own-b2", 2), ("own-b4", 4)):
+        _plant(tmp_path, name)
+        for file, section in (("config.json", "train"), ("result.json", None)):
+            data = json.loads((tmp_path / name / file).read_text())
+            (data[section] if section else data)["batch_size"] = batch
+            (tmp_path / name / file).write_text(json.dumps(data))
+    hf = _plant(tmp_path, "hf", HF, tokens_per_s=800.0)
+    config = json.loads((hf / "config.json").read_text())
+    config["train"]["dtype"], config["train"]["gc_interval"] = "float32", 0
+    (hf / "config.json").write_text(json.dumps(config))
+    df = pd.DataFrame(read_runs([tmp_path]).rows).sort_values("run_name").reset_index(drop=True)
+    names = dict(zip(df["run_name"], labels(df), strict=True))
+    assert names["hf"] == "lora trainer=hf-trainer", names
+    assert names["own-b2"] == "lora trainer=ftprof b2" and names["own-b4"] == "lora trainer=ftprof b4", names
+    assert len(set(names.values())) == 3
