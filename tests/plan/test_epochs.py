@@ -52,6 +52,23 @@ def test_the_traced_backward_makes_only_host_bound_fp8_rows_stale(row, stale):
     assert (epochs.stale(row) is TRACED_BACKWARD) is stale
 
 
+LOSS_CHUNKS = epochs.CHANGES[3]  # Liger's fused loss in ftprof's chunks
+BEFORE_CHUNKS, AFTER_CHUNKS = "2026-12-06T05:56:00+00:00", "2026-12-06T06:12:00+00:00"  # round 31's two calls
+
+
+@pytest.mark.parametrize("row, stale", [
+    (_row({"fp8_base": False}, policy="none", micro_batch_tokens=2048, finished_at=BEFORE_CHUNKS), True),  # 1 x 2048
+    (_row(micro_batch_tokens=4096, finished_at=BEFORE_CHUNKS), True),  # 2 x 2048: chunks of 128
+    (_row(micro_batch_tokens=2048, finished_at=AFTER_CHUNKS), False),
+    (_row(micro_batch_tokens=2048, epoch=3, finished_at=AFTER_CHUNKS), True),  # an older ftprof
+    (_row(micro_batch_tokens=8192, finished_at=BEFORE_CHUNKS), False),  # 4 x 2048: +0.6%, under 1%
+    (_row(micro_batch_tokens=128, finished_at=BEFORE_CHUNKS), False),  # a host floor's run: launches, under 1%
+    (_row(micro_batch_tokens=2048, kernels="eager", finished_at=BEFORE_CHUNKS), False),  # no fused loss
+])
+def test_liger_rows_at_small_micro_batches_before_the_loss_chunks_are_stale(row, stale):
+    assert (epochs.stale(row) is LOSS_CHUNKS) is stale
+
+
 def test_a_stale_local_run_leaves_the_speed_to_the_shipped_rows():
     """A store's FP8 run from before the change (a third of today's speed) would set the rate of its class, the
     configuration measured exactly; left out, the shipped rows answer, and a current run of the same figures is
