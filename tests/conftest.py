@@ -32,6 +32,19 @@ def _restore_process_state():
     warnings.filters[:] = filters
 
 
+def pytest_configure(config):
+    from tests.xdist_order import share_cores
+
+    share_cores()  # under xdist: each worker its share of the cores (tests/xdist_order.py)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own, which would answer first
+def pytest_xdist_make_scheduler(config, log):
+    from tests.xdist_order import make_scheduler
+
+    return make_scheduler(config, log)  # --dist loadfile: the heavy files first (tests/xdist_order.py)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
