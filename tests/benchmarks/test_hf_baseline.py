@@ -33,21 +33,24 @@ def test_baseline_script_reports_throughput(tmp_path):
 
 @pytest.mark.slow  # > 4 s on the 2-core machine: `pytest -m 'not slow'` is the fast subset
 @requires_run("gptq-lora")
-def test_gptq_baseline_reuses_ftprofs_quantized_checkpoint(tmp_path):
-    """The baseline trains the very GPTQ checkpoint `ftprof train gptq-lora` quantized: one cache entry, not two."""
+def test_gptq_baseline_reuses_ftprofs_quantized_checkpoint(tmp_path, monkeypatch, capsys):
+    """The baseline trains the very GPTQ checkpoint `ftprof train gptq-lora` quantized: one cache entry, not two.
+    (``ftprof train`` runs in this process, which has torch and peft imported already: its quantization still runs
+    in a child process of its own; the baseline script is a process of its own.)"""
     import os
 
-    env = {**os.environ, "FTPROF_CACHE_DIR": str(tmp_path / "cache"), "GPTQMODEL_CPU_WORKERS": "2"}
+    from ftprof.cli.main import main
+
+    monkeypatch.setenv("FTPROF_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GPTQMODEL_CPU_WORKERS", "2")
     common = ["--model", "tiny", "--batch-size", "2", "--seq-len", "32", "--max-steps", "4", "--warmup-steps", "2"]
-    train = subprocess.run([sys.executable, "-m", "ftprof", "train", "gptq-lora", *common, "--quiet",
-                            "--output-dir", str(tmp_path / "runs")], capture_output=True, text=True, env=env,
-                           timeout=600)
-    assert train.returncode == 0, train.stderr[-2000:]
+    code = main(["train", "gptq-lora", *common, "--quiet", "--output-dir", str(tmp_path / "runs")])
+    assert code == 0, capsys.readouterr().err[-2000:]
     entries = sorted(p.name for p in (tmp_path / "cache" / "gptq").iterdir() if p.is_dir())
     assert len(entries) == 1 and entries[0].startswith("tiny-")
     stamp = (tmp_path / "cache" / "gptq" / entries[0] / "quantize_config.json").stat().st_mtime_ns
     out = subprocess.run([sys.executable, str(SCRIPT), "--method", "gptq-lora", *common], capture_output=True,
-                         text=True, env=env, timeout=600)
+                         text=True, env=dict(os.environ), timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["method"] == "gptq-lora" and row["tokens_per_s"] > 0
