@@ -15,7 +15,7 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from ftprof.config import METHODS, SECTIONS, RunConfig, inapplicable_options
-from ftprof.config.options import HF_ALIASES, HF_DTYPE_FLAGS
+from ftprof.config.options import HF_ALIASES, HF_DTYPE_FLAGS, type_hints
 
 SECTION_TITLES = {"model": "model", "data": "data", "method": "method options (LoRA, bitsandbytes, GPTQ)",
                   "train": "training", "eval": "evaluation", "save": "saving what was trained",
@@ -239,7 +239,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, skip: set[str] = froze
     aliases = {**HF_ALIASES, **(aliases or {})}
     for section, cls in SECTIONS.items():
         group = parser.add_argument_group(SECTION_TITLES[section])
-        hints = typing.get_type_hints(cls)
+        hints = type_hints(cls)
         for f in fields(cls):
             if f.name not in POSITIONAL and f.name not in skip:
                 add_field_option(group, f, hints, aliases, hidden=f.name in hidden)

@@ -88,9 +88,8 @@ def check_types(section: Any) -> None:
     a section built in Python with a wrong type is one line naming the option, not a TypeError from a comparison
     deep inside its checks. Called first in each section's __post_init__."""
     import dataclasses
-    import typing
 
-    hints = _hints(type(section), typing)
+    hints = type_hints(type(section))
     for f in dataclasses.fields(section):
         setattr(section, f.name, checked_value(f.name, hints[f.name], getattr(section, f.name)))
 
@@ -98,8 +97,12 @@ def check_types(section: Any) -> None:
 _HINTS: dict[type, dict[str, Any]] = {}
 
 
-def _hints(cls: type, typing) -> dict[str, Any]:
-    if cls not in _HINTS:  # (typing.get_type_hints is slow; sweeps build thousands of sections)
+def type_hints(cls: type) -> dict[str, Any]:
+    """A config section's resolved type hints, once per class (typing.get_type_hints is slow: sweeps build
+    thousands of sections, and building the CLI's parser asked for them about a hundred times, 25 ms a parser)."""
+    if cls not in _HINTS:
+        import typing
+
         _HINTS[cls] = typing.get_type_hints(cls)
     return _HINTS[cls]
 

@@ -58,9 +58,11 @@ def option_kinds() -> dict[str, str]:
     """Each option's kind from its type hint: bool, int, float, list or str."""
     import typing
 
+    from ftprof.config.options import type_hints
+
     kinds = {}
     for cls in SECTIONS.values():
-        for name, hint in typing.get_type_hints(cls).items():
+        for name, hint in type_hints(cls).items():
             args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
             base = typing.get_origin(args[0]) or args[0]
             kinds[name] = {bool: "bool", int: "int", float: "float", tuple: "list", list: "list"}.get(base, "str")
