@@ -73,8 +73,10 @@ def make_scheduler(config, log):
         def _assign_work_unit(self, node) -> None:
             if not self.ordered:  # the first assignment: the queue is complete, nothing handed out yet
                 self.ordered = True
-                for scope in heavy_first(list(self.workqueue)):
-                    self.workqueue.move_to_end(scope)
+                queue = getattr(self, "workqueue", None)  # xdist's internals (3.5-3.8): another version keeps its order
+                if hasattr(queue, "move_to_end"):
+                    for scope in heavy_first(list(queue)):
+                        queue.move_to_end(scope)
             super()._assign_work_unit(node)
 
     return HeavyFirst(config, log)
