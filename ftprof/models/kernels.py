@@ -122,6 +122,7 @@ def loss_chunk_tokens(tokens: int, vocab: int, hidden: int, budget: int) -> int:
     return min(1 << (max(1, -(-tokens // parts)) - 1).bit_length(), tokens)
 
 
+@functools.cache  # asked once per micro-batch by _chunked_loss, always for the run's few shapes
 def loss_budget(tokens: int, vocab: int, hidden: int, most_tokens: int) -> int:
     """The largest budget (chunk_mem_const) whose chunks hold at most ``most_tokens`` tokens (1 if none does)."""
     budget, whole = 1, -(-vocab // hidden)  # at ``whole`` one chunk would hold every token
