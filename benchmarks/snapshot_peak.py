@@ -43,6 +43,23 @@ def peak_blocks(trace: list[dict]) -> tuple[int, int, dict]:
     return peak, peak_at, live
 
 
+def print_segments(snap: dict) -> None:
+    """The allocator's reserved memory at the dump, by stream and segment pool: where reserved exceeds allocated
+    (fragmentation, a side stream's own pool, blocks waiting on record_stream's events)."""
+    pools: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for seg in snap["segments"]:
+        key = (seg.get("stream", 0), seg.get("segment_type", "?"), seg.get("segment_pool_id", (0, 0)))
+        row = pools[key]
+        row[0] += seg["total_size"]
+        row[1] += seg["allocated_size"]
+        row[2] += 1
+        row[3] += sum(b["size"] for b in seg["blocks"] if b["state"] == "active_pending_free")
+    print("stream / pool: reserved GiB, allocated GiB, segments, pending-free GiB (awaiting another stream)")
+    for (stream, kind, pool), (total, used, count, pending) in sorted(pools.items(), key=lambda kv: -kv[1][0]):
+        print(f"  stream {stream} {kind} pool {pool}: {total / 2**30:.3f} {used / 2**30:.3f} {count} "
+              f"{pending / 2**30:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("snapshot")
@@ -51,6 +68,7 @@ def main() -> None:
     args = parser.parse_args()
     with open(args.snapshot, "rb") as fh:
         snap = pickle.load(fh)
+    print_segments(snap)
     allocated_now = sum(b["size"] for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated")
     for device, trace in enumerate(snap["device_traces"]):
         if not trace:
