@@ -22,18 +22,26 @@ PEFT's input-grad hook (the embedding output made a leaf that requires grad, for
 removed: such a leaf stays on the device, held by its gradient's accumulator, and the first layer's input with it.
 
 Streams (CUDA). One side stream per device carries both copies; the compute stream is the one the layer runs on.
+No block is handed to the caching allocator with ``record_stream``: the allocator checks a recorded stream's event
+on the host, and the host runs many layers ahead of the GPU, so each such block stayed out of reach long after
+its copy had run and the pools grew instead (measured on an H100, 8 GiB cell: 2.4 GiB reserved above the
+allocated peak, 1.07 GiB of it the side stream's own pool). Every device block here is allocated, used last and
+freed in compute-stream order instead, so the allocator reuses it at once and safely.
 
 - Copy-out (forward): the side stream waits for the compute stream (the input must be written before it is read),
-  then copies it into a pinned host buffer without blocking. The compute stream does not wait for the copy. The
-  device input is marked as used by the side stream (``record_stream``), so when the forward drops it the caching
-  allocator keeps its memory from a new tensor until the copy has run. The pinned buffer is reused only through
-  torch's caching host allocator, which holds a freed block until the copies that used it have completed.
+  then copies it into a pinned host buffer without blocking; the compute stream does not wait for it. The device
+  input is held until the next layer input is packed: the compute stream then waits for the earlier copy (it ran
+  beside a whole layer's forward, so the wait is almost always already met) and the input is let go, freed in
+  compute-stream order after the copy. The last one is let go when backward starts. The pinned buffer is reused
+  only through torch's caching host allocator, which holds a freed block until the copies that used it have
+  completed.
 - Copy-back (backward): when a layer's input is unpacked, the input of the layer backward reaches next (the one
   packed just before it) starts its copy on the side stream too: double buffering, so that copy overlaps this
-  layer's recomputation and backward. Both copy-backs are ordered after their copy-outs by the one side stream. The
-  compute stream waits (an event recorded after the copy) only for the input it is about to recompute; the
-  device tensor, allocated on the side stream, is marked as used by the compute stream so its memory is not
-  reused while the recomputation still reads it.
+  layer's recomputation and backward. The device buffer is allocated on the compute stream, and the side stream
+  waits for the compute work queued so far before writing it (the block's earlier users are done; this layer's
+  recomputation is queued after the wait, so the copy still overlaps it). Both copy-backs are ordered after their
+  copy-outs by the one side stream. The compute stream waits (an event recorded after the copy) only for the
+  input it is about to recompute, then uses and frees it in its own order.
 
 At most two layer inputs are on the device during backward (the one being recomputed, the next one arriving); the
 first layer backward reaches (the last one) waits for its copy. On CPU the "offload" is a plain copy: the same path
@@ -59,6 +67,12 @@ class _Offloaded:
 
     __slots__ = ("host", "device", "fetched", "ready", "__weakref__")
 
+    def __del__(self):
+        # A copy-back that was never unpacked (a backward that failed midway): its buffer belongs to the compute
+        # stream, so that stream must not reuse it before the side stream's copy into it has run.
+        if self.fetched is not None and self.ready is not None:
+            torch.cuda.current_stream(self.fetched.device).wait_event(self.ready)
+
     def __init__(self, host: torch.Tensor, device: torch.device):
         self.host = host
         self.device = device
@@ -72,6 +86,7 @@ class Offloader:
     def __init__(self):
         self.streams: dict[int, torch.cuda.Stream] = {}
         self.pending: list[weakref.ref] = []  # packed, not yet unpacked, in forward order
+        self.outgoing: dict[int, tuple] = {}  # device index -> (the last device input copied out, its copy's event)
         self.offloaded = 0  # layer inputs packed so far (tests and counters)
 
     def _stream(self, device: torch.device) -> torch.cuda.Stream:
@@ -98,10 +113,12 @@ class Offloader:
             side.wait_stream(torch.cuda.current_stream(tensor.device))
             with torch.cuda.stream(side):
                 host.copy_(tensor, non_blocking=True)
-            # Sync 2: the forward drops the device input soon (the next layer's output replaces it); the caching
-            # allocator hands its memory out again only once the side stream's work queued so far (this copy) is
-            # done. (The pinned buffer's own reuse waits on this copy inside torch's caching host allocator.)
-            tensor.record_stream(side)
+                copied = side.record_event()
+            # Sync 2: the device input is held until the next one is packed, then let go after the compute stream
+            # waits for its copy (see the module's docstring: no record_stream). The pinned buffer's own reuse
+            # waits on this copy inside torch's caching host allocator.
+            self._let_go(tensor.device)
+            self.outgoing[tensor.device.index] = (tensor, copied)
             record = _Offloaded(host, tensor.device)
         self.pending = [ref for ref in self.pending if ref() is not None]  # graphs freed without a backward
         self.pending.append(weakref.ref(record))
@@ -113,6 +130,8 @@ class Offloader:
         starts coming back."""
         if not isinstance(packed, _Offloaded):
             return packed
+        if packed.device.type == "cuda":
+            self._let_go(packed.device)  # backward has started: the forward's last input has been copied out
         if packed.fetched is None:  # not prefetched: the first layer backward reaches, or a second backward
             self._fetch(packed)
         self._prefetch_before(packed)
@@ -121,21 +140,29 @@ class Offloader:
             compute = torch.cuda.current_stream(tensor.device)
             # Sync 3: the recomputation (on the compute stream) reads the input only once its copy-back is done.
             compute.wait_event(packed.ready)
-            # Sync 4: allocated on the side stream, used and freed on the compute stream: its memory is not reused
-            # until the compute stream's work queued by the time it is freed (the layer's backward) is done.
-            tensor.record_stream(compute)
+            packed.ready = None  # from here the compute stream orders every use and the free of the buffer
         return tensor
+
+    def _let_go(self, device: torch.device) -> None:
+        """Let the last input copied out on ``device`` go, freed in compute-stream order after its copy."""
+        held = self.outgoing.pop(device.index, None)
+        if held is not None:
+            torch.cuda.current_stream(device).wait_event(held[1])
 
     def _fetch(self, packed: _Offloaded) -> None:
         if packed.device.type != "cuda":
             packed.fetched = packed.host  # CPU: it never left
             return
         side = self._stream(packed.device)
+        # Sync 4: the buffer comes from the compute stream's pool; its earlier users there are queued before this
+        # point, so the side stream writes it only after them.
+        fetched = torch.empty(packed.host.shape, dtype=packed.host.dtype, device=packed.device)
+        side.wait_stream(torch.cuda.current_stream(packed.device))
         with torch.cuda.stream(side):
-            # Ordered after this input's copy-out: both are on the side stream. The device memory comes from the
-            # side stream's pool, free of any compute-stream use by Sync 4.
-            packed.fetched = packed.host.to(packed.device, non_blocking=True)
+            # Ordered after this input's copy-out: both are on the side stream.
+            fetched.copy_(packed.host, non_blocking=True)
             packed.ready = side.record_event()
+        packed.fetched = fetched
 
     def _prefetch_before(self, packed: _Offloaded) -> None:
         """Drop ``packed`` from the pending inputs and start the copy-back of the one packed just before it: the
