@@ -18,6 +18,7 @@ from ftprof.results.effective import (  # noqa: F401  (config_columns, NOT_CONFI
     config_key,
     effective_frame,
 )
+from ftprof.results.labels import differing
 from ftprof.results.load import read_runs
 
 # Columns of summary.csv / summary.md: (source column, header, kind). Kind says how to format and aggregate.
@@ -93,9 +94,10 @@ class SummaryTable:
 
 
 def _differing_options(df: pd.DataFrame) -> list[str]:
-    # an option set for some methods only (quant_type) differs when its set values do, not by being unset
-    return [c for c in config_columns(df, measurement_if_varying=True)
-            if c not in KEY_COLUMNS and df[c].dropna().map(str).nunique() > 1]
+    # an option set for some methods only (quant_type) differs when its set values do, not by being unset where it
+    # does not apply (results/labels.differing: the labels' rule)
+    eff = effective_frame(df)
+    return differing(eff, [c for c in config_columns(eff, measurement_if_varying=True) if c not in KEY_COLUMNS])
 
 
 def summarize(df: pd.DataFrame, sort: str | None = None, group_by: str | None = None) -> SummaryTable:

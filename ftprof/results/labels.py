@@ -12,7 +12,7 @@ import math
 import pandas as pd
 
 from ftprof.config.declarations import BY_NAME
-from ftprof.results.effective import TRAINER, config_columns, config_key, effective_frame
+from ftprof.results.effective import TRAINER, config_columns, config_key, effective_frame, inapplicable_masks
 
 # Options that identify a run's size but whose label is spelled specially (GPUs come from world_size).
 GPU_OPTIONS = {"nproc_per_node", "nnodes"}
@@ -28,11 +28,25 @@ def missing(value: object) -> bool:
 
 def varying_options(df: pd.DataFrame) -> list[str]:
     """Configuration options whose effective value differs between the rows (GPU count as ``world_size``).
-    An option that applies to some rows only (a LoRA rank) varies when its set values differ, not by being unset."""
+    An option that applies to some rows only (a LoRA rank) varies when its set values differ, not by being unset
+    where it does not apply; where it applies, unset is a value of its own (no ``--memory-limit-gib`` against 8.5)."""
     eff = effective_frame(df)
     cols = [c for c in config_columns(eff) if c not in GPU_OPTIONS] + ["world_size"]
-    varying = [c for c in cols if c in eff and eff[c].dropna().map(str).nunique() > 1]
+    varying = differing(eff, [c for c in cols if c in eff])
     return sorted(varying, key=lambda c: LABEL_ORDER.index(c) if c in LABEL_ORDER else len(LABEL_ORDER))
+
+
+def differing(eff: pd.DataFrame, columns: list[str]) -> list[str]:
+    """Those of ``columns`` (of an effective frame) whose values differ between the rows where they apply."""
+    inapplicable = inapplicable_masks(eff)
+    return [c for c in columns if _values_where_applies(eff, c, inapplicable.get(c)).nunique() > 1]
+
+
+def _values_where_applies(eff: pd.DataFrame, column: str, inapplicable) -> pd.Series:
+    """The column's values, as text, in the rows where its option applies or has an effective value (what auto
+    chose, where the option itself does not apply), unset being one more value."""
+    values = eff[column] if inapplicable is None else eff.loc[~inapplicable | ~eff[column].map(missing), column]
+    return values.map(lambda v: "<unset>" if missing(v) else str(v))
 
 
 def processes(value: object, device: object = None) -> str:
