@@ -14,6 +14,8 @@ import pickle
 import re
 from collections import defaultdict
 
+from ftprof.profiling import allocator_pools
+
 OURS = re.compile(r"ftprof/|peft/|transformers/|liger_kernel/|bitsandbytes/|torch/utils/checkpoint|"
                   r"torch/autograd/|torch/_inductor/|torch/_functorch/")
 
@@ -44,20 +46,11 @@ def peak_blocks(trace: list[dict]) -> tuple[int, int, dict]:
 
 
 def print_segments(snap: dict) -> None:
-    """The allocator's reserved memory at the dump, by stream and segment pool: where reserved exceeds allocated
-    (fragmentation, a side stream's own pool, blocks waiting on record_stream's events)."""
-    pools: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-    for seg in snap["segments"]:
-        key = (seg.get("stream", 0), seg.get("segment_type", "?"), seg.get("segment_pool_id", (0, 0)))
-        row = pools[key]
-        row[0] += seg["total_size"]
-        row[1] += seg["allocated_size"]
-        row[2] += 1
-        row[3] += sum(b["size"] for b in seg["blocks"] if b["state"] == "active_pending_free")
+    """The allocator's reserved memory at the dump, by stream and pool (ftprof/profiling/allocator_pools.py)."""
     print("stream / pool: reserved GiB, allocated GiB, segments, pending-free GiB (awaiting another stream)")
-    for (stream, kind, pool), (total, used, count, pending) in sorted(pools.items(), key=lambda kv: -kv[1][0]):
-        print(f"  stream {stream} {kind} pool {pool}: {total / 2**30:.3f} {used / 2**30:.3f} {count} "
-              f"{pending / 2**30:.3f}")
+    for p in allocator_pools.pools(snap["segments"]):
+        print(f"  stream {p.stream} {p.kind} pool: {p.reserved / 2**30:.3f} {p.allocated / 2**30:.3f} {p.segments} "
+              f"{p.pending_free / 2**30:.3f}")
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ Artifacts per rank and cycle, in the profile directory (ftprof/profiling/layout.
     stacks_rank{r}_cycle{c}.txt                folded stacks for flame graphs (with --prof-with-stack)
     memory_timeline_rank{r}_cycle{c}.html      memory by category over time (--prof-memory-timeline; JSON fallback)
     memory_snapshot_rank{r}_cycle{c}.pickle    CUDA allocator history, for pytorch.org/memory_viz
+    allocator_pools_rank{r}_cycle{c}.csv       reserved and allocated memory by stream and pool at that snapshot
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
 from ftprof.config import ProfilingConfig
-from ftprof.profiling import layout
+from ftprof.profiling import allocator_pools, layout
 from ftprof.profiling.kineto_noise import quiet_kineto
 from ftprof.results.store import write_text_atomic
 
@@ -200,6 +201,19 @@ class TorchProfiler:
         self._try("memory snapshot", lambda: torch.cuda.memory._dump_snapshot(str(path)), path)
         torch.cuda.memory._record_memory_history(enabled=None)
         self._snapshot_on = False
+        table = self._path("allocator_pools", "csv")
+        self._try("allocator pools", lambda: self._write_pools(table), table)
+
+    def _write_pools(self, path: Path) -> None:
+        """Reserved and allocated memory by stream and pool at the snapshot (profiling/allocator_pools.py)."""
+        found = allocator_pools.pools(torch.cuda.memory_snapshot())
+        fields = list(allocator_pools.Pool.__dataclass_fields__)
+        lines = [",".join(fields)] + [",".join(str(r[f]) for f in fields) for r in allocator_pools.rows(found)]
+        write_text_atomic(path, "\n".join(lines) + "\n")
+        note = allocator_pools.side_pool_note(found, torch.cuda.current_stream().cuda_stream)
+        if note:
+            self.log(note)
+            self.settings.notes.append(note)
 
     # ------------------------------------------------------------------ export
     def _path(self, kind: str, suffix: str) -> Path:

@@ -56,6 +56,8 @@ def test_qlora_profile_on_gpu_has_kernels_snapshot_and_timeline(tmp_path):
                                                                     rel=1e-4)
     snap = pickle.loads((run_dir / "profile" / "memory_snapshot_rank0_cycle1.pickle").read_bytes())
     assert snap["segments"] and snap["device_traces"]
+    pools = (run_dir / "profile" / "allocator_pools_rank0_cycle1.csv").read_text().splitlines()
+    assert pools[0] == "stream,kind,reserved,allocated,segments,pending_free" and len(pools) > 1
     assert (run_dir / "profile" / "memory_timeline_rank0_cycle1.html").stat().st_size > 1000 or \
         (run_dir / "profile" / "memory_timeline_rank0_cycle1.json.gz").exists()
 
