@@ -65,19 +65,24 @@ from ftprof.models import split_layer
 class _Offloaded:
     """A layer input as autograd keeps it: its host copy, and its device copy while it is on its way back."""
 
-    __slots__ = ("host", "device", "fetched", "ready", "__weakref__")
+    __slots__ = ("host", "device", "fetched", "ready", "owner", "__weakref__")
 
     def __del__(self):
         # A copy-back that was never unpacked (a backward that failed midway): its buffer belongs to the compute
-        # stream, so that stream must not reuse it before the side stream's copy into it has run.
+        # stream it was allocated on (``owner``, not whichever stream is current when the collector runs), so that
+        # stream must not reuse it before the side stream's copy into it has run.
         if self.fetched is not None and self.ready is not None:
-            torch.cuda.current_stream(self.fetched.device).wait_event(self.ready)
+            try:
+                self.owner.wait_event(self.ready)
+            except Exception:  # noqa: BLE001 - interpreter shutdown, or CUDA already failed: nothing left to order
+                pass
 
     def __init__(self, host: torch.Tensor, device: torch.device):
         self.host = host
         self.device = device
         self.fetched: torch.Tensor | None = None  # the device copy, from its copy-back until it is unpacked
         self.ready = None  # CUDA event: the copy-back has completed
+        self.owner = None  # the compute stream whose pool the device copy came from
 
 
 class Offloader:
@@ -86,7 +91,8 @@ class Offloader:
     def __init__(self):
         self.streams: dict[int, torch.cuda.Stream] = {}
         self.pending: list[weakref.ref] = []  # packed, not yet unpacked, in forward order
-        self.outgoing: dict[int, tuple] = {}  # device index -> (the last device input copied out, its copy's event)
+        # device index -> (the last device input copied out, its copy's event, the compute stream that owns it)
+        self.outgoing: dict[int, tuple] = {}
         self.offloaded = 0  # layer inputs packed so far (tests and counters)
 
     def _stream(self, device: torch.device) -> torch.cuda.Stream:
@@ -107,10 +113,11 @@ class Offloader:
             record = _Offloaded(tensor.clone(), tensor.device)
         else:
             side = self._stream(tensor.device)
+            compute = torch.cuda.current_stream(tensor.device)
             host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
             # Sync 1: the copy reads the input only after the compute stream's work so far (which wrote it). The
             # compute stream never waits for the copy-out.
-            side.wait_stream(torch.cuda.current_stream(tensor.device))
+            side.wait_stream(compute)
             with torch.cuda.stream(side):
                 host.copy_(tensor, non_blocking=True)
                 copied = side.record_event()
@@ -118,7 +125,7 @@ class Offloader:
             # waits for its copy (see the module's docstring: no record_stream). The pinned buffer's own reuse
             # waits on this copy inside torch's caching host allocator.
             self._let_go(tensor.device)
-            self.outgoing[tensor.device.index] = (tensor, copied)
+            self.outgoing[tensor.device.index] = (tensor, copied, compute)
             record = _Offloaded(host, tensor.device)
         self.pending = [ref for ref in self.pending if ref() is not None]  # graphs freed without a backward
         self.pending.append(weakref.ref(record))
@@ -147,7 +154,8 @@ class Offloader:
         """Let the last input copied out on ``device`` go, freed in compute-stream order after its copy."""
         held = self.outgoing.pop(device.index, None)
         if held is not None:
-            torch.cuda.current_stream(device).wait_event(held[1])
+            _, copied, compute = held
+            compute.wait_event(copied)
 
     def _fetch(self, packed: _Offloaded) -> None:
         if packed.device.type != "cuda":
@@ -156,13 +164,14 @@ class Offloader:
         side = self._stream(packed.device)
         # Sync 4: the buffer comes from the compute stream's pool; its earlier users there are queued before this
         # point, so the side stream writes it only after them.
+        compute = torch.cuda.current_stream(packed.device)
         fetched = torch.empty(packed.host.shape, dtype=packed.host.dtype, device=packed.device)
-        side.wait_stream(torch.cuda.current_stream(packed.device))
+        side.wait_stream(compute)
         with torch.cuda.stream(side):
             # Ordered after this input's copy-out: both are on the side stream.
             fetched.copy_(packed.host, non_blocking=True)
             packed.ready = side.record_event()
-        packed.fetched = fetched
+        packed.fetched, packed.owner = fetched, compute
 
     def _prefetch_before(self, packed: _Offloaded) -> None:
         """Drop ``packed`` from the pending inputs and start the copy-back of the one packed just before it: the
