@@ -4,7 +4,7 @@
       cycle{c}/trace_rank{r}_cycle{c}.pt.trace.json.gz   one file per rank: the folder HTA's TraceAnalysis(trace_dir=)
                                                           and TensorBoard (one run per cycle) read
       summary_rank{r}_cycle{c}.json|.md, summary.json|.md the summaries, beside the cycle folders, never inside
-      key_averages_*, stacks_*, memory_timeline_*, memory_snapshot_*   the other artifacts, beside as well
+      key_averages_*, stacks_*, memory_timeline_*, memory_snapshot_*, allocator_pools_*   the other artifacts, beside
 
 Trace readers pick up every *.json and *.gz file of the folder they are pointed at (HTA keys them by rank, so a
 second cycle of the same rank, or a summary, would replace or break a trace); hence one folder per cycle.
