@@ -10,7 +10,7 @@ allocated."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 GIB = 1 << 30
 SIDE_POOL_NOTE_BYTES = 256 << 20  # other streams' reserved memory worth a line: a few layer inputs of a 7-8B model
@@ -26,6 +26,9 @@ class Pool:
     allocated: int
     segments: int
     pending_free: int  # freed, waiting for another stream's recorded work before it can be reused
+
+
+COLUMNS = [f.name for f in fields(Pool)]  # the CSV's header, in the dataclass's order
 
 
 def pools(segments: list[dict]) -> list[Pool]:

@@ -29,7 +29,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 from ftprof.config import ProfilingConfig
 from ftprof.profiling import allocator_pools, layout
 from ftprof.profiling.kineto_noise import quiet_kineto
-from ftprof.results.store import write_text_atomic
+from ftprof.results.store import write_csv_atomic, write_text_atomic
 
 SNAPSHOT_MAX_ENTRIES = 100_000  # bounded allocator history: enough for a few steps of a large model
 
@@ -207,9 +207,7 @@ class TorchProfiler:
     def _write_pools(self, path: Path) -> None:
         """Reserved and allocated memory by stream and pool at the snapshot (profiling/allocator_pools.py)."""
         found = allocator_pools.pools(torch.cuda.memory_snapshot())
-        fields = list(allocator_pools.Pool.__dataclass_fields__)
-        lines = [",".join(fields)] + [",".join(str(r[f]) for f in fields) for r in allocator_pools.rows(found)]
-        write_text_atomic(path, "\n".join(lines) + "\n")
+        write_csv_atomic(path, allocator_pools.rows(found), allocator_pools.COLUMNS)
         note = allocator_pools.side_pool_note(found, torch.cuda.current_stream().cuda_stream)
         if note:
             self.log(note)

@@ -93,10 +93,9 @@ class SummaryTable:
         return "device" in self.frame and len(self.frame) > 0 and (self.frame["device"].map(str) == "cpu").all()
 
 
-def _differing_options(df: pd.DataFrame) -> list[str]:
+def _differing_options(eff: pd.DataFrame) -> list[str]:
     # an option set for some methods only (quant_type) differs when its set values do, not by being unset where it
-    # does not apply (results/labels.differing: the labels' rule)
-    eff = effective_frame(df)
+    # does not apply (results/labels.differing: the labels' rule); ``eff``: the runs' effective configuration
     return differing(eff, [c for c in config_columns(eff, measurement_if_varying=True) if c not in KEY_COLUMNS])
 
 
@@ -106,8 +105,9 @@ def summarize(df: pd.DataFrame, sort: str | None = None, group_by: str | None = 
     df = df.copy()
     for col in NUM_COLUMNS:
         df[col] = pd.to_numeric(df[col], errors="coerce") if col in df else float("nan")
-    df["_key"] = config_key(df, measurement_if_varying=True)
-    extra = _differing_options(df)
+    eff = effective_frame(df)  # once: the key and the differing options both read it
+    df["_key"] = config_key(eff, measurement_if_varying=True)
+    extra = _differing_options(eff)
     frame = _aggregate(df, extra)
     if group_by and group_by in frame:
         frame = frame.sort_values([group_by] + ([sort] if sort and sort in frame else []),

@@ -30,6 +30,7 @@ def test_segments_are_summed_by_stream_and_pool_the_largest_first():
     assert (main.reserved, main.allocated, main.segments) == (6 * 1024 * MIB, 4 * 1024 * MIB, 1)
     assert (side.reserved, side.allocated, side.segments, side.pending_free) == (1088 * MIB, 0, 2, 128 * MIB)
     assert small.reserved == 2 * MIB and small.allocated == MIB
+    assert allocator_pools.COLUMNS == ["stream", "kind", "reserved", "allocated", "segments", "pending_free"]
     assert allocator_pools.rows(found)[1] == {"stream": SIDE, "kind": "large", "reserved": 1088 * MIB,
                                               "allocated": 0, "segments": 2, "pending_free": 128 * MIB}
 
