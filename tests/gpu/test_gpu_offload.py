@@ -9,6 +9,7 @@ import ftprof
 from ftprof import metrics
 from ftprof.config import RunConfig
 from ftprof.models import kernels, offload
+from ftprof.profiling import allocator_pools
 from tests.conftest import build_run, run_one_step
 from tests.requires import requires_run
 
@@ -112,5 +113,5 @@ def test_the_copies_take_no_device_memory_of_their_own(tmp_path, method):
     built, _, _ = _grads_and_peak(tmp_path, method, offload_checkpoints=True, batch_size=4, seq_len=1024)
     assert offload.offloaded_layers(built.model)
     compute = torch.cuda.current_stream().cuda_stream
-    elsewhere = [(s["stream"], s["total_size"]) for s in torch.cuda.memory_snapshot() if s["stream"] != compute]
-    assert not elsewhere, f"segments on other streams (stream, bytes): {elsewhere}"
+    elsewhere = [p for p in allocator_pools.pools(torch.cuda.memory_snapshot()) if p.stream != compute]
+    assert not elsewhere, f"pools on other streams: {elsewhere}"
